@@ -1,0 +1,1 @@
+"""One module per CLI subcommand: register(subparsers) and run(args)."""

@@ -1,0 +1,192 @@
+"""The one home of feasibility: check(config, gpu, ...) lists every rule a configuration breaks.
+
+Rules carry the offending value and the limit, so a rejected configuration explains itself.
+Resource estimates (threads, shared memory, registers) live here too, because the rules use them
+and so do the model's ranking and the templates' launch manifests.
+"""
+from __future__ import annotations
+
+import math
+
+from .arch import Arch, DType, Gpu
+from .errors import InvalidConfig, Violation
+from .problem import Operands, Problem
+from .tiles import DecompKind, Family, Kernel, SmemLayout, TileConfig
+
+# What each template implements. A configuration asking for more is rejected here, not by NVRTC.
+FAMILY_DECOMPOSITIONS = {
+    Family.SM80_MMA: {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K},
+    Family.SM90_WGMMA: {DecompKind.DATA_PARALLEL},
+}
+FAMILY_DTYPES = {
+    Family.SM80_MMA: {DType.BF16, DType.F16},
+    Family.SM90_WGMMA: {DType.BF16, DType.F16},
+}
+MMA_SHAPES_SM80 = {(16, 8, 16)}
+PAD_BYTES = 16  # padding per shared-memory row in the PAD layout: one 16-byte vector, shifts rows by 4 banks
+REG_LIMIT = 255
+REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
+BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
+
+
+def _ab_bytes(operands: "Operands | None") -> int:
+    return operands.a_dtype.bytes if operands else 2
+
+
+def smem_bytes(config: TileConfig, operands: "Operands | None" = None) -> int:
+    """Dynamic shared memory one CTA needs: the operand ring, plus epilogue staging where it is separate."""
+    elt = _ab_bytes(operands)
+    cta = config.cta
+    if config.family is Family.SM80_MMA:
+        # Each operand tile is stored with its contiguous dimension as the row, as it lies in global
+        # memory; PAD adds one 16-byte vector per row. D is stored straight from registers, so the
+        # operand ring is the whole footprint.
+        pad = PAD_BYTES if config.smem_layout is SmemLayout.PAD else 0
+        a_rows = cta.m if (operands is None or operands.a_layout.value == "row") else cta.k
+        b_rows = cta.k if (operands is None or operands.b_layout.value == "row") else cta.n
+        a_stage = cta.m * cta.k * elt + a_rows * pad
+        b_stage = cta.n * cta.k * elt + b_rows * pad
+        return config.stages * (a_stage + b_stage)
+    # sm90: 1024-byte aligned stages for the 128B swizzle, plus an output staging tile for the TMA store.
+    stage = (cta.m * cta.k + cta.n * cta.k) * elt
+    stage = math.ceil(stage / 1024) * 1024
+    c_bytes = operands.c_dtype.bytes if operands else 2
+    staging = cta.m * cta.n * c_bytes
+    return config.stages * stage + staging + BARRIER_BYTES
+
+
+def regs_estimate(config: TileConfig) -> int:
+    """Registers per thread the kernel needs, estimated from fragments and accumulators.
+
+    sm80: fp32 accumulators (warp.m*warp.n/32), double-buffered A and B fragments, ~40 for addresses.
+    sm90: the consumer warpgroup's accumulators (warp.m*warp.n/128) plus ~40; the producer needs few.
+    """
+    w = config.warp
+    if config.family is Family.SM80_MMA:
+        acc = w.m * w.n // 32
+        frag_a = 2 * (w.m // 16) * 4
+        frag_b = 2 * (w.n // 8) * 2
+        return acc + frag_a + frag_b + 40
+    return w.m * w.n // 128 + 40
+
+
+def regs_allocated(config: TileConfig) -> int:
+    """Registers per CTA after rounding each thread's count to the allocation unit."""
+    per_thread = min(REG_LIMIT, regs_estimate(config))
+    per_thread = math.ceil(per_thread / REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+    if config.family is Family.SM90_WGMMA and config.warp_specialized:
+        # setmaxnreg moves registers from the producer (40) to consumers; the CTA's pool is the launch total.
+        consumers = config.math_threads
+        return consumers * per_thread + 128 * 40
+    return config.threads * per_thread
+
+
+def ctas_per_sm(config: TileConfig, gpu: Gpu, operands: "Operands | None" = None) -> int:
+    """Occupancy: resident CTAs per SM, limited by threads, shared memory and registers."""
+    limits = [gpu.max_ctas_per_sm, gpu.max_threads_per_sm // max(1, config.threads)]
+    smem = smem_bytes(config, operands) + 1024  # the driver reserves 1 KB per CTA
+    limits.append(gpu.smem_per_sm // smem)
+    limits.append(gpu.regs_per_sm // max(1, regs_allocated(config)))
+    return max(0, min(limits))
+
+
+def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,
+          operands: "Operands | None" = None) -> "list[Violation]":
+    """Every feasibility rule `config` breaks on `gpu` (for `arch`, and for `problem` if given)."""
+    arch = arch or gpu.arch
+    if operands is None and problem is not None:
+        operands = problem.operands
+    out: list[Violation] = []
+
+    def rule(ok: bool, name: str, value, limit):
+        if not ok:
+            out.append(Violation(name, value, limit))
+
+    cta, warp, mma = config.cta, config.warp, config.mma
+    fam = config.family
+
+    # Architecture and dtype support.
+    rule(arch.cc >= fam.min_arch.cc and (fam is not Family.SM90_WGMMA or arch.has_wgmma),
+         f"family {fam.value} needs arch", arch.value, fam.min_arch.value)
+    rule(arch.cc <= gpu.arch.cc, "arch must not exceed the GPU's", arch.value, gpu.arch.value)
+    if operands is not None:
+        rule(operands.a_dtype in FAMILY_DTYPES[fam], f"family {fam.value} supports dtypes", operands.a_dtype.value,
+             sorted(d.value for d in FAMILY_DTYPES[fam]))
+
+    # Divisibility between tile levels.
+    rule(cta.m % warp.m == 0, "CTA tile M must be a multiple of warp tile M", f"{cta.m} % {warp.m}", 0)
+    rule(cta.n % warp.n == 0, "CTA tile N must be a multiple of warp tile N", f"{cta.n} % {warp.n}", 0)
+    rule(warp.k == cta.k, "warp tile K must equal CTA tile K (warps split M and N only)", warp.k, cta.k)
+    rule(warp.m % mma.m == 0, "warp tile M must be a multiple of MMA M", f"{warp.m} % {mma.m}", 0)
+    rule(warp.n % mma.n == 0, "warp tile N must be a multiple of MMA N", f"{warp.n} % {mma.n}", 0)
+    rule(cta.k % mma.k == 0, "CTA tile K must be a multiple of MMA K", f"{cta.k} % {mma.k}", 0)
+
+    # MMA instruction legal for the dtype and architecture.
+    if fam is Family.SM80_MMA:
+        rule((mma.m, mma.n, mma.k) in MMA_SHAPES_SM80, "mma.sync shape for 16-bit inputs must be", str(mma), "16x8x16")
+        rule(warp.m % 16 == 0 and warp.n % 16 == 0, "warp tile M and N must be multiples of 16 (ldmatrix x4)",
+             f"{warp.m}x{warp.n}", 16)
+        rule(cta.k in (16, 32, 64, 128), "CTA tile K must be 16, 32, 64 or 128", cta.k, "16..128")
+        rule(2 <= config.stages <= 5, "pipeline stages must be 2..5 for cp.async", config.stages, "2..5")
+        rule(config.cluster.size == 1, "clusters need the sm90_wgmma family", str(config.cluster), "1x1")
+        rule(not config.warp_specialized, "warp specialization needs the sm90_wgmma family", True, False)
+        rule(not config.persistent, "the sm80_mma family is not persistent", True, False)
+        elt = _ab_bytes(operands)
+        loads = config.threads * 16
+        rule((cta.m * cta.k * elt) % loads == 0,
+             "A tile bytes must be a multiple of threads*16 (whole cp.async rounds)", cta.m * cta.k * elt, loads)
+        rule((cta.n * cta.k * elt) % loads == 0,
+             "B tile bytes must be a multiple of threads*16 (whole cp.async rounds)", cta.n * cta.k * elt, loads)
+    else:
+        rule(mma.m == 64 and mma.k == 16, "wgmma shape for 16-bit inputs must be m64nNk16", str(mma), "64xNx16")
+        rule(mma.n % 8 == 0 and 8 <= mma.n <= 256, "wgmma N must be a multiple of 8 up to 256", mma.n, "8..256")
+        rule(mma.n == warp.n, "wgmma N must equal the warpgroup tile N", mma.n, warp.n)
+        rule(config.smem_layout is SmemLayout.SWIZZLE, "sm90_wgmma needs the 128B swizzle layout",
+             config.smem_layout.value, "swizzle")
+        rule(cta.k * _ab_bytes(operands) == 128, "CTA tile K must span one 128-byte swizzle atom",
+             cta.k * _ab_bytes(operands), 128)
+        rule(1 <= config.warps_m * config.warps_n <= 2, "consumer warpgroups must be 1 or 2",
+             config.warps_m * config.warps_n, "1..2")
+        rule(2 <= config.stages <= 8, "pipeline stages must be 2..8", config.stages, "2..8")
+        rule(config.cluster.m in (1, 2) and config.cluster.n in (1, 2) and config.cluster.size <= 2,
+             "cluster must be 1x1, 2x1 or 1x2", str(config.cluster), "size<=2")
+        rule(arch.has_wgmma or config.cluster.size == 1, "clusters need sm_90a", arch.value, "sm_90a")
+        acc = warp.m * warp.n // 128
+        rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
+
+    # Block shape.
+    rule(32 <= config.threads <= 1024, "threads per block must be 32..1024", config.threads, 1024)
+    rule(config.raster.group in (1, 2, 4, 8, 16), "rasterization group must be 1, 2, 4, 8 or 16",
+         config.raster.group, "1,2,4,8,16")
+
+    # Decomposition.
+    decomp = config.decomposition
+    rule(decomp.kind in FAMILY_DECOMPOSITIONS[fam], f"family {fam.value} supports decompositions", decomp.kind.value,
+         sorted(d.value for d in FAMILY_DECOMPOSITIONS[fam]))
+    if decomp.kind is DecompKind.SPLIT_K:
+        rule(2 <= decomp.splits <= 16, "split-K factor must be 2..16", decomp.splits, "2..16")
+        if problem is not None:
+            k_tiles = math.ceil(problem.k / cta.k)
+            rule(decomp.splits <= k_tiles, "split-K factor must not exceed the K tiles", decomp.splits, k_tiles)
+    else:
+        rule(decomp.splits == 1, "split factor must be 1 unless split-K", decomp.splits, 1)
+
+    # Resources.
+    smem = smem_bytes(config, operands)
+    rule(smem <= gpu.smem_per_block_optin, "shared memory per block must fit the GPU's opt-in limit", smem,
+         gpu.smem_per_block_optin)
+    regs = regs_estimate(config)
+    rule(regs <= REG_LIMIT, "estimated registers per thread must be at most 255", regs, REG_LIMIT)
+    rule(regs_allocated(config) <= gpu.regs_per_sm, "registers per block must fit the register file",
+         regs_allocated(config), gpu.regs_per_sm)
+    return out
+
+
+def validate(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,
+             operands: "Operands | None" = None) -> TileConfig:
+    """Return `config` unchanged, or raise InvalidConfig listing every broken rule."""
+    violations = check(config, gpu, arch, problem, operands)
+    if violations:
+        ops = operands or (problem.operands if problem else Operands())
+        raise InvalidConfig(Kernel(arch or gpu.arch, ops, config).name, violations)
+    return config

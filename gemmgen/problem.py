@@ -1,0 +1,202 @@
+"""The matrix product a user asks for: D = act(alpha * op(A) @ op(B) + beta * C + bias)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from .arch import DType
+from .errors import InvalidInput
+
+
+class Layout(str, Enum):
+    """Storage order. For A (M×K) row-major means K is contiguous; for B (K×N) row-major means N is."""
+
+    ROW = "row"
+    COL = "col"
+
+    @property
+    def letter(self) -> str:
+        return "r" if self is Layout.ROW else "c"
+
+    @classmethod
+    def parse(cls, text: "str | Layout") -> "Layout":
+        if isinstance(text, Layout):
+            return text
+        key = {"r": "row", "c": "col", "column": "col", "n": "row", "t": "col"}.get(str(text).lower(), str(text).lower())
+        try:
+            return cls(key)
+        except ValueError:
+            raise InvalidInput("layout must be 'row' or 'col'", text) from None
+
+
+class Activation(str, Enum):
+    NONE = "none"
+    RELU = "relu"
+    GELU = "gelu"  # tanh approximation, as in most frameworks' fast path
+
+    @classmethod
+    def parse(cls, text: "str | Activation | None") -> "Activation":
+        if text is None:
+            return cls.NONE
+        if isinstance(text, Activation):
+            return text
+        try:
+            return cls(str(text).lower())
+        except ValueError:
+            raise InvalidInput("activation must be one of none, relu, gelu", text) from None
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What happens to the fp32 accumulator before it is stored."""
+
+    alpha: float = 1.0
+    beta: float = 0.0
+    bias: bool = False  # one value per column of D, same dtype as C
+    activation: Activation = Activation.NONE
+
+    @property
+    def tag(self) -> str:
+        """Compile-time part of the epilogue, for kernel names (alpha and beta are run-time)."""
+        parts = ["bias"] if self.bias else []
+        if self.activation is not Activation.NONE:
+            parts.append(self.activation.value)
+        return "_".join(parts) or "linear"
+
+
+def _alignment(leading_dim: int, dtype: DType) -> int:
+    """Widest vector (elements, at most 16 bytes) that every row start of this operand admits."""
+    widest = 16 // dtype.bytes
+    for width in (widest, widest // 2, widest // 4, widest // 8):
+        if width >= 1 and leading_dim % width == 0:
+            return width
+    return 1
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The compile-time description of a product: dtypes, layouts, alignment and epilogue kind."""
+
+    a_dtype: DType = DType.BF16
+    b_dtype: DType = DType.BF16
+    c_dtype: DType = DType.BF16
+    acc_dtype: DType = DType.F32
+    a_layout: Layout = Layout.ROW
+    b_layout: Layout = Layout.ROW
+    align_a: int = 8  # elements per vector access
+    align_b: int = 8
+    align_c: int = 8
+    bias: bool = False
+    activation: Activation = Activation.NONE
+
+    @property
+    def tag(self) -> str:
+        """'bf16bf16_bf16_f32_rr_a8x8x8' style: dtypes, layouts and alignments."""
+        dts = f"{self.a_dtype.value}{self.b_dtype.value}_{self.c_dtype.value}_{self.acc_dtype.value}"
+        epi = Epilogue(bias=self.bias, activation=self.activation).tag
+        return f"{dts}_{self.a_layout.letter}{self.b_layout.letter}_a{self.align_a}x{self.align_b}x{self.align_c}_{epi}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A GEMM instance: shape, dtypes, layouts and epilogue."""
+
+    m: int
+    n: int
+    k: int
+    a_dtype: DType = DType.BF16
+    b_dtype: DType = DType.BF16
+    c_dtype: DType = DType.BF16
+    acc_dtype: DType = DType.F32
+    a_layout: Layout = Layout.ROW
+    b_layout: Layout = Layout.ROW
+    epilogue: Epilogue = field(default_factory=Epilogue)
+
+    def __post_init__(self):
+        for axis in ("m", "n", "k"):
+            value = getattr(self, axis)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInput(f"{axis.upper()} must be a positive integer", value)
+            if value <= 0:
+                raise InvalidInput(f"{axis.upper()} must be a positive integer", value)
+        if self.acc_dtype is not DType.F32:
+            raise InvalidInput("accumulator dtype must be f32 (the only one the kernel families use)", self.acc_dtype.value)
+        if self.a_dtype is not self.b_dtype:
+            raise InvalidInput("A and B must have the same dtype", f"{self.a_dtype.value}/{self.b_dtype.value}")
+
+    @classmethod
+    def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
+               bias=False, activation=None) -> "Problem":
+        """Build a Problem from loose values (strings from a CLI or YAML), validating each."""
+        ab = DType.parse(dtype)
+        return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, ab,
+                   DType.parse(c_dtype) if c_dtype else ab, DType.F32, Layout.parse(a), Layout.parse(b),
+                   Epilogue(float(alpha), float(beta), bool(bias), Activation.parse(activation)))
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def lda(self) -> int:
+        return self.k if self.a_layout is Layout.ROW else self.m
+
+    @property
+    def ldb(self) -> int:
+        return self.n if self.b_layout is Layout.ROW else self.k
+
+    @property
+    def ldc(self) -> int:
+        return self.n  # C and D are row-major
+
+    @property
+    def operands(self) -> Operands:
+        return Operands(self.a_dtype, self.b_dtype, self.c_dtype, self.acc_dtype, self.a_layout, self.b_layout,
+                        _alignment(self.lda, self.a_dtype), _alignment(self.ldb, self.b_dtype),
+                        _alignment(self.ldc, self.c_dtype), self.epilogue.bias, self.epilogue.activation)
+
+    @property
+    def min_bytes(self) -> int:
+        """Compulsory traffic: A and B read once, D written once (and C read once if beta != 0)."""
+        c_reads = self.m * self.n * self.c_dtype.bytes if self.epilogue.beta != 0 else 0
+        bias = self.n * self.c_dtype.bytes if self.epilogue.bias else 0
+        return (self.m * self.k * self.a_dtype.bytes + self.k * self.n * self.b_dtype.bytes
+                + self.m * self.n * self.c_dtype.bytes + c_reads + bias)
+
+    @property
+    def label(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}_{self.a_dtype.value}_{self.a_layout.letter}{self.b_layout.letter}"
+
+    def with_shape(self, m: int, n: int, k: int) -> "Problem":
+        return replace(self, m=m, n=n, k=k)
+
+    def to_dict(self) -> dict:
+        return {"M": self.m, "N": self.n, "K": self.k, "a_dtype": self.a_dtype.value, "b_dtype": self.b_dtype.value,
+                "c_dtype": self.c_dtype.value, "acc_dtype": self.acc_dtype.value, "a_layout": self.a_layout.value,
+                "b_layout": self.b_layout.value, "alpha": self.epilogue.alpha, "beta": self.epilogue.beta,
+                "bias": self.epilogue.bias, "activation": self.epilogue.activation.value}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Problem":
+        return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
+                          d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
+                          d.get("bias", False), d.get("activation"))
+
+
+_INT = re.compile(r"^[+]?\d+$")
+
+
+def parse_dim(axis: str, value) -> int:
+    """A matrix dimension: a positive integer, given as int or decimal text."""
+    if isinstance(value, bool):
+        raise InvalidInput(f"{axis} must be a positive integer", value)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and _INT.match(value.strip()):
+        number = int(value.strip())
+    else:
+        raise InvalidInput(f"{axis} must be a positive integer", value)
+    if number <= 0:
+        raise InvalidInput(f"{axis} must be a positive integer", value)
+    return number
