@@ -47,12 +47,11 @@ def smem_bytes(config: TileConfig, operands: "Operands | None" = None) -> int:
         a_stage = cta.m * cta.k * elt + a_rows * pad
         b_stage = cta.n * cta.k * elt + b_rows * pad
         return config.stages * (a_stage + b_stage)
-    # sm90: 1024-byte aligned stages for the 128B swizzle, plus an output staging tile for the TMA store.
+    # sm90: 1024-byte aligned stages for the 128B swizzle. The epilogue stores from registers (no staging
+    # tile); one BARRIER_BYTES holds the mbarriers, another covers aligning the ring to 1024 bytes.
     stage = (cta.m * cta.k + cta.n * cta.k) * elt
     stage = math.ceil(stage / 1024) * 1024
-    c_bytes = operands.c_dtype.bytes if operands else 2
-    staging = cta.m * cta.n * c_bytes
-    return config.stages * stage + staging + BARRIER_BYTES
+    return config.stages * stage + 2 * BARRIER_BYTES
 
 
 def regs_estimate(config: TileConfig) -> int:
@@ -153,6 +152,27 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(arch.has_wgmma or config.cluster.size == 1, "clusters need sm_90a", arch.value, "sm_90a")
         acc = warp.m * warp.n // 128
         rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
+        # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each).
+        rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
+             "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
+        rule(cta.m <= 256 and cta.n <= 256, "sm90 CTA tile M and N must be at most 256 (TMA box limit)",
+             f"{cta.m}x{cta.n}", 256)
+        rule(config.warp_specialized, "sm90_wgmma is warp-specialized (a producer warpgroup issues TMA)",
+             config.warp_specialized, True)
+        # A 2-CTA cluster splits the shared operand's tile into one TMA slice per CTA.
+        if config.cluster.m > 1:
+            rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
+                 "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
+        if config.cluster.n > 1:
+            rule(cta.m % (64 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
+                 "into 64-wide slices per CTA", cta.m, 64 * config.cluster.size)
+        if operands is not None:
+            # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled).
+            min_align = 16 // _ab_bytes(operands)
+            rule(operands.align_a >= min_align, "sm90 TMA needs A's leading dimension to be a multiple of 16 bytes",
+                 f"align {operands.align_a}", min_align)
+            rule(operands.align_b >= min_align, "sm90 TMA needs B's leading dimension to be a multiple of 16 bytes",
+                 f"align {operands.align_b}", min_align)
 
     # Block shape.
     rule(32 <= config.threads <= 1024, "threads per block must be 32..1024", config.threads, 1024)

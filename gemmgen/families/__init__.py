@@ -1,0 +1,1 @@
+"""Per-family code: template parameters and launch manifests for each kernel family."""

@@ -1,0 +1,166 @@
+"""The sm90_wgmma family: template parameters, TMA tensor-map specs and launch manifests.
+
+The kernel (templates/sm90_wgmma.cu.j2) is warp-specialized: one producer warpgroup issues TMA into a
+ring of `stages` 128B-swizzled stages, and one or two consumer warpgroups run wgmma m64nNk16 on them.
+A operand tiles are BM x 64 and B tiles BN x 64 per stage, each as 64-wide blocks of 8 KB; a cluster of
+2 CTAs shares (multicasts) B when it is 2x1 and A when it is 1x2.
+
+Pure Python: no cuda-python import here (tma.py encodes the maps on the device side).
+"""
+from __future__ import annotations
+
+import math
+
+from ..arch import Arch, lookup_gpu
+from ..constraints import smem_bytes
+from ..errors import InvalidInput
+from ..problem import Layout, Operands, Problem
+from ..tiles import Family, Kernel
+
+FORMAT = "gemmgen-manifest/1"
+PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
+CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
+BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
+
+
+def a_is_kmajor(operands: Operands) -> bool:
+    """A (M x K) row-major keeps K contiguous: K-major in shared memory."""
+    return operands.a_layout is Layout.ROW
+
+
+def b_is_kmajor(operands: Operands) -> bool:
+    """B (K x N) column-major keeps K contiguous: K-major in shared memory."""
+    return operands.b_layout is Layout.COL
+
+
+def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
+    """Outer box extent: a K-major box spans the operand's tile (or its slice of a multicast); MN-major 64."""
+    return tile_rows // split if kmajor else 64
+
+
+def template_params(kernel: Kernel) -> dict:
+    """Every value templates/sm90_wgmma.cu.j2 reads, derived from a validated Kernel."""
+    cfg, ops = kernel.config, kernel.operands
+    if cfg.family is not Family.SM90_WGMMA:
+        raise InvalidInput("sm90 template parameters need a sm90_wgmma configuration", cfg.family.value)
+    consumers = cfg.warps_m * cfg.warps_n
+    return {
+        "name": kernel.name,
+        "ab": ops.a_dtype.ptx,
+        "cd": ops.c_dtype.ptx,
+        "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,
+        "wm": cfg.warp.m, "wn": cfg.warp.n, "wg_n": cfg.warps_n,
+        "nacc": cfg.warp.n // 2,
+        "consumers": consumers,
+        "threads": cfg.threads,
+        "stages": cfg.stages,
+        "a_kmajor": a_is_kmajor(ops), "b_kmajor": b_is_kmajor(ops),
+        "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
+        "persistent": cfg.persistent,
+        "raster_order": cfg.raster.order.value, "raster_group": cfg.raster.group,
+        "bias": ops.bias, "activation": ops.activation.value,
+        "align_c": ops.align_c,
+        # setmaxnreg only pays (and is only safe) when the launch allocation is the 384-thread cap of 168.
+        "setmaxnreg": consumers == 2,
+        "producer_regs": PRODUCER_REGS, "consumer_regs": CONSUMER_REGS,
+    }
+
+
+def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
+    """The two tensor-map parameter specs (manifest 'kind': 'tensormap') for A and B."""
+    cfg, ops = kernel.config, kernel.operands
+    elt = ops.a_dtype.bytes
+    a_k, b_k = a_is_kmajor(ops), b_is_kmajor(ops)
+    a_split = cfg.cluster.size if cfg.cluster.n > 1 else 1   # 1x2 clusters multicast A
+    b_split = cfg.cluster.size if cfg.cluster.m > 1 else 1   # 2x1 clusters multicast B
+    tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "A", "dtype": ops.a_dtype.value,
+            "dims": [problem.k, problem.m] if a_k else [problem.m, problem.k],
+            "strides_bytes": [problem.lda * elt],
+            "box": [BK_ELEMENTS, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B"}
+    tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "B", "dtype": ops.b_dtype.value,
+            "dims": [problem.k, problem.n] if b_k else [problem.n, problem.k],
+            "strides_bytes": [problem.ldb * elt],
+            "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B"}
+    return tm_a, tm_b
+
+
+def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
+    """Output tiles counted in clusters: the persistent scheduler's unit of work."""
+    cfg = kernel.config
+    tiles_m, tiles_n = math.ceil(problem.m / cfg.cta.m), math.ceil(problem.n / cfg.cta.n)
+    return math.ceil(tiles_m / cfg.cluster.m) * math.ceil(tiles_n / cfg.cluster.n)
+
+
+def grid_size(kernel: Kernel, problem: Problem, sm_count: int) -> int:
+    """CTAs to launch: one per cluster tile, or for a persistent kernel no more clusters than fit the SMs."""
+    cfg = kernel.config
+    clusters = cluster_tiles(kernel, problem)
+    if cfg.persistent:
+        clusters = min(clusters, max(1, sm_count // cfg.cluster.size))
+    return clusters * cfg.cluster.size
+
+
+def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None) -> dict:
+    """The single launch of an sm90_wgmma kernel for `problem`, as a manifest 'launches' entry."""
+    cfg, ops = kernel.config, kernel.operands
+    sm_count = sm_count or lookup_gpu("h100").sm_count
+    ctype = f"const {ops.c_dtype.cuda_type}*"
+    tm_a, tm_b = tensormap_specs(kernel, problem)
+    scalars = [("M", problem.m), ("N", problem.n), ("K", problem.k), ("lda", problem.lda), ("ldb", problem.ldb),
+               ("ldc", problem.ldc), ("ldd", problem.ldc)]
+    params = [tm_a, tm_b,
+              {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
+              {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
+              {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"},
+              {"name": "workspace", "ctype": "float*", "kind": "workspace"}]
+    params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
+    params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},
+               {"name": "beta", "ctype": "float", "kind": "scalar", "value": problem.epilogue.beta}]
+    return {"entry": kernel.name, "grid": [grid_size(kernel, problem, sm_count), 1, 1],
+            "block": [cfg.threads, 1, 1], "cluster": [cfg.cluster.size, 1, 1],
+            "dynamic_smem": smem_bytes(cfg, ops), "params": params}
+
+
+def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "int | None" = None) -> dict:
+    """The launch manifest (docs/architecture.md) of an sm90_wgmma kernel for `problem`."""
+    resources = getattr(compiled, "resources", None)
+    return {
+        "format": FORMAT,
+        "name": kernel.name,
+        "arch": kernel.arch.value,
+        "cubin": f"{kernel.name}.cubin",
+        "problem": problem.to_dict(),
+        "config": kernel.config.to_dict(),
+        "operands": operands_dict(kernel.operands),
+        "workspace_bytes": 0,
+        "launches": [launch(kernel, problem, sm_count)],
+        "resources": _resources_dict(resources),
+        "nvrtc_version": getattr(compiled, "nvrtc_version", None),
+        "measured": None,
+        "verification": None,
+    }
+
+
+def operands_dict(ops: Operands) -> dict:
+    return {"a_dtype": ops.a_dtype.value, "b_dtype": ops.b_dtype.value, "c_dtype": ops.c_dtype.value,
+            "acc_dtype": ops.acc_dtype.value, "a_layout": ops.a_layout.value, "b_layout": ops.b_layout.value,
+            "align_a": ops.align_a, "align_b": ops.align_b, "align_c": ops.align_c, "bias": ops.bias,
+            "activation": ops.activation.value}
+
+
+def _resources_dict(resources) -> "dict | None":
+    if resources is None:
+        return None
+    if isinstance(resources, dict):
+        return resources
+    return {k: getattr(resources, k) for k in ("registers", "spill_bytes", "stack_bytes", "smem_static")
+            if hasattr(resources, k)}
+
+
+def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
+    """Bind a configuration to `problem`'s operands for sm_90a."""
+    return Kernel(arch, problem.operands, config)
+
+
+__all__ = ["template_params", "tensormap_specs", "grid_size", "cluster_tiles", "launch", "make_manifest",
+           "kernel_for", "a_is_kmajor", "b_is_kmajor"]

@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Hopper (sm90_wgmma) lab: build cubins here, check and time them on the H100 in one device call.
+
+    python scripts/hopper_lab.py build [--set NAME]     # render + NVRTC -> lab_build/*.cubin, *.json
+    python scripts/hopper_lab.py device [--set NAME]    # on the GPU: each variant in a subprocess with a
+                                                        # timeout; verify vs torch fp32, time vs cuBLAS
+    python scripts/hopper_lab.py one VARIANT.json       # (internal) run one variant, print a JSON line
+
+Verification: fresh random inputs per shape, D poisoned with NaN before each launch, relative Frobenius
+error against torch.matmul in fp32 on the same 16-bit inputs. Timing: CUDA events, warm-up, median of
+repeats, inputs rotated over several buffer sets so L2 does not serve them, cuBLAS timed in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gemmgen.arch import Arch  # noqa: E402
+from gemmgen.problem import Operands, Layout, Problem  # noqa: E402
+from gemmgen.arch import DType  # noqa: E402
+from gemmgen.tiles import (Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig)  # noqa: E402
+from gemmgen.families import sm90  # noqa: E402
+
+BUILD = ROOT / "lab_build"
+NVRTC_OPTIONS = ("--gpu-architecture=sm_90a", "-std=c++17", "--ptxas-options=-v")
+
+
+# ------------------------------------------------------------------------------- render and compile
+def render(kernel: Kernel) -> str:
+    """render.render when the shared renderer exists, else the same one-environment StrictUndefined render."""
+    try:
+        from gemmgen.render import render as shared_render
+        return shared_render(kernel)
+    except ImportError:
+        import jinja2
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "templates")),
+                                 undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                                 keep_trailing_newline=True)
+        return env.get_template(kernel.config.family.template).render(**sm90.template_params(kernel))
+
+
+def compile_cubin(kernel: Kernel, source: str) -> "tuple[bytes, str]":
+    """NVRTC -> (SASS cubin for sm_90a, log). Raises CompileError with the log."""
+    from cuda.bindings import nvrtc
+    from gemmgen.errors import CompileError
+
+    def ok(res):
+        err, *rest = res
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC call failed: {err}")
+        return rest[0] if len(rest) == 1 else rest
+
+    prog = ok(nvrtc.nvrtcCreateProgram(source.encode(), f"{kernel.name}.cu".encode(), 0, [], []))
+    opts = [o.encode() for o in NVRTC_OPTIONS]
+    err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    size = ok(nvrtc.nvrtcGetProgramLogSize(prog))
+    log = b" " * size
+    ok(nvrtc.nvrtcGetProgramLog(prog, log))
+    log = log.decode(errors="replace").rstrip("\x00")
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(kernel.name, NVRTC_OPTIONS, log)
+    size = ok(nvrtc.nvrtcGetCUBINSize(prog))
+    cubin = b" " * size
+    ok(nvrtc.nvrtcGetCUBIN(prog, cubin))
+    nvrtc.nvrtcDestroyProgram(prog)
+    return bytes(cubin), log
+
+
+# ------------------------------------------------------------------------------- variants
+def config(cta="128x256x64", warp="64x256x64", stages=4, cluster=(1, 1), persistent=True,
+           raster=("row", 1)) -> TileConfig:
+    w = Shape3.parse(warp)
+    return TileConfig(family=Family.SM90_WGMMA, cta=Shape3.parse(cta), warp=w, mma=Shape3(64, w.n, 16),
+                      stages=stages, raster=Raster(RasterOrder(raster[0]), raster[1]),
+                      cluster=Cluster(*cluster), warp_specialized=True, persistent=persistent)
+
+
+def operands(dtype="bf16", a="row", b="col", bias=False, activation="none") -> Operands:
+    from gemmgen.problem import Activation
+    dt = DType.parse(dtype)
+    return Operands(dt, dt, dt, DType.F32, Layout.parse(a), Layout.parse(b), 8, 8, 8, bias, Activation(activation))
+
+
+def variant_sets() -> "dict[str, list[tuple[str, Kernel, str]]]":
+    """name -> [(label, kernel, role)], role 'check' (correctness shapes) or 'perf' (also timed)."""
+    k = lambda ops, cfg: Kernel(Arch.SM90A, ops, cfg)  # noqa: E731
+    sets = {}
+    base = config()
+    sets["step1"] = [
+        ("base_rc_bf16", k(operands(), base), "perf"),
+        ("base_rr_bf16", k(operands(b="row"), base), "check"),
+        ("base_cc_f16", k(operands("f16", a="col", b="col"), base), "check"),
+        ("base_cr_bf16_bias_gelu", k(operands(a="col", b="row", bias=True, activation="gelu"), base), "check"),
+        ("c128_rc", k(operands(), config("128x128x64", "64x128x64", stages=5)), "perf"),
+        ("nonpers_rc", k(operands(), config(persistent=False)), "perf"),
+        ("cl2x1_rc", k(operands(), config(cluster=(2, 1))), "perf"),
+        ("cl1x2_cr", k(operands(a="col", b="row"), config(cluster=(1, 2))), "check"),
+        ("s3_rc", k(operands(), config(stages=3)), "perf"),
+        ("g8_rc", k(operands(), config(raster=("row", 8))), "perf"),
+    ]
+    return sets
+
+
+def build(set_name: str) -> None:
+    BUILD.mkdir(exist_ok=True)
+    for label, kernel, role in variant_sets()[set_name]:
+        t0 = time.time()
+        src = render(kernel)
+        (BUILD / f"{label}.cu").write_text(src)
+        cubin, log = compile_cubin(kernel, src)
+        (BUILD / f"{label}.cubin").write_bytes(cubin)
+        meta = {"label": label, "name": kernel.name, "role": role, "config": kernel.config.to_dict(),
+                "operands": sm90.operands_dict(kernel.operands), "log": log}
+        (BUILD / f"{label}.json").write_text(json.dumps(meta, indent=1))
+        regs = [l for l in log.splitlines() if "registers" in l or "spill" in l or "arning" in l]
+        print(f"{label:28s} {time.time() - t0:5.1f}s  " + " | ".join(x.strip() for x in regs)[:300])
+
+
+# ------------------------------------------------------------------------------- device side
+CHECK_SHAPES = [(128, 256, 64), (4096, 4096, 4096), (3000, 1000, 2056), (1000, 3000, 4104), (1100, 1000, 200),
+                (65, 72, 8), (1, 8, 8)]
+PERF_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+
+
+def _kernel_from_meta(meta: dict) -> Kernel:
+    from gemmgen.problem import Activation
+    o = meta["operands"]
+    ops = Operands(DType(o["a_dtype"]), DType(o["b_dtype"]), DType(o["c_dtype"]), DType(o["acc_dtype"]),
+                   Layout(o["a_layout"]), Layout(o["b_layout"]), o["align_a"], o["align_b"], o["align_c"],
+                   o["bias"], Activation(o["activation"]))
+    return Kernel(Arch.SM90A, ops, TileConfig.from_dict(meta["config"]))
+
+
+def run_one(meta_path: str, perf: bool, sets: int = 3) -> dict:
+    import torch
+    from cuda.bindings import driver
+    from gemmgen import tma
+
+    meta = json.loads(Path(meta_path).read_text())
+    kernel = _kernel_from_meta(meta)
+    ops = kernel.operands
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    tma.check("cuInit", driver.cuInit(0))
+    dev = tma.check("cuDeviceGet", driver.cuDeviceGet(0))
+    ctx = tma.check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(dev))
+    tma.check("cuCtxSetCurrent", driver.cuCtxSetCurrent(ctx))
+    sm_count = tma.check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+    module = tma.check("cuModuleLoadData", driver.cuModuleLoadData(Path(meta_path).with_suffix(".cubin").read_bytes()))
+    func = tma.check("cuModuleGetFunction", driver.cuModuleGetFunction(module, meta["name"].encode()))
+    tdt = torch.bfloat16 if ops.a_dtype is DType.BF16 else torch.float16
+    stream = torch.cuda.current_stream().cuda_stream
+    out = {"label": meta["label"], "checks": [], "perf": []}
+
+    def make_inputs(m, n, k, beta):
+        # A (M x K) and B (K x N) in their storage layouts; logical views for the reference.
+        a_store = torch.randn(m, k, device="cuda", dtype=tdt) if ops.a_layout is Layout.ROW else \
+            torch.randn(k, m, device="cuda", dtype=tdt)
+        b_store = torch.randn(k, n, device="cuda", dtype=tdt) if ops.b_layout is Layout.ROW else \
+            torch.randn(n, k, device="cuda", dtype=tdt)
+        a = a_store if ops.a_layout is Layout.ROW else a_store.t()
+        b = b_store if ops.b_layout is Layout.ROW else b_store.t()
+        c = torch.randn(m, n, device="cuda", dtype=tdt) if beta else None
+        bias = torch.randn(n, device="cuda", dtype=tdt) if ops.bias else None
+        return a_store, b_store, a, b, c, bias
+
+    def prepare(problem, a_store, b_store, c, bias, d):
+        launch = sm90.launch(kernel, problem, sm_count)
+        specs = {p["name"]: p for p in launch["params"] if p["kind"] == "tensormap"}
+        values = {"tmA": tma.encode(specs["tmA"], a_store.data_ptr()), "tmB": tma.encode(specs["tmB"], b_store.data_ptr()),
+                  "C": c.data_ptr() if c is not None else 0, "D": d.data_ptr(),
+                  "bias": bias.data_ptr() if bias is not None else 0, "workspace": 0}
+        return launch, values
+
+    tma.prepare_function(func, sm90.launch(kernel, Problem(128, 128, 64), sm_count)["dynamic_smem"])
+
+    def reference(a, b, c, bias, alpha, beta):
+        ref = alpha * (a.float() @ b.float())
+        if c is not None:
+            ref = ref + beta * c.float()
+        if bias is not None:
+            ref = ref + bias.float()
+        if ops.activation.value == "relu":
+            ref = torch.relu(ref)
+        elif ops.activation.value == "gelu":
+            ref = torch.nn.functional.gelu(ref, approximate="tanh")
+        return ref
+
+    shapes = CHECK_SHAPES if not perf else CHECK_SHAPES[:4]
+    for (m, n, k) in shapes:
+        lay = (ops.a_layout.value, ops.b_layout.value)
+        if (ops.a_layout is Layout.ROW and k % 8) or (ops.b_layout is Layout.COL and k % 8) or \
+           (ops.a_layout is Layout.COL and m % 8) or (ops.b_layout is Layout.ROW and n % 8):
+            continue  # leading dimension not a 16-byte multiple: constraints route these to sm80
+        alpha, beta = (0.5, 0.25) if (m * n) % 3 == 0 else (1.0, 0.0)
+        problem = Problem.create(m, n, k, ops.a_dtype.value, *lay, alpha=alpha, beta=beta, bias=ops.bias,
+                                 activation=ops.activation.value)
+        a_store, b_store, a, b, c, bias = make_inputs(m, n, k, beta)
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=tdt)
+        launch, values = prepare(problem, a_store, b_store, c, bias, d)
+        tma.launch_sm90(func, launch, values, stream)
+        torch.cuda.synchronize()
+        ref = reference(a, b, c, bias, alpha, beta)
+        dd = d.float()
+        nan = int(torch.isnan(dd).sum())
+        err = float((dd - ref).norm() / ref.norm()) if nan == 0 else float("nan")
+        ok = nan == 0 and err < (1e-2 if ops.a_dtype is DType.BF16 else 3e-3)
+        out["checks"].append({"shape": [m, n, k], "err": err, "nan": nan, "ok": ok, "grid": launch["grid"][0]})
+
+    if perf:
+        for (m, n, k) in PERF_SHAPES:
+            problem = Problem.create(m, n, k, ops.a_dtype.value, ops.a_layout.value, ops.b_layout.value)
+            bufs = []
+            for _ in range(sets):
+                a_store, b_store, a, b, c, bias = make_inputs(m, n, k, 0.0)
+                d = torch.empty(m, n, device="cuda", dtype=tdt)
+                bufs.append((a_store, b_store, a, b, d) + prepare(problem, a_store, b_store, None, bias, d))
+            # correctness on the timed buffers too
+            bufs[0][4].fill_(float("nan"))
+            tma.launch_sm90(func, bufs[0][5], bufs[0][6], stream)
+            torch.cuda.synchronize()
+            ref = bufs[0][2].float() @ bufs[0][3].float()
+            err = float((bufs[0][4].float() - ref).norm() / ref.norm())
+            del ref
+
+            def time_it(fn, reps):
+                for i in range(5):
+                    fn(i)
+                torch.cuda.synchronize()
+                times = []
+                for i in range(reps):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    fn(i)
+                    e1.record()
+                    e1.synchronize()
+                    times.append(e0.elapsed_time(e1) / 1e3)
+                times.sort()
+                return times[len(times) // 2], times[0], times[-1]
+
+            reps = 40 if m <= 4096 else 15
+            ours = time_it(lambda i: tma.launch_sm90(func, bufs[i % sets][5], bufs[i % sets][6], stream), reps)
+            cub = time_it(lambda i: torch.matmul(bufs[i % sets][2], bufs[i % sets][3], out=bufs[i % sets][4]), reps)
+            ours2 = time_it(lambda i: tma.launch_sm90(func, bufs[i % sets][5], bufs[i % sets][6], stream), reps)
+            fl = 2 * m * n * k
+            out["perf"].append({"shape": [m, n, k], "err": err, "ours_s": ours[0], "ours2_s": ours2[0],
+                                "cublas_s": cub[0], "tflops": fl / min(ours[0], ours2[0]) / 1e12,
+                                "cublas_tflops": fl / cub[0] / 1e12,
+                                "ratio": cub[0] / min(ours[0], ours2[0])})
+            del bufs
+            torch.cuda.empty_cache()
+    return out
+
+
+def device(set_name: str, timeout: float, only: "list[str] | None") -> None:
+    metas = sorted(BUILD.glob("*.json"))
+    results = []
+    wanted = [label for label, _, _ in variant_sets()[set_name]]
+    for label in wanted:
+        if only and label not in only:
+            continue
+        path = BUILD / f"{label}.json"
+        if not path.exists():
+            print(f"{label}: not built")
+            continue
+        role = json.loads(path.read_text())["role"]
+        t0 = time.time()
+        try:
+            proc = subprocess.run([sys.executable, __file__, "one", str(path)] + (["--perf"] if role == "perf" else []),
+                                  capture_output=True, text=True, timeout=timeout)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+            res = json.loads(lines[-1]) if lines else {"label": label, "error": (proc.stderr or proc.stdout)[-1500:]}
+        except subprocess.TimeoutExpired:
+            res = {"label": label, "error": f"TIMEOUT after {timeout}s (hang?)"}
+        res["wall_s"] = round(time.time() - t0, 1)
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir, f"lab_{set_name}.json").write_text(json.dumps(results, indent=1))
+    print("\n=== summary ===")
+    for r in results:
+        if "error" in r:
+            print(f"{r['label']:28s} ERROR {r['error'][-600:]}")
+            continue
+        bad = [c for c in r["checks"] if not c["ok"]]
+        worst = max((c["err"] for c in r["checks"]), default=0.0)
+        line = f"{r['label']:28s} checks {len(r['checks']) - len(bad)}/{len(r['checks'])} worst_err {worst:.2e}"
+        for p in r["perf"]:
+            line += (f" | {p['shape'][0]}^3 {p['tflops']:.0f} TF/s vs cuBLAS {p['cublas_tflops']:.0f}"
+                     f" = {p['ratio']:.3f}x (err {p['err']:.1e})")
+        print(line)
+        for c in bad:
+            print(f"    FAIL {c}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd", choices=["build", "device", "one"])
+    ap.add_argument("path", nargs="?")
+    ap.add_argument("--set", default="step1")
+    ap.add_argument("--perf", action="store_true")
+    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    if args.cmd == "build":
+        build(args.set)
+    elif args.cmd == "device":
+        device(args.set, args.timeout, args.only)
+    else:
+        print(json.dumps(run_one(args.path, args.perf)))
+
+
+if __name__ == "__main__":
+    main()
