@@ -107,7 +107,11 @@ class Decomposition:
 
     @property
     def tag(self) -> str:
-        return self.kind.value if self.kind is not DecompKind.SPLIT_K else f"splitk{self.splits}"
+        # The factor is named whenever it is not 1, so no two decompositions share a tag (a dp config
+        # with splits=2 is infeasible, but its name must still differ from splits=1).
+        if self.kind is DecompKind.SPLIT_K or self.splits != 1:
+            return f"{self.kind.value}{self.splits}"
+        return self.kind.value
 
 
 @dataclass(frozen=True)
