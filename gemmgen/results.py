@@ -1,0 +1,179 @@
+"""The tuning database: one JSON record per tuned problem under results/<gpu key>/.
+
+A record holds the problem, the environment fingerprint, every trial, the winner and cuBLAS's
+time. It is written atomically (temp file + rename) after every trial, so a crash or Ctrl-C
+leaves the last complete state, never a half-written file. `lookup` answers from these records
+without tuning: the exact problem, or else the nearest shape held, saying which.
+
+This module imports neither Optuna nor cuda-python: the Optuna study is the search's working
+store; these records are the durable, readable answer.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import paths
+from .arch import Gpu
+from .errors import InvalidInput, UserError
+from .problem import Problem
+
+RECORD_FORMAT = "gemmgen-tune/1"
+
+
+class NothingStored(UserError):
+    """lookup found no record for this GPU."""
+
+    def __init__(self, gpu_key: str, where: Path):
+        self.gpu_key, self.where = gpu_key, where
+        super().__init__(gpu_key, str(where))
+
+    def __str__(self) -> str:
+        return (f"no tuning results stored for {self.gpu_key} in {self.where} "
+                f"(run `gemmgen tune M N K --gpu {self.gpu_key}` first)")
+
+
+def results_root() -> Path:
+    """results/, or $GEMMGEN_RESULTS read at call time (tests point it at a temp dir)."""
+    env = os.environ.get("GEMMGEN_RESULTS")
+    return Path(env) if env else paths.RESULTS
+
+
+def gpu_dir(gpu: "Gpu | str") -> Path:
+    return results_root() / (gpu.key if isinstance(gpu, Gpu) else str(gpu))
+
+
+def problem_key(problem: Problem) -> str:
+    """File stem of a problem's record: shape, dtypes, layouts and the compile-time epilogue."""
+    key = f"{problem.label}_{problem.c_dtype.value}_{problem.epilogue.tag}"
+    return key + ("_beta" if problem.epilogue.beta != 0 else "")
+
+
+def record_path(gpu: "Gpu | str", problem: Problem) -> Path:
+    return gpu_dir(gpu) / "tunes" / f"{problem_key(problem)}.json"
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, payload) -> Path:
+    """Write JSON so that readers see the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(payload, out, indent=2, default=str)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def fingerprint(gpu: Gpu, device: "dict | None" = None, nvrtc_version: "str | None" = None) -> dict:
+    """Environment fingerprint: which GPU, driver, NVRTC and gemmgen produced a figure."""
+    from . import __version__
+
+    device = dict(device or {})
+    try:
+        import optuna
+
+        optuna_version = optuna.__version__
+    except ImportError:  # the record is still valid without it
+        optuna_version = None
+    return {
+        "gpu_key": gpu.key,
+        "gpu_name": device.get("name") or gpu.name,
+        "gpu_detected": bool(device),
+        "driver_version": device.get("driver_version") or device.get("driver"),
+        "nvrtc_version": nvrtc_version,
+        "gemmgen_version": __version__,
+        "optuna_version": optuna_version,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "device": device,
+    }
+
+
+# --- lookup ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Answer:
+    """What lookup found: the record, whether it is for the exact problem, and how far it is."""
+
+    record: dict
+    path: Path
+    exact: bool
+    distance: float  # log-distance over M, N, K (0 when exact)
+    same_operands: bool  # dtypes and layouts match the question
+
+    @property
+    def problem(self) -> Problem:
+        return Problem.from_dict(self.record["problem"])
+
+
+def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
+    """Every readable tuning record held for this GPU (unreadable files are skipped, not fatal)."""
+    folder = gpu_dir(gpu) / "tunes"
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("format") == RECORD_FORMAT and record.get("winner"):
+            out.append((path, record))
+    return out
+
+
+def _operands_key(problem: Problem) -> tuple:
+    return (problem.a_dtype, problem.c_dtype, problem.a_layout, problem.b_layout, problem.epilogue.bias,
+            problem.epilogue.activation, problem.epilogue.beta != 0)
+
+
+def log_distance(a: Problem, b: Problem) -> float:
+    """Euclidean distance between shapes in log space: 2x in one dimension is ln 2 away."""
+    return math.sqrt(sum(math.log(x / y) ** 2 for x, y in ((a.m, b.m), (a.n, b.n), (a.k, b.k))))
+
+
+def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
+    """The stored winner for `problem` on `gpu`, or the nearest shape held (same operands preferred)."""
+    records = load_records(gpu)
+    if not records:
+        raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
+    want = _operands_key(problem)
+    best = None
+    for path, record in records:
+        try:
+            held = Problem.from_dict(record["problem"])
+        except (InvalidInput, KeyError, TypeError):
+            continue
+        same = _operands_key(held) == want
+        distance = log_distance(problem, held)
+        # Same operands first, then nearest shape, then the most recent record.
+        rank = (not same, distance, -_timestamp(record))
+        if best is None or rank < best[0]:
+            best = (rank, Answer(record, path, same and distance == 0.0, distance, same))
+    if best is None:
+        raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
+    return best[1]
+
+
+def _timestamp(record: dict) -> float:
+    try:
+        return _dt.datetime.fromisoformat(str(record.get("updated") or record.get("date"))).timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,1159 @@
+"""Optuna search over the tile space: the roofline model's top-k first, then a sampler.
+
+How one tune runs:
+  1. The space is every valid configuration of the GPU's kernel families (space.py); infeasible
+     configurations are never compiled. The model (intensity.predict) ranks them all.
+  2. The study lives in Optuna RDB storage (SQLite by default) under a name derived from the
+     GPU, the problem and the space, so running the same command again resumes it.
+  3. The model's top-k are enqueued (study.enqueue_trial), then the sampler explores. A trial's
+     parameters are categorical per axis (CTA tile, warp arrangement, stages, swizzle, raster,
+     decomposition, cluster...), named '<family>.<axis>', so TPE can learn per axis. A sampled
+     point that is infeasible is PRUNED with the broken rule, without compiling.
+  4. Trials are asked several ahead and compiled in a process pool while the GPU measures the
+     current one, in a worker process that owns the CUDA context (worker.py). A failure (CUDA
+     error, hang, crash, wrong result, compile error) FAILs that trial with its reason, and the
+     kernel is quarantined in the same storage so it is never tried again.
+  5. Stop at --trials (measured trials in the study), --timeout, or --patience trials without
+     improvement. Then the top few are re-measured interleaved and the winner is the best median.
+
+Only this module and the storage helpers here import Optuna; the model never does.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import socket
+import statistics
+import time
+import warnings
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from .arch import Arch, Gpu
+from .constraints import check
+from .errors import CompileError, InvalidInput, UserError
+from .problem import Problem
+from .results import fingerprint, gpu_dir, now, problem_key, record_path, write_json_atomic
+from .tiles import Cluster, Decomposition, DecompKind, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
+from .worker import COMPILE, QUARANTINED_KINDS, Outcome
+
+# Bump when the mapping between parameters and configurations changes: it is part of study names.
+SPACE_FORMAT = 1
+AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_group", "decomposition", "cluster",
+        "warp_specialized", "persistent")
+SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
+
+
+class StorageError(UserError):
+    """The study storage cannot be used: bad URL, missing driver, corrupt or locked database."""
+
+    def __init__(self, rule: str, url: str, hint: str = ""):
+        self.rule, self.url, self.hint = rule, url, hint
+        super().__init__(rule, url, hint)
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.url}" + (f" ({self.hint})" if self.hint else "")
+
+
+# --- the search space as per-axis categorical parameters ----------------------------------------
+
+def axis_values(config: TileConfig) -> dict:
+    """A configuration as one value per axis: what Optuna samples and the dashboard shows."""
+    return {
+        "cta": str(config.cta), "warps": f"{config.warps_m}x{config.warps_n}", "mma": str(config.mma),
+        "stages": config.stages, "smem_layout": config.smem_layout.value,
+        "raster_order": config.raster.order.value, "raster_group": config.raster.group,
+        "decomposition": config.decomposition.tag, "cluster": str(config.cluster),
+        "warp_specialized": config.warp_specialized, "persistent": config.persistent,
+    }
+
+
+def _decomposition(tag: str) -> Decomposition:
+    if tag.startswith("splitk"):
+        return Decomposition(DecompKind.SPLIT_K, int(tag[len("splitk"):]))
+    return Decomposition(DecompKind(tag), 1)
+
+
+def config_from_axes(family: str, values: dict) -> TileConfig:
+    """Inverse of axis_values; raises InvalidInput when the warp arrangement does not divide the tile."""
+    cta = Shape3.parse(values["cta"], "CTA tile")
+    wm, wn = (int(v) for v in str(values["warps"]).split("x"))
+    if cta.m % wm or cta.n % wn:
+        raise InvalidInput("the CTA tile must split evenly over the warp arrangement",
+                           f"{cta} over {values['warps']}")
+    cm, cn = (int(v) for v in str(values["cluster"]).split("x"))
+    return TileConfig(
+        family=Family(family), cta=cta, warp=Shape3(cta.m // wm, cta.n // wn, cta.k),
+        mma=Shape3.parse(values["mma"], "MMA shape"), stages=int(values["stages"]),
+        smem_layout=SmemLayout(values["smem_layout"]),
+        raster=Raster(RasterOrder(values["raster_order"]), int(values["raster_group"])),
+        decomposition=_decomposition(str(values["decomposition"])), cluster=Cluster(cm, cn),
+        warp_specialized=bool(values["warp_specialized"]), persistent=bool(values["persistent"]))
+
+
+def _sort_key(value):
+    """Numeric order for '128x64x32'-style values, natural order otherwise; stable across runs."""
+    if isinstance(value, str):
+        parts = value.replace("splitk", "").split("x")
+        if all(p.isdigit() for p in parts):
+            return (0, tuple(int(p) for p in parts), value)
+        return (1, (), value)
+    return (0, (int(value),), str(value))
+
+
+class SearchSpace:
+    """Valid configurations, and their encoding as Optuna categorical parameters.
+
+    Per family, an axis with a single value is fixed (not sampled). The MMA shape is not sampled
+    when the other axes determine it (sm90: N equals the warpgroup tile), so TPE does not waste
+    trials on mismatches. `check_fn(config) -> [Violation]` explains points outside the space.
+    """
+
+    def __init__(self, configs: "list[TileConfig]", check_fn: "Callable[[TileConfig], list]"):
+        if not configs:
+            raise InvalidInput("the search space must hold at least one valid configuration", 0)
+        self.configs = tuple(dict.fromkeys(configs))
+        self.check_fn = check_fn
+        self.families = tuple(sorted({c.family.value for c in self.configs}))
+        self.sampled: "dict[str, tuple[tuple[str, tuple], ...]]" = {}
+        self.fixed: "dict[str, dict]" = {}
+        self.index: "dict[tuple, TileConfig]" = {}
+        self._mma_choices: "dict[str, tuple]" = {}
+        for fam in self.families:
+            members = [c for c in self.configs if c.family.value == fam]
+            values = [axis_values(c) for c in members]
+            choices = {a: tuple(sorted({v[a] for v in values}, key=_sort_key)) for a in AXES}
+            keyed = [a for a in AXES if a != "mma"]
+            mma_derived = len({tuple(v[a] for a in keyed) for v in values}) == len(values)
+            axes = [a for a in AXES if len(choices[a]) > 1 and not (a == "mma" and mma_derived)]
+            self.sampled[fam] = tuple((a, choices[a]) for a in axes)
+            self.fixed[fam] = {a: choices[a][0] for a in AXES if a not in axes}
+            self._mma_choices[fam] = choices["mma"]
+            for c, v in zip(members, values):
+                self.index[self._key(fam, v, mma_derived)] = c
+            self.fixed[fam]["_mma_derived"] = mma_derived
+
+    @staticmethod
+    def _key(fam: str, values: dict, mma_derived: bool) -> tuple:
+        return (fam,) + tuple(values[a] for a in AXES if not (mma_derived and a == "mma"))
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    @property
+    def version(self) -> str:
+        """Short hash of the valid set and its encoding: part of the study name."""
+        text = f"{SPACE_FORMAT}|" + "|".join(sorted(c.tag for c in self.configs))
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+    def param_names(self) -> "list[str]":
+        names = ["family"] if len(self.families) > 1 else []
+        return names + [f"{fam}.{a}" for fam in self.families for a, _ in self.sampled[fam]]
+
+    def distributions(self, family: str) -> dict:
+        from optuna.distributions import CategoricalDistribution
+
+        out = {"family": CategoricalDistribution(list(self.families))} if len(self.families) > 1 else {}
+        out.update({f"{family}.{a}": CategoricalDistribution(list(ch)) for a, ch in self.sampled[family]})
+        return out
+
+    def params(self, config: TileConfig) -> dict:
+        """The parameters that make a trial sample `config` (for enqueue_trial and add_trial)."""
+        fam, values = config.family.value, axis_values(config)
+        out = {"family": fam} if len(self.families) > 1 else {}
+        out.update({f"{fam}.{a}": values[a] for a, _ in self.sampled[fam]})
+        return out
+
+    def suggest(self, trial) -> "tuple[TileConfig | None, str]":
+        """Sample a point through `trial`; (config, "") if valid, else (None, the broken rule)."""
+        fam = trial.suggest_categorical("family", list(self.families)) if len(self.families) > 1 else self.families[0]
+        values = {k: v for k, v in self.fixed[fam].items() if not k.startswith("_")}
+        for axis, choices in self.sampled[fam]:
+            values[axis] = trial.suggest_categorical(f"{fam}.{axis}", list(choices))
+        return self.resolve(fam, values)
+
+    def decode(self, params: dict) -> "TileConfig | None":
+        """The configuration a finished trial's parameters name, or None if outside the space."""
+        fam = params.get("family", self.families[0])
+        if fam not in self.sampled:
+            return None
+        values = {k: v for k, v in self.fixed[fam].items() if not k.startswith("_")}
+        for axis, _ in self.sampled[fam]:
+            if f"{fam}.{axis}" not in params:
+                return None
+            values[axis] = params[f"{fam}.{axis}"]
+        return self.resolve(fam, values)[0]
+
+    def resolve(self, fam: str, values: dict) -> "tuple[TileConfig | None, str]":
+        derived = self.fixed[fam]["_mma_derived"]
+        if derived:
+            values = dict(values, mma=self._guess_mma(fam, values))
+        found = self.index.get(self._key(fam, values, derived))
+        if found is not None:
+            return found, ""
+        try:
+            candidate = config_from_axes(fam, values)
+        except (InvalidInput, ValueError) as exc:
+            return None, str(exc)
+        violations = self.check_fn(candidate)
+        if violations:
+            return None, "; ".join(str(v) for v in violations)
+        return None, f"not in the {fam} search space (search_spaces/{fam}.yaml)"
+
+    def _guess_mma(self, fam: str, values: dict) -> str:
+        """The family's MMA shape that fits this point's warp tile (widest N dividing it)."""
+        choices = self._mma_choices[fam]
+        try:
+            cta = Shape3.parse(values["cta"])
+            wm, wn = (int(v) for v in str(values["warps"]).split("x"))
+            warp_n = cta.n // wn
+        except (InvalidInput, ValueError, ZeroDivisionError):
+            return choices[0]
+        fitting = [m for m in choices if warp_n % Shape3.parse(m).n == 0]
+        return max(fitting, key=lambda m: Shape3.parse(m).n) if fitting else choices[0]
+
+
+# --- the model's ranking -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ranked:
+    """A configuration with the model's prediction and its place in the ranking (0 = best)."""
+
+    config: TileConfig
+    time_s: float
+    tflops: float
+    bound: str
+    rank: int
+
+
+def rank_configs(configs, problem: Problem, gpu: Gpu, predict) -> "list[Ranked]":
+    """Every configuration, fastest predicted first; ties broken by name so the order is stable."""
+    scored = []
+    for c in configs:
+        p = predict(problem, c, gpu)
+        t = float(p.time_s)
+        scored.append((t, c.tag, c, float(getattr(p, "tflops", problem.flops / t / 1e12)), str(getattr(p, "bound", ""))))
+    scored.sort(key=lambda s: (s[0], s[1]))
+    return [Ranked(c, t, tf, b, i) for i, (t, _, c, tf, b) in enumerate(scored)]
+
+
+# --- engines: what the search drives (injectable, so tests run without NVRTC or a GPU) -----------
+
+def _compile_one(kernel: Kernel):
+    """Pool task: the compiled kernel, or the CompileError as a value (it pickles)."""
+    from .nvrtc import compile_kernel
+
+    try:
+        return compile_kernel(kernel)
+    except CompileError as exc:
+        return exc
+
+
+class PoolCompiler:
+    """NVRTC in a process pool: submit() returns at once, so compiles run while the GPU measures."""
+
+    def __init__(self, jobs: int, task: "Callable[[Kernel], object]" = _compile_one):
+        import multiprocessing as mp
+
+        self.jobs = max(1, int(jobs))
+        self.task = task
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"))
+
+    def submit(self, kernel: Kernel) -> Future:
+        return self._pool.submit(self.task, kernel)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class InlineCompiler:
+    """Compiles in the calling process when asked (tests, and jobs == 0)."""
+
+    def __init__(self, task: "Callable[[Kernel], object]" = _compile_one):
+        self.task = task
+        self.jobs = 1
+
+    def submit(self, kernel: Kernel) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(self.task(kernel))
+        except Exception as exc:  # reported as that trial's failure
+            future.set_exception(exc)
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Engines:
+    """Everything the search calls besides Optuna and the measurer."""
+
+    enumerate: "Callable[[Problem, Gpu, Arch], list[TileConfig]]"
+    predict: "Callable[[Problem, TileConfig, Gpu], object]"
+    compiler: object  # .submit(kernel) -> Future[Compiled | CompileError], .close()
+    manifest: "Callable[[Kernel, Problem, object], dict]"
+    nvrtc_version: "Callable[[], str | None]" = lambda: None
+
+    def close(self) -> None:
+        self.compiler.close()
+
+
+def _enumerate_families(problem: Problem, gpu: Gpu, arch: Arch) -> "list[TileConfig]":
+    from .space import enumerate_space, families_for
+
+    configs: "list[TileConfig]" = []
+    for family in families_for(arch):
+        configs.extend(enumerate_space(family, gpu, arch, problem=problem, operands=problem.operands))
+    return configs
+
+
+def _predict(problem, config, gpu):
+    from .intensity import predict
+
+    return predict(problem, config, gpu)
+
+
+def _manifest(kernel, problem, compiled):
+    from .manifest import make_manifest
+
+    return make_manifest(kernel, problem, compiled)
+
+
+def _nvrtc_version():
+    try:
+        from .nvrtc import nvrtc_version
+
+        return str(nvrtc_version())
+    except Exception:  # a fingerprint without the NVRTC version is still a fingerprint
+        return None
+
+
+def default_engines(jobs: int) -> Engines:
+    return Engines(_enumerate_families, _predict, PoolCompiler(jobs) if jobs > 0 else InlineCompiler(),
+                   _manifest, _nvrtc_version)
+
+
+# --- storage ----------------------------------------------------------------------------------
+
+def default_storage_url(gpu: Gpu) -> str:
+    return f"sqlite:///{(gpu_dir(gpu) / 'studies.db').resolve()}"
+
+
+def _lock_timeout() -> float:
+    try:
+        return float(os.environ.get("GEMMGEN_DB_TIMEOUT", "30"))
+    except ValueError:
+        return 30.0
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password hidden, for printing and records."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def _translate(exc: Exception, url: str) -> StorageError:
+    text = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+    if "locked" in text.lower() or "busy" in text.lower():
+        return StorageError("the study database is locked by another process", safe_url(url),
+                            "wait for the other tune to finish, or pass --storage with another URL")
+    if "not a database" in text.lower() or "malformed" in text.lower() or "corrupt" in text.lower():
+        return StorageError("the study database is corrupt or not an SQLite file", safe_url(url),
+                            "move it aside; a new one is created on the next run")
+    return StorageError(f"cannot use the study storage ({text})", safe_url(url))
+
+
+@contextmanager
+def storage_errors(url: str):
+    """Turn database failures met at any point of a tune into one-line StorageErrors."""
+    import sqlalchemy.exc as sa_exc
+
+    try:
+        yield
+    except sa_exc.SQLAlchemyError as exc:
+        raise _translate(exc, url) from None
+
+
+def open_storage(url: str):
+    """Optuna RDB storage for `url`, or a StorageError that says what is wrong with it."""
+    import optuna
+    import sqlalchemy.exc as sa_exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except (sa_exc.ArgumentError, ValueError):
+        raise StorageError("--storage must be an SQLAlchemy URL such as sqlite:///studies.db or "
+                           "postgresql://user@host/db", url) from None
+    engine_kwargs: dict = {}
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            path = Path(db)
+            if path.is_dir():
+                raise StorageError("an SQLite storage must be a file, not a directory", db)
+            if path.exists() and path.stat().st_size > 0:
+                with open(path, "rb") as f:
+                    if f.read(16) != b"SQLite format 3\x00":
+                        raise StorageError("the study database is corrupt or not an SQLite file", db,
+                                           "move it aside; a new one is created on the next run")
+            else:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise StorageError(f"cannot create the storage folder ({exc.strerror})", db) from None
+        engine_kwargs["connect_args"] = {"timeout": _lock_timeout()}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        if parsed.get_backend_name() == "sqlite":
+            _fast_sqlite(storage)
+        return storage
+    except ImportError as exc:
+        raise StorageError(f"the storage URL needs a database driver that is not installed ({exc.name or exc})",
+                           safe_url(url), "install the driver, e.g. pip install psycopg2-binary") from None
+    except sa_exc.NoSuchModuleError:
+        raise StorageError("--storage must name a database SQLAlchemy knows (sqlite, postgresql, mysql, ...)",
+                           safe_url(url)) from None
+    except sa_exc.SQLAlchemyError as exc:
+        raise _translate(exc, url) from None
+    except RuntimeError as exc:  # Optuna's schema-version check
+        raise StorageError(f"the study database cannot be used by this Optuna ({str(exc).splitlines()[0]})",
+                           safe_url(url), "run `optuna storage upgrade --storage URL`") from None
+
+
+def _fast_sqlite(storage) -> None:
+    """synchronous=NORMAL: every trial commits a dozen small writes, and a full fsync each made the
+    database, not the GPU, the bottleneck. A killed process loses nothing (the OS holds the pages);
+    only a power cut can lose the last commits."""
+    from sqlalchemy import event
+
+    def _pragma(dbapi_connection, _record):
+        dbapi_connection.execute(f"PRAGMA synchronous=NORMAL")
+
+    event.listen(storage.engine, "connect", _pragma)
+    storage.engine.dispose()  # connections opened before the listener existed are dropped
+
+
+class Quarantine:
+    """Kernels that failed (hang, crash, CUDA error, wrong result, compile error), kept in storage.
+
+    They live as user attributes of a study named 'gemmgen/quarantine/<gpu>' in the same storage,
+    keyed by kernel name (which includes the arch, operands and configuration), so they survive
+    resumes and apply to every problem tuned on that GPU.
+    """
+
+    def __init__(self, storage, gpu: Gpu):
+        import optuna
+
+        self.study = optuna.create_study(storage=storage, study_name=f"gemmgen/quarantine/{gpu.key}",
+                                         load_if_exists=True)
+        self.entries: "dict[str, dict]" = dict(self.study.user_attrs)
+
+    def reason(self, kernel_name: str) -> "str | None":
+        entry = self.entries.get(kernel_name)
+        return None if entry is None else str(entry.get("reason", "quarantined"))
+
+    def add(self, kernel_name: str, reason: str, kind: str, problem: Problem) -> None:
+        entry = {"reason": reason, "kind": kind, "problem": problem.label, "date": now()}
+        self.entries[kernel_name] = entry
+        self.study.set_user_attr(kernel_name, entry)
+
+
+# --- the tune itself -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int = 100  # measured trials in the study, counting earlier (resumed) runs
+    timeout_s: "float | None" = None
+    patience: "int | None" = 40  # measured trials without improvement before stopping
+    top_k: int = 10  # the model's best, enqueued before the sampler explores
+    sampler: str = "tpe"
+    jobs: int = max(1, (os.cpu_count() or 2) - 1)
+    finalists: int = 3
+    rounds: int = 5  # interleaved re-measurement rounds of the finalists
+    seed: "int | None" = None
+    min_improvement: float = 0.005  # relative gain that counts as an improvement for patience
+    storage: "str | None" = None
+    out: "str | None" = None
+    lookahead: "int | None" = None  # trials compiled ahead of measurement; default jobs + 1
+    max_idle_asks: int = 300  # sampler proposals in a row that yield nothing new before giving up
+    stale_after_s: float = 3600.0  # a RUNNING trial of another host older than this is abandoned
+    replay: "str | None" = None  # simulation mode: recorded in the record so nobody mistakes it
+
+    def validate(self) -> "TuneOptions":
+        if self.trials < 1:
+            raise InvalidInput("--trials must be a positive integer", self.trials)
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise InvalidInput("--timeout must be a positive number of seconds", self.timeout_s)
+        if self.patience is not None and self.patience < 1:
+            raise InvalidInput("--patience must be a positive integer", self.patience)
+        if self.top_k < 0:
+            raise InvalidInput("--top-k must be zero or a positive integer", self.top_k)
+        if self.sampler not in SAMPLERS:
+            raise InvalidInput(f"--sampler must be one of {', '.join(SAMPLERS)}", self.sampler)
+        if self.jobs < 0:
+            raise InvalidInput("--jobs must be zero (compile inline) or a positive integer", self.jobs)
+        return self
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """One trial as the record and the tables see it."""
+
+    number: int
+    state: str  # COMPLETE, FAIL, PRUNED, RUNNING, WAITING
+    tag: "str | None"
+    kernel: "str | None"
+    config: "dict | None"
+    time_s: "float | None"
+    tflops: "float | None"
+    predicted_time_s: "float | None"
+    reason: str
+    source: str
+    measured: bool
+
+    def to_dict(self) -> dict:
+        return {"number": self.number, "state": self.state, "config_tag": self.tag, "kernel": self.kernel,
+                "config": self.config, "time_s": self.time_s, "tflops": self.tflops,
+                "predicted_time_s": self.predicted_time_s, "reason": self.reason, "source": self.source,
+                "measured": self.measured}
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """A top configuration re-measured in interleaved rounds."""
+
+    kernel: str
+    config: TileConfig
+    times_s: "tuple[float, ...]"
+    predicted_time_s: float
+    flops: int
+    rel_error: "float | None" = None
+    failed: str = ""
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.median_s / 1e12
+
+    def quartiles(self) -> "tuple[float, float]":
+        if len(self.times_s) < 2:
+            return self.times_s[0], self.times_s[0]
+        q = statistics.quantiles(self.times_s, n=4, method="inclusive")
+        return q[0], q[2]
+
+    def to_dict(self) -> dict:
+        q1, q3 = self.quartiles() if self.times_s else (None, None)
+        return {"kernel": self.kernel, "config": self.config.to_dict(), "config_tag": self.config.tag,
+                "rounds": len(self.times_s), "times_s": list(self.times_s),
+                "median_time_s": self.median_s if self.times_s else None,
+                "min_time_s": min(self.times_s) if self.times_s else None,
+                "max_time_s": max(self.times_s) if self.times_s else None,
+                "q1_time_s": q1, "q3_time_s": q3, "tflops": self.tflops if self.times_s else None,
+                "predicted_time_s": self.predicted_time_s,
+                "pct_of_roofline": 100.0 * self.predicted_time_s / self.median_s if self.times_s else None,
+                "rel_error": self.rel_error, "failed": self.failed or None}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the top-five table."""
+
+    kernel: str
+    tag: str
+    tflops: float
+    predicted_tflops: float
+    pct_of_roofline: float
+    vs_cublas: "float | None"
+    remeasured: bool
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    problem: Problem
+    gpu: Gpu
+    study_name: str
+    storage_url: str
+    stop_reason: str
+    elapsed_s: float
+    space_size: int
+    counts: dict
+    top: "tuple[Row, ...]"
+    finalists: "tuple[Finalist, ...]"
+    winner: "Finalist | None"
+    cublas_time_s: "float | None"
+    record_path: Path
+    bundle: object = None
+
+
+def study_name(gpu: Gpu, problem: Problem, space: SearchSpace) -> str:
+    """Deterministic, so the same command finds (and resumes) the same study."""
+    return f"gemmgen/{gpu.key}/{problem_key(problem)}/space-{space.version}"
+
+
+def make_sampler(name: str, seed: "int | None"):
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            # multivariate+group: axes are learned jointly, per family (the parameters are conditional);
+            # constant_liar: trials asked ahead (being compiled) are not proposed twice.
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                              n_startup_trials=10)
+        if name == "cmaes":
+            # CMA-ES has no categorical support: Optuna samples these axes with its independent sampler.
+            return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        if name == "qmc":
+            try:
+                import scipy  # noqa: F401  (QMCSampler needs scipy.stats.qmc)
+            except ImportError:
+                raise InvalidInput("--sampler qmc needs scipy", "qmc", "pip install scipy, or use tpe/random") from None
+            return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+        # random, and grid: an exhaustive sweep is every valid configuration enqueued in model order.
+        return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_gone(owner: "str | None", started, stale_after_s: float) -> bool:
+    """Whether the process that started a RUNNING trial has ended (so the trial is orphaned)."""
+    if not owner or ":" not in owner:
+        return True
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname():
+        if int(pid) == os.getpid():
+            return True
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    age = time.time() - started.timestamp() if started else float("inf")
+    return age > stale_after_s
+
+
+class _Search:
+    """One tune's state: the study, the in-flight trials, the counters and the record."""
+
+    def __init__(self, problem, gpu, arch, measurer, options: TuneOptions, engines: Engines, on_event, device):
+        import optuna
+
+        self.optuna = optuna
+        self.problem, self.gpu, self.arch, self.measurer = problem, gpu, arch, measurer
+        self.options, self.engines, self.device = options, engines, device
+        self.emit = on_event or (lambda kind, info: None)
+        self.t0 = time.monotonic()
+        self.started = now()
+        configs = engines.enumerate(problem, gpu, arch)
+        self.space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
+        self.ranking = rank_configs(self.space.configs, problem, gpu, engines.predict)
+        self.by_tag = {r.config.tag: r for r in self.ranking}
+        self.storage_url = options.storage or default_storage_url(gpu)
+        self.name = study_name(gpu, problem, self.space)
+        self.summaries: "dict[int, TrialSummary]" = {}
+        self.best: "dict[str, TrialSummary]" = {}  # config tag -> its best measured trial
+        self.tried: "set[str]" = set()  # tags measured or failed in this study
+        self.best_tflops = 0.0
+        self.since_improvement = 0
+        self.compiled: "dict[str, object]" = {}
+        self.counts = {"measured": 0, "failed": 0, "pruned": 0, "duplicates": 0, "cancelled": 0, "resumed": 0,
+                       "carried": 0, "requeued": 0}
+        self.cublas_time_s = None
+        self.finalists: "list[Finalist]" = []
+        self.winner = None
+        self.stop_reason = ""
+        self._last_write = 0.0
+
+    # -- storage ---------------------------------------------------------------------------
+    def open(self) -> None:
+        optuna = self.optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.storage = open_storage(self.storage_url)
+        with storage_errors(self.storage_url):
+            self.quarantine = Quarantine(self.storage, self.gpu)
+            fresh = self.name not in {s.study_name for s in optuna.study.get_all_study_summaries(self.storage)}
+            self.study = optuna.create_study(storage=self.storage, study_name=self.name, direction="maximize",
+                                             sampler=make_sampler(self.options.sampler, self.options.seed),
+                                             load_if_exists=True)
+            if fresh:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    self.study.set_metric_names(["TFLOP/s"])
+                self.study.set_user_attr("problem", self.problem.to_dict())
+                self.study.set_user_attr("gpu", self.gpu.key)
+                self.study.set_user_attr("space_size", len(self.space))
+                self._carry_over()
+            self._recover_interrupted()
+            self._load_history()
+            self._enqueue_model_picks()
+
+    def _carry_over(self) -> None:
+        """Measured trials of this problem under an earlier space version stay valid: copy them in."""
+        optuna = self.optuna
+        prefix = self.name.rsplit("/space-", 1)[0] + "/space-"
+        for summary in optuna.study.get_all_study_summaries(self.storage):
+            if not summary.study_name.startswith(prefix) or summary.study_name == self.name:
+                continue
+            old = optuna.load_study(study_name=summary.study_name, storage=self.storage)
+            for t in old.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+                if not t.user_attrs.get("measured") or t.user_attrs.get("config_tag") not in self.by_tag:
+                    continue
+                ranked = self.by_tag[t.user_attrs["config_tag"]]
+                attrs = dict(t.user_attrs, carried_from=f"{summary.study_name}#{t.number}",
+                             predicted_time_s=ranked.time_s, model_rank=ranked.rank)
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=self.space.params(ranked.config), distributions=self.space.distributions(
+                        ranked.config.family.value), value=t.value, user_attrs=attrs))
+                self.counts["carried"] += 1
+
+    def _recover_interrupted(self) -> None:
+        """Trials left RUNNING by a tuner that died: FAIL them; re-queue, or quarantine a repeat offender."""
+        TrialState = self.optuna.trial.TrialState
+        storage = self.study._storage
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not _owner_gone(t.user_attrs.get("owner"), t.datetime_start, self.options.stale_after_s):
+                continue  # another live tuner is working on this study: leave its trial alone
+            phase = t.user_attrs.get("phase", "asked")
+            reason = f"interrupted: the tuning process {t.user_attrs.get('owner', '?')} ended while {phase}"
+            storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+            self.study.tell(t.number, state=TrialState.FAIL)
+            kernel = t.user_attrs.get("kernel")
+            if phase == "measuring" and t.user_attrs.get("requeued_from") is not None and kernel:
+                # Died twice measuring this kernel: it takes the tuner down with it (hang, driver crash).
+                self.quarantine.add(kernel, "the tuner died twice while measuring it", "crash", self.problem)
+            elif t.params:
+                self.study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+                self.counts["requeued"] += 1
+
+    def _load_history(self) -> None:
+        for t in self.study.get_trials(deepcopy=False):
+            s = self._summary_of(t)
+            if s.state in ("WAITING", "RUNNING"):
+                continue
+            self.summaries[t.number] = s
+            self._account(s, resumed=True)
+        self.counts["resumed"] = sum(1 for s in self.summaries.values() if s.measured)
+
+    def _summary_of(self, t) -> TrialSummary:
+        a = t.user_attrs
+        value = t.value if t.state == self.optuna.trial.TrialState.COMPLETE else None
+        return TrialSummary(t.number, t.state.name, a.get("config_tag"), a.get("kernel"), a.get("config"),
+                            a.get("time_s"), value, a.get("predicted_time_s"),
+                            str(a.get("fail_reason") or a.get("violation") or ""), str(a.get("source", "")),
+                            bool(a.get("measured")))
+
+    def _account(self, s: TrialSummary, resumed: bool = False) -> None:
+        """Fold one finished trial into the counters, the best-so-far and the patience window."""
+        if s.measured:
+            self.counts["measured"] += 0 if resumed else 1
+            if s.tag:
+                self.tried.add(s.tag)
+            improved = False
+            if s.state == "COMPLETE" and s.tflops:
+                if s.tag and (s.tag not in self.best or s.tflops > (self.best[s.tag].tflops or 0)):
+                    self.best[s.tag] = s
+                if s.tflops > self.best_tflops * (1 + self.options.min_improvement):
+                    improved = True
+                self.best_tflops = max(self.best_tflops, s.tflops)
+            else:
+                self.counts["failed"] += 0 if resumed else 1
+            self.since_improvement = 0 if improved else self.since_improvement + 1
+        elif s.state == "COMPLETE" and s.tag and s.tflops and s.tag not in self.best:
+            self.best[s.tag] = s  # carried over from an earlier space version
+            self.tried.add(s.tag)
+            self.best_tflops = max(self.best_tflops, s.tflops)
+
+    @property
+    def measured_total(self) -> int:
+        return sum(1 for s in self.summaries.values() if s.measured)
+
+    def _enqueue_model_picks(self) -> None:
+        k = len(self.ranking) if self.options.sampler == "grid" else self.options.top_k
+        picked = 0
+        for r in self.ranking:
+            if picked >= k:
+                break
+            if self.quarantine.reason(Kernel(self.arch, self.problem.operands, r.config).name):
+                continue
+            picked += 1
+            if r.config.tag in self.tried:
+                continue
+            self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": f"model top-{k}"},
+                                     skip_if_exists=True)
+
+    # -- the loop --------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _time_up(self) -> bool:
+        return self.options.timeout_s is not None and self.elapsed() >= self.options.timeout_s
+
+    def run(self) -> None:
+        opts = self.options
+        lookahead = opts.lookahead or (getattr(self.engines.compiler, "jobs", 1) + 1)
+        inflight: deque = deque()
+        idle = 0
+        self.emit("start", {"study": self.name, "storage": safe_url(self.storage_url), "space": len(self.space),
+                            "resumed": self.counts["resumed"], "target": opts.trials, "best": self.best_tflops})
+        with storage_errors(self.storage_url):
+            while True:
+                while not self.stop_reason and len(inflight) < lookahead:
+                    if self.measured_total + len(inflight) >= opts.trials:
+                        break
+                    if self._time_up():
+                        self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
+                        break
+                    if len(self.tried) + len(inflight) + len(self.quarantine.entries) >= len(self.space) and \
+                            all(self._unavailable(r.config, inflight) for r in self.ranking):
+                        self.stop_reason = "every configuration of the space was tried"
+                        break
+                    if idle >= opts.max_idle_asks:
+                        self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
+                                            "quarantined or tried already")
+                        break
+                    entry = self._ask(inflight)
+                    if entry is None:
+                        idle += 1
+                        continue
+                    idle = 0
+                    inflight.append(entry)
+                if not inflight:
+                    if not self.stop_reason:
+                        self.stop_reason = f"reached --trials {opts.trials}"
+                    break
+                if self._time_up() and not self.stop_reason:
+                    self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
+                if self.stop_reason:
+                    for trial, *_ in inflight:
+                        self._finish(trial, None, "FAIL", fail_reason=f"cancelled: the search stopped "
+                                     f"({self.stop_reason}) before it was measured", cancelled=True)
+                    inflight.clear()
+                    break
+                self._measure(*inflight.popleft())
+                if opts.patience and self.since_improvement >= opts.patience and self.best_tflops > 0:
+                    self.stop_reason = f"no improvement in {opts.patience} trials (--patience)"
+                self._write_record()
+
+    def _unavailable(self, config: TileConfig, inflight) -> bool:
+        if config.tag in self.tried or any(e[1].tag == config.tag for e in inflight):
+            return True
+        return self.quarantine.reason(Kernel(self.arch, self.problem.operands, config).name) is not None
+
+    def _ask(self, inflight):
+        """Ask one trial; return (trial, config, kernel, future) if it is to be measured, else None."""
+        trial = self.study.ask()
+        config, rule = self.space.suggest(trial)
+        trial.set_user_attr("owner", _owner())
+        if config is None:
+            self._finish(trial, None, "PRUNED", violation=f"infeasible: {rule}")
+            return None
+        kernel = Kernel(self.arch, self.problem.operands, config)
+        ranked = self.by_tag[config.tag]
+        for key, value in {"kernel": kernel.name, "config_tag": config.tag, "config": config.to_dict(),
+                           "family": config.family.value, "predicted_time_s": ranked.time_s,
+                           "predicted_tflops": ranked.tflops, "bound": ranked.bound,
+                           "model_rank": ranked.rank}.items():
+            trial.set_user_attr(key, value)
+        reason = self.quarantine.reason(kernel.name)
+        if reason:
+            self._finish(trial, config, "PRUNED", violation=f"quarantined: {reason}")
+            return None
+        if config.tag in self.best or config.tag in self.tried or any(e[1].tag == config.tag for e in inflight):
+            prior = self.best.get(config.tag)
+            if prior is not None:
+                # Tell the sampler what this point scored rather than measuring it again.
+                self._finish(trial, config, "COMPLETE", value=prior.tflops, duplicate_of=prior.number,
+                             time_s=prior.time_s)
+            else:
+                self._finish(trial, config, "PRUNED", violation="duplicate of a failed or in-flight trial")
+            self.counts["duplicates"] += 1
+            return None
+        if "source" not in trial.user_attrs:
+            trial.set_user_attr("source", self.options.sampler)
+        trial.set_user_attr("phase", "compiling")
+        return trial, config, kernel, self.engines.compiler.submit(kernel)
+
+    def _measure(self, trial, config: TileConfig, kernel: Kernel, future: Future) -> None:
+        try:
+            compiled = future.result()
+        except Exception as exc:  # the pool task itself died
+            compiled = CompileError(kernel.name, (), f"{type(exc).__name__}: {exc}")
+        if isinstance(compiled, Exception):
+            reason = f"compile error: {compiled}"
+            self.quarantine.add(kernel.name, reason, COMPILE, self.problem)
+            self._finish(trial, config, "FAIL", fail_reason=reason, fail_kind=COMPILE, measured=True)
+            return
+        self.compiled[config.tag] = compiled
+        resources = getattr(compiled, "resources", None)
+        for key in ("registers", "spill_bytes"):
+            if resources is not None and getattr(resources, key, None) is not None:
+                trial.set_user_attr(key, getattr(resources, key))
+        manifest = self.engines.manifest(kernel, self.problem, compiled)
+        trial.set_user_attr("phase", "measuring")
+        outcome: Outcome = self.measurer.measure(manifest, compiled.cubin, self.problem)
+        if outcome.ok:
+            tflops = self.problem.flops / outcome.time_s / 1e12
+            self._finish(trial, config, "COMPLETE", value=tflops, time_s=outcome.time_s,
+                         rel_error=outcome.rel_error, measured=True)
+        else:
+            if outcome.kind in QUARANTINED_KINDS:
+                self.quarantine.add(kernel.name, outcome.reason, outcome.kind, self.problem)
+            self._finish(trial, config, "FAIL", fail_reason=outcome.reason or "measurement failed",
+                         fail_kind=outcome.kind, rel_error=outcome.rel_error, measured=True)
+
+    def _finish(self, trial, config, state: str, value: "float | None" = None, **attrs) -> None:
+        """Record attrs, tell Optuna, and fold the trial into the counters and the progress stream."""
+        TrialState = self.optuna.trial.TrialState
+        for key, v in attrs.items():
+            if v is not None:
+                trial.set_user_attr(key, v)
+        if value is not None:
+            trial.set_user_attr("tflops", value)
+        trial.set_user_attr("phase", "done")
+        if state == "COMPLETE":
+            frozen = self.study.tell(trial, value)
+        else:
+            frozen = self.study.tell(trial, state=TrialState[state])
+        s = self._summary_of(frozen)
+        self.summaries[s.number] = s
+        self._account(s)
+        if state == "PRUNED":
+            self.counts["pruned"] += 1
+        if attrs.get("cancelled"):
+            self.counts["cancelled"] += 1
+        if s.measured:
+            self.emit("trial", {"number": s.number, "state": s.state, "tag": s.tag, "tflops": s.tflops,
+                                "reason": s.reason, "best": self.best_tflops, "done": self.measured_total,
+                                "target": self.options.trials})
+
+    # -- choosing the winner ---------------------------------------------------------------
+    def choose(self) -> None:
+        """Re-measure the best few interleaved (A B C A B C ...); the winner has the best median."""
+        leaders = sorted(self.best.values(), key=lambda s: -(s.tflops or 0))[: self.options.finalists]
+        leaders = [s for s in leaders if s.tflops]
+        if not leaders:
+            return
+        entries = []
+        for s in leaders:
+            config = TileConfig.from_dict(s.config)
+            kernel = Kernel(self.arch, self.problem.operands, config)
+            compiled = self.compiled.get(config.tag)
+            if compiled is None:  # measured in an earlier run: the disk cache makes this quick
+                compiled = self.engines.compiler.submit(kernel).result()
+                if isinstance(compiled, Exception):
+                    continue
+                self.compiled[config.tag] = compiled
+            entries.append((s, config, kernel, compiled, self.engines.manifest(kernel, self.problem, compiled)))
+        times: "dict[str, list]" = {e[1].tag: [] for e in entries}
+        errors: "dict[str, float]" = {}
+        failed: "dict[str, str]" = {}
+        cublas = []
+        self.emit("finalists", {"count": len(entries), "rounds": self.options.rounds})
+        for _ in range(self.options.rounds):
+            for s, config, kernel, compiled, manifest in entries:
+                if config.tag in failed:
+                    continue
+                outcome = self.measurer.measure(manifest, compiled.cubin, self.problem)
+                if outcome.ok:
+                    times[config.tag].append(outcome.time_s)
+                    if outcome.rel_error is not None:
+                        errors[config.tag] = max(errors.get(config.tag, 0.0), outcome.rel_error)
+                else:
+                    failed[config.tag] = f"failed on re-measurement: {outcome.reason}"
+                    if outcome.kind in QUARANTINED_KINDS:
+                        self.quarantine.add(kernel.name, failed[config.tag], outcome.kind, self.problem)
+            t = self.measurer.cublas_time(self.problem)
+            if t:
+                cublas.append(t)
+        self.cublas_time_s = statistics.median(cublas) if cublas else None
+        for s, config, kernel, compiled, manifest in entries:
+            self.finalists.append(Finalist(kernel.name, config, tuple(times[config.tag]),
+                                           self.by_tag[config.tag].time_s, self.problem.flops,
+                                           errors.get(config.tag), failed.get(config.tag, "")))
+        ok = [f for f in self.finalists if f.times_s and not f.failed]
+        self.winner = min(ok, key=lambda f: f.median_s) if ok else None
+
+    def top_rows(self, n: int = 5) -> "list[Row]":
+        remeasured = {f.config.tag: f for f in self.finalists if f.times_s and not f.failed}
+        rows = []
+        for s in self.best.values():
+            f = remeasured.get(s.tag)
+            tflops = f.tflops if f else s.tflops
+            ranked = self.by_tag.get(s.tag)
+            if not tflops or ranked is None:
+                continue
+            vs = (self.cublas_time_s * tflops * 1e12 / self.problem.flops) if self.cublas_time_s else None
+            rows.append(Row(s.kernel or "", s.tag, tflops, ranked.tflops, 100.0 * tflops / ranked.tflops, vs,
+                            f is not None))
+        rows.sort(key=lambda r: -r.tflops)
+        return rows[:n]
+
+    # -- the record ------------------------------------------------------------------------
+    def record(self, status: str, bundle=None) -> dict:
+        env = fingerprint(self.gpu, self.device, self.engines.nvrtc_version())
+        cublas = None
+        if self.cublas_time_s:
+            cublas = {"time_s": self.cublas_time_s, "tflops": self.problem.flops / self.cublas_time_s / 1e12}
+        winner = None
+        if self.winner is not None:
+            winner = self.winner.to_dict()
+            if cublas:
+                winner["vs_cublas"] = cublas["time_s"] / self.winner.median_s
+            if bundle is not None:
+                winner["bundle"] = str(bundle.manifest_path)
+        return {
+            "format": "gemmgen-tune/1", "status": status, "date": self.started, "updated": now(),
+            "simulated": bool(self.options.replay), "replay": self.options.replay,
+            "problem": self.problem.to_dict(), "gpu": self.gpu.key, "arch": self.arch.value, "environment": env,
+            "study": {"name": self.name, "storage": safe_url(self.storage_url)},
+            "search": {"sampler": self.options.sampler, "trials": self.options.trials,
+                       "timeout_s": self.options.timeout_s, "patience": self.options.patience,
+                       "top_k": self.options.top_k, "space_size": len(self.space), "space_version": self.space.version},
+            "elapsed_s": round(self.elapsed(), 3), "stop_reason": self.stop_reason, "counts": self.counts,
+            "model_top": [{"rank": r.rank, "config_tag": r.config.tag, "predicted_time_s": r.time_s,
+                           "predicted_tflops": r.tflops, "bound": r.bound} for r in self.ranking[:10]],
+            "trials": [s.to_dict() for _, s in sorted(self.summaries.items())],
+            "finalists": [f.to_dict() for f in self.finalists],
+            "winner": winner, "cublas": cublas,
+        }
+
+    def _write_record(self, status: str = "running", force: bool = False, bundle=None) -> Path:
+        path = record_path(self.gpu, self.problem)
+        if force or time.monotonic() - self._last_write >= 1.0:
+            write_json_atomic(path, self.record(status, bundle))
+            self._last_write = time.monotonic()
+        return path
+
+
+def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOptions(), *,
+         engines: "Engines | None" = None, arch: "Arch | None" = None, on_event=None,
+         device: "dict | None" = None) -> TuneResult:
+    """Tune `problem` on `gpu`, measuring through `measurer` (a WorkerBenchmark or a fake).
+
+    The study, the quarantine and the JSON record are updated after every trial, so a tune
+    killed at any point resumes where it was when the same call is made again.
+    """
+    options = options.validate()
+    own_engines = engines is None
+    engines = engines or default_engines(options.jobs)
+    arch = arch or gpu.arch
+    search = _Search(problem, gpu, arch, measurer, options, engines, on_event, device)
+    try:
+        search.open()
+        try:
+            search.run()
+        except KeyboardInterrupt:
+            search._write_record("interrupted", force=True)
+            raise
+        with storage_errors(search.storage_url):
+            search.choose()
+        bundle = None
+        if options.out and search.winner is not None:
+            bundle = _export_winner(search, options.out)
+        path = search._write_record("complete", force=True, bundle=bundle)
+        search.emit("done", {"stop_reason": search.stop_reason})
+        return TuneResult(problem, gpu, search.name, safe_url(search.storage_url), search.stop_reason,
+                          search.elapsed(), len(search.space), dict(search.counts), tuple(search.top_rows()),
+                          tuple(search.finalists), search.winner, search.cublas_time_s, path, bundle)
+    finally:
+        if own_engines:
+            engines.close()
+
+
+def _export_winner(search: _Search, out: str):
+    from .export import export_bundle
+
+    w = search.winner
+    kernel = Kernel(search.arch, search.problem.operands, w.config)
+    d = w.to_dict()
+    measured = {k: d[k] for k in ("median_time_s", "min_time_s", "max_time_s", "q1_time_s", "q3_time_s", "rounds",
+                                  "times_s", "tflops")}
+    measured["time_s"] = w.median_s
+    measured["predicted_time_s"] = w.predicted_time_s
+    if search.cublas_time_s:
+        measured["cublas_time_s"] = search.cublas_time_s
+        measured["vs_cublas"] = search.cublas_time_s / w.median_s
+    verification = {"ok": True, "rel_error": w.rel_error, "rounds": len(w.times_s),
+                    "reference": "checked by the benchmark on every measurement"}
+    env = fingerprint(search.gpu, search.device, search.engines.nvrtc_version())
+    return export_bundle(out, kernel, search.problem, search.compiled[w.config.tag], measured=measured,
+                         verification=verification, environment=env, manifest_fn=search.engines.manifest,
+                         extra={"simulated": True, "replay": search.options.replay} if search.options.replay else None)
+
+
+# --- dry run: the model's pick, compiled but not measured ---------------------------------------
+
+@dataclass(frozen=True)
+class Candidate:
+    ranked: Ranked
+    kernel: Kernel
+    compiled: object  # Compiled, or the CompileError
+
+    @property
+    def ok(self) -> bool:
+        return not isinstance(self.compiled, Exception)
+
+
+@dataclass(frozen=True)
+class DryRunResult:
+    problem: Problem
+    gpu: Gpu
+    space_size: int
+    candidates: "tuple[Candidate, ...]"
+    pick: "Candidate | None"
+    bundle: object
+
+
+def dry_run(problem: Problem, gpu: Gpu, top_k: int = 8, out: "str | None" = None, *,
+            engines: "Engines | None" = None, jobs: int = 4, arch: "Arch | None" = None) -> DryRunResult:
+    """Rank by the model, compile its top-k, export the best-ranked one that compiled, unmeasured."""
+    own = engines is None
+    engines = engines or default_engines(jobs)
+    arch = arch or gpu.arch
+    try:
+        configs = engines.enumerate(problem, gpu, arch)
+        space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
+        ranking = rank_configs(space.configs, problem, gpu, engines.predict)[: max(1, top_k)]
+        kernels = [Kernel(arch, problem.operands, r.config) for r in ranking]
+        futures = [engines.compiler.submit(k) for k in kernels]
+        candidates = []
+        for r, k, f in zip(ranking, kernels, futures):
+            try:
+                compiled = f.result()
+            except Exception as exc:
+                compiled = CompileError(k.name, (), f"{type(exc).__name__}: {exc}")
+            candidates.append(Candidate(r, k, compiled))
+        pick = next((c for c in candidates if c.ok), None)
+        bundle = None
+        if pick is not None and out:
+            from .export import export_bundle
+
+            env = fingerprint(gpu, None, engines.nvrtc_version())
+            bundle = export_bundle(out, pick.kernel, problem, pick.compiled, measured=None, verification=None,
+                                   environment=env, note="not measured (dry run)", manifest_fn=engines.manifest,
+                                   extra={"predicted": {"time_s": pick.ranked.time_s, "tflops": pick.ranked.tflops,
+                                                        "bound": pick.ranked.bound, "model_rank": 0}})
+        return DryRunResult(problem, gpu, len(space), tuple(candidates), pick, bundle)
+    finally:
+        if own:
+            engines.close()
