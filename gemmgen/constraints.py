@@ -29,6 +29,10 @@ REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 
 BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
 
 
+def _pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
 def _ab_bytes(operands: "Operands | None") -> int:
     return operands.a_dtype.bytes if operands else 2
 
@@ -126,6 +130,16 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(warp.m % 16 == 0 and warp.n % 16 == 0, "warp tile M and N must be multiples of 16 (ldmatrix x4)",
              f"{warp.m}x{warp.n}", 16)
         rule(cta.k in (16, 32, 64, 128), "CTA tile K must be 16, 32, 64 or 128", cta.k, "16..128")
+        # The template double-buffers MMA fragments over k16 steps, alternating two buffers: an odd
+        # number of steps per CTA tile would hand the next tile's first step the wrong buffer.
+        rule(cta.k % 32 == 0, "sm80_mma CTA tile K must be a multiple of 32 (even k16 steps for fragment double-buffering)",
+             cta.k, 32)
+        # The XOR swizzle permutes 16-byte chunks inside 8-chunk groups and copy rounds must cover whole
+        # swizzle groups: both hold only for power-of-two tile widths and thread counts.
+        rule(_pow2(cta.m) and _pow2(cta.n), "sm80_mma CTA tile M and N must be powers of two (swizzle groups)",
+             f"{cta.m}x{cta.n}", "2^k")
+        rule(_pow2(config.threads), "sm80_mma threads per block must be a power of two (whole copy rounds)",
+             config.threads, "2^k")
         rule(2 <= config.stages <= 5, "pipeline stages must be 2..5 for cp.async", config.stages, "2..5")
         rule(config.cluster.size == 1, "clusters need the sm90_wgmma family", str(config.cluster), "1x1")
         rule(not config.warp_specialized, "warp specialization needs the sm90_wgmma family", True, False)

@@ -41,6 +41,10 @@ class Resources:
     def spill_bytes(self) -> int:
         return self.spill_store_bytes + self.spill_load_bytes
 
+    @property
+    def smem_static(self) -> int:
+        return self.smem_static_bytes
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -60,6 +64,7 @@ class Compiled:
     options: "tuple[str, ...]"
     entries: "tuple[tuple[str, Resources], ...]" = field(default=())
     cached: bool = False
+    nvrtc_version: str = ""
 
     @property
     def spill_bytes(self) -> int:
@@ -111,7 +116,9 @@ def options_for(kernel: Kernel, lineinfo: bool = False) -> "tuple[str, ...]":
 # --- ptxas -v parsing -----------------------------------------------------------------------------
 _FUNCTION = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Compiling entry function '([^']+)'|Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def parse_ptxas_log(log: str) -> "dict[str, Resources]":
@@ -130,13 +137,13 @@ def parse_ptxas_log(log: str) -> "dict[str, Resources]":
     usage: dict[str, tuple[int, int]] = {}
     entry = None
     for line in log.splitlines():
-        match = re.search(r"Compiling entry function '([^']+)'", line)
+        match = _ENTRY.search(line)
         if match:
             entry = match.group(1)
             continue
-        match = re.search(r"Used (\d+) registers", line)
+        match = _USED.search(line)
         if match and entry is not None:
-            smem = re.search(r"(\d+) bytes smem", line)
+            smem = _SMEM.search(line)
             usage[entry] = (int(match.group(1)), int(smem.group(1)) if smem else 0)
             entry = None
     out = {}
@@ -246,7 +253,7 @@ def compile_kernel(kernel: Kernel, gpu: "Gpu | None" = None, lineinfo: bool = Fa
     entries = parse_ptxas_log(log)
     main = entries.get(kernel.name, Resources())
     ordered = tuple(sorted(entries.items(), key=lambda kv: (kv[0] != kernel.name, kv[0])))
-    return Compiled(kernel.name, cubin, source, log, main, options, ordered, cached)
+    return Compiled(kernel.name, cubin, source, log, main, options, ordered, cached, nvrtc_version())
 
 
 def _compile_or_error(kernel: Kernel) -> "Compiled | CompileError":

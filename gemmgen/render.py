@@ -43,7 +43,20 @@ def reference_gpu(arch: Arch) -> Gpu:
 
 
 def template_context(kernel: Kernel) -> dict:
-    """Every value a template may use, derived from the Kernel alone."""
+    """Every value the family's template may use, derived from the Kernel alone."""
+    family = kernel.config.family
+    if family not in CONTEXTS and family is Family.SM90_WGMMA:
+        from .families import sm90  # registers nothing itself: its template_params is the context
+
+        CONTEXTS[family] = sm90.template_params
+    builder = CONTEXTS.get(family)
+    if builder is None:
+        raise InvalidInput("no template context for this kernel family", family.value)
+    return builder(kernel)
+
+
+def sm80_context(kernel: Kernel) -> dict:
+    """Template values of templates/sm80_mma.cu.j2 (and the shared _common.cuh.j2)."""
     cfg, ops = kernel.config, kernel.operands
     ctx = {
         "name": kernel.name,
@@ -88,6 +101,11 @@ def template_context(kernel: Kernel) -> dict:
     return ctx
 
 
+# Family -> context builder. The Hopper family's lives in gemmgen/families/sm90.py and is looked up
+# on first use, so rendering sm80 kernels does not depend on it.
+CONTEXTS = {Family.SM80_MMA: sm80_context}
+
+
 def render(kernel: Kernel, gpu: "Gpu | None" = None) -> str:
     """The CUDA source of `kernel`, after checking its configuration (on `gpu`, else the loosest GPU
     that runs the arch). Raises InvalidConfig listing every broken rule."""
@@ -101,4 +119,4 @@ def render_unchecked(kernel: Kernel, context: "dict | None" = None) -> str:
     return template.render(**(template_context(kernel) if context is None else context))
 
 
-__all__ = ["environment", "reference_gpu", "render", "render_unchecked", "template_context", "REDUCE_THREADS"]
+__all__ = ["CONTEXTS", "environment", "sm80_context", "reference_gpu", "render", "render_unchecked", "template_context", "REDUCE_THREADS"]
