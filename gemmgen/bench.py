@@ -405,7 +405,7 @@ def verdict(rel_error: float, nonfinite: int, limit: float, problem: Problem,
     """Why a result fails verification ('' when it passes). NaN or Inf anywhere always fails."""
     if nonfinite:
         total = problem.m * problem.n
-        return (f"NaN/Inf in {nonfinite} of {total} outputs (an unwritten element keeps the NaN poison)")
+        return f"wrong result: NaN/Inf in {nonfinite} of {total} outputs (an unwritten element keeps the NaN poison)"
     if not math.isfinite(rel_error) or rel_error > limit:
         return f"wrong result: relative error {rel_error:.3e} > {limit:.1e}"
     if sample_rel_error is not None and (not math.isfinite(sample_rel_error) or sample_rel_error > limit):

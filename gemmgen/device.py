@@ -19,7 +19,7 @@ from functools import lru_cache
 from .arch import Arch, DType
 from .errors import CompileError, CudaError, InvalidInput, NoGpu
 
-DRIVER_HINT = "install the NVIDIA driver and cuda-bindings, or pass --gpu NAME where the command allows it"
+DRIVER_HINT = "GPU commands need the NVIDIA driver; `gemmgen roofline` and `gemmgen tune --dry-run` work without one"
 POISON_16 = 0xFFFF  # a NaN for both bf16 and f16: exponent all ones, mantissa non-zero
 POISON_32 = 0xFFFFFFFF  # a NaN in fp32
 # Errors after which the context is unusable: every later call in this process fails too.

@@ -1,0 +1,168 @@
+"""loader.py: bundle discovery and operand checks on the CPU; on a GPU, gemmgen.load() on torch and cupy
+arrays against torch.matmul, and scripts/launch_from_manifest.py launching a bundle without gemmgen."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gemmgen
+from gemmgen.errors import InvalidInput
+from gemmgen.loader import ArrayInfo, LoadedKernel, check_operand, describe_array, find_manifest, read_bundle
+from gemmgen.problem import Problem
+from gemmgen.reference import naive_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_bundle(folder: Path, problem: Problem, cubin: bytes = b"\x7fELF", splits: int = 1) -> Path:
+    manifest = naive_manifest(problem, splits=splits)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / manifest["cubin"]).write_bytes(cubin)
+    path = folder / (manifest["name"] + ".json")
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def test_a_folder_with_one_manifest_is_a_bundle(tmp_path):
+    path = write_bundle(tmp_path, Problem.create(64, 32, 16))
+    (tmp_path / "notes.json").write_text('{"not": "a manifest"}')
+    assert find_manifest(tmp_path) == path
+    manifest, cubin, found = read_bundle(tmp_path)
+    assert cubin == b"\x7fELF" and manifest["problem"]["M"] == 64 and found == path
+
+
+def test_two_manifests_in_a_folder_are_ambiguous(tmp_path):
+    write_bundle(tmp_path, Problem.create(64, 32, 16))
+    write_bundle(tmp_path, Problem.create(64, 32, 16, "f16"))
+    with pytest.raises(InvalidInput, match="exactly one"):
+        find_manifest(tmp_path)
+
+
+def test_missing_cubin_and_missing_path_are_user_errors(tmp_path):
+    path = write_bundle(tmp_path, Problem.create(64, 32, 16))
+    next(tmp_path.glob("*.cubin")).unlink()
+    with pytest.raises(InvalidInput, match="cubin"):
+        gemmgen.load(path)
+    with pytest.raises(InvalidInput, match="folder or a manifest"):
+        gemmgen.load(tmp_path / "nope")
+
+
+def _info(shape, strides, dtype="bfloat16", ptr=256):
+    return ArrayInfo(ptr, shape, strides, dtype, 0, 0)
+
+
+def test_operand_checks_name_shape_layout_dtype_and_alignment():
+    problem = Problem.create(64, 32, 16, "bf16", "col", "row")
+    check_operand("A", _info((64, 16), (1, 64)), problem)  # col-major A: a transposed K x M array
+    check_operand("D", _info((64, 32), (32, 1), "uint16"), problem)  # bf16 bits without a bf16 dtype
+    with pytest.raises(InvalidInput, match="A must have shape"):
+        check_operand("A", _info((16, 64), (64, 1)), problem)
+    with pytest.raises(InvalidInput, match="A must be col-major"):
+        check_operand("A", _info((64, 16), (16, 1)), problem)
+    with pytest.raises(InvalidInput, match="B must have dtype bf16"):
+        check_operand("B", _info((16, 32), (32, 1), "float16"), problem)
+    with pytest.raises(InvalidInput, match="16-byte"):
+        check_operand("B", _info((16, 32), (32, 1), ptr=258), problem)
+
+
+def test_strides_of_unit_extent_axes_do_not_matter():
+    problem = Problem.create(1, 32, 16)
+    check_operand("A", _info((1, 16), (999, 1)), problem)
+
+
+def test_cuda_array_interface_arrays_are_described():
+    class Fake:
+        __cuda_array_interface__ = {"shape": (4, 6), "typestr": "<f2", "data": (4096, False), "version": 3}
+
+    info = describe_array(Fake(), "A")
+    assert (info.ptr, info.shape, info.strides, info.dtype) == (4096, (4, 6), (6, 1), "float16")
+    with pytest.raises(InvalidInput, match="torch or cupy"):
+        describe_array([1, 2], "A")
+
+
+def test_c_and_bias_must_match_how_the_kernel_was_built(tmp_path):
+    kernel = gemmgen.load(write_bundle(tmp_path, Problem.create(64, 32, 16)))
+    with pytest.raises(InvalidInput, match="C must be None"):
+        kernel(None, None, None, C=object())
+    with pytest.raises(InvalidInput, match="bias must be None"):
+        kernel(None, None, None, bias=object())
+    beta = gemmgen.load(write_bundle(tmp_path / "beta", Problem.create(64, 32, 16, beta=1.0, bias=True)))
+    with pytest.raises(InvalidInput, match="C is required"):
+        beta(None, None, None)
+
+
+# --- on the GPU -------------------------------------------------------------------------------------
+
+def _gpu_bundle(folder: Path, problem: Problem, splits: int = 1) -> Path:
+    from gemmgen.device import Device
+    from gemmgen.reference import naive_cubin
+
+    with Device() as dev:
+        cc = dev.props.cc
+    return write_bundle(folder, problem, naive_cubin(problem, cc, splits=splits), splits)
+
+
+def _torch_operands(torch, problem: Problem):
+    """Random A (M×K) and B (K×N) in [-0.5, 0.5), laid out as the problem says (col = transposed view)."""
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[problem.a_dtype.value]
+    A = torch.rand(problem.m, problem.k, device="cuda").to(dt) - 0.5
+    B = torch.rand(problem.k, problem.n, device="cuda").to(dt) - 0.5
+    A = A.t().contiguous().t() if problem.a_layout.value == "col" else A
+    B = B.t().contiguous().t() if problem.b_layout.value == "col" else B
+    return A, B
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a,b,splits", [("row", "row", 1), ("col", "row", 1), ("row", "col", 2), ("col", "col", 1)])
+def test_loaded_kernel_matches_torch_matmul(tmp_path, a, b, splits):
+    torch = pytest.importorskip("torch")
+    problem = Problem.create(200, 72, 136, "bf16", a, b, beta=0.5, bias=True, activation="relu")
+    kernel = gemmgen.load(_gpu_bundle(tmp_path, problem, splits).parent)
+    A, B = _torch_operands(torch, problem)
+    C = torch.rand(200, 72, dtype=torch.bfloat16, device="cuda")
+    bias = torch.rand(72, dtype=torch.bfloat16, device="cuda")
+    D = torch.full((200, 72), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert kernel(A, B, D, C=C, bias=bias) is D
+    torch.cuda.synchronize()
+    ref = torch.relu(0.5 * C.float() + A.float() @ B.float() + bias.float())
+    assert torch.isfinite(D).all()
+    assert ((D.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_loaded_kernel_rejects_a_wrong_shape_before_launching(tmp_path):
+    torch = pytest.importorskip("torch")
+    problem = Problem.create(64, 64, 64, "f16")
+    kernel = gemmgen.load(_gpu_bundle(tmp_path, problem))
+    A = torch.zeros(64, 32, dtype=torch.float16, device="cuda")
+    with pytest.raises(InvalidInput, match="A must have shape"):
+        kernel(A, A, A)
+
+
+@pytest.mark.gpu
+def test_loaded_kernel_runs_on_cupy_arrays(tmp_path):
+    cp = pytest.importorskip("cupy")
+    problem = Problem.create(48, 40, 72, "f16", "row", "col")
+    kernel = gemmgen.load(_gpu_bundle(tmp_path, problem))
+    A = (cp.random.rand(48, 72) - 0.5).astype(cp.float16)
+    B = (cp.random.rand(40, 72) - 0.5).astype(cp.float16).T
+    D = cp.full((48, 40), cp.nan, dtype=cp.float16)
+    kernel(A, B, D)
+    cp.cuda.get_current_stream().synchronize()
+    ref = A.astype(cp.float32) @ B.astype(cp.float32)
+    assert float(cp.linalg.norm(D.astype(cp.float32) - ref) / cp.linalg.norm(ref)) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3])
+def test_standalone_script_launches_a_bundle_from_its_manifest(tmp_path, splits):
+    pytest.importorskip("torch")
+    problem = Problem.create(130, 70, 300, "f16", "col", "row", alpha=2.0, beta=1.0, activation="gelu")
+    path = _gpu_bundle(tmp_path, problem, splits)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_from_manifest.py"), str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "-> OK" in result.stdout, result.stdout + result.stderr[-2000:]
