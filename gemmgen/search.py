@@ -440,7 +440,7 @@ def _fast_sqlite(storage) -> None:
     from sqlalchemy import event
 
     def _pragma(dbapi_connection, _record):
-        dbapi_connection.execute(f"PRAGMA synchronous=NORMAL")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 
     event.listen(storage.engine, "connect", _pragma)
     storage.engine.dispose()  # connections opened before the listener existed are dropped
