@@ -68,6 +68,9 @@ def write_json_atomic(path: Path, payload) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a record is as readable as any file
         with os.fdopen(fd, "w") as out:
             json.dump(payload, out, indent=2, default=str)
             out.write("\n")

@@ -231,15 +231,45 @@ class Ranked:
     rank: int
 
 
-def rank_configs(configs, problem: Problem, gpu: Gpu, predict) -> "list[Ranked]":
-    """Every configuration, fastest predicted first; ties broken by name so the order is stable."""
+def rank_configs(configs, problem: Problem, gpu: Gpu, predict, tiebreak=None) -> "list[Ranked]":
+    """Every configuration, fastest predicted first.
+
+    The model ties on axes it does not price (stages, layout, rasterization): `tiebreak` (space's
+    heuristic, as default_config uses) orders those, then the name, so the order is stable and the
+    first is the same pick as `gemmgen compile`'s. A configuration the model rejects is left out.
+    """
     scored = []
     for c in configs:
-        p = predict(problem, c, gpu)
+        try:
+            p = predict(problem, c, gpu)
+        except UserError:
+            continue
         t = float(p.time_s)
-        scored.append((t, c.tag, c, float(getattr(p, "tflops", problem.flops / t / 1e12)), str(getattr(p, "bound", ""))))
-    scored.sort(key=lambda s: (s[0], s[1]))
-    return [Ranked(c, t, tf, b, i) for i, (t, _, c, tf, b) in enumerate(scored)]
+        second = float(tiebreak(problem, c, gpu)) if tiebreak else 0.0
+        scored.append(((t, second, c.tag), c, float(getattr(p, "tflops", problem.flops / t / 1e12)),
+                       str(getattr(p, "bound", ""))))
+    scored.sort(key=lambda s: s[0])
+    return [Ranked(c, key[0], tf, b, i) for i, (key, c, tf, b) in enumerate(scored)]
+
+
+def model_top(ranking: "list[Ranked]", k: int, diverse: bool = True, skip=None) -> "list[Ranked]":
+    """The model's top-k in model order, without the ones `skip` rejects (quarantined kernels).
+
+    The model does not price stages, layout or rasterization, so its top ranks are often one tile
+    in many variants. With `diverse`, at most max(2, k/4) per (family, CTA tile, warp tile) are
+    taken, so the first trials also test the model's choice of tile; the sampler covers variants.
+    """
+    per_tile = max(2, k // 4) if diverse else k
+    picks, per = [], {}
+    for r in ranking:
+        if len(picks) >= k:
+            break
+        tile = (r.config.family, r.config.cta, r.config.warp)
+        if per.get(tile, 0) >= per_tile or (skip is not None and skip(r)):
+            continue
+        per[tile] = per.get(tile, 0) + 1
+        picks.append(r)
+    return picks
 
 
 # --- engines: what the search drives (injectable, so tests run without NVRTC or a GPU) -----------
@@ -299,6 +329,7 @@ class Engines:
     compiler: object  # .submit(kernel) -> Future[Compiled | CompileError], .close()
     manifest: "Callable[[Kernel, Problem, object], dict]"
     nvrtc_version: "Callable[[], str | None]" = lambda: None
+    tiebreak: "Callable[[Problem, TileConfig, Gpu], float] | None" = None
 
     def close(self) -> None:
         self.compiler.close()
@@ -334,9 +365,15 @@ def _nvrtc_version():
         return None
 
 
+def _tiebreak(problem, config, gpu):
+    from .space import heuristic_time
+
+    return heuristic_time(problem, config, gpu)
+
+
 def default_engines(jobs: int) -> Engines:
     return Engines(_enumerate_families, _predict, PoolCompiler(jobs) if jobs > 0 else InlineCompiler(),
-                   _manifest, _nvrtc_version)
+                   _manifest, _nvrtc_version, _tiebreak)
 
 
 # --- storage ----------------------------------------------------------------------------------
@@ -666,7 +703,7 @@ class _Search:
         self.started = now()
         configs = engines.enumerate(problem, gpu, arch)
         self.space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
-        self.ranking = rank_configs(self.space.configs, problem, gpu, engines.predict)
+        self.ranking = rank_configs(self.space.configs, problem, gpu, engines.predict, engines.tiebreak)
         self.by_tag = {r.config.tag: r for r in self.ranking}
         self.storage_url = options.storage or default_storage_url(gpu)
         self.name = study_name(gpu, problem, self.space)
@@ -787,15 +824,15 @@ class _Search:
     def measured_total(self) -> int:
         return sum(1 for s in self.summaries.values() if s.measured)
 
+    def model_picks(self) -> "list[Ranked]":
+        grid = self.options.sampler == "grid"
+        return model_top(self.ranking, len(self.ranking) if grid else self.options.top_k, diverse=not grid,
+                         skip=lambda r: bool(self.quarantine.reason(
+                             Kernel(self.arch, self.problem.operands, r.config).name)))
+
     def _enqueue_model_picks(self) -> None:
         k = len(self.ranking) if self.options.sampler == "grid" else self.options.top_k
-        picked = 0
-        for r in self.ranking:
-            if picked >= k:
-                break
-            if self.quarantine.reason(Kernel(self.arch, self.problem.operands, r.config).name):
-                continue
-            picked += 1
+        for r in self.model_picks():
             if r.config.tag in self.tried:
                 continue
             self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": f"model top-{k}"},
@@ -1133,7 +1170,7 @@ def dry_run(problem: Problem, gpu: Gpu, top_k: int = 8, out: "str | None" = None
     try:
         configs = engines.enumerate(problem, gpu, arch)
         space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
-        ranking = rank_configs(space.configs, problem, gpu, engines.predict)[: max(1, top_k)]
+        ranking = model_top(rank_configs(space.configs, problem, gpu, engines.predict, engines.tiebreak), max(1, top_k))
         kernels = [Kernel(arch, problem.operands, r.config) for r in ranking]
         futures = [engines.compiler.submit(k) for k in kernels]
         candidates = []
