@@ -27,6 +27,7 @@ PAD_BYTES = 16  # padding per shared-memory row in the PAD layout: one 16-byte v
 REG_LIMIT = 255
 REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
 BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
+SM90_EPI_WARP_BYTES = 16 * 40 * 4  # sm90 epilogue staging per consumer warp: 16 rows x 40 fp32
 
 
 def _pow2(value: int) -> bool:
@@ -51,11 +52,12 @@ def smem_bytes(config: TileConfig, operands: "Operands | None" = None) -> int:
         a_stage = cta.m * cta.k * elt + a_rows * pad
         b_stage = cta.n * cta.k * elt + b_rows * pad
         return config.stages * (a_stage + b_stage)
-    # sm90: 1024-byte aligned stages for the 128B swizzle. The epilogue stores from registers (no staging
-    # tile); one BARRIER_BYTES holds the mbarriers, another covers aligning the ring to 1024 bytes.
+    # sm90: 1024-byte aligned stages for the 128B swizzle, plus the epilogue's per-warp staging tiles
+    # (16 rows x 40 fp32 each); one BARRIER_BYTES holds the mbarriers, another aligns the ring to 1024 B.
     stage = (cta.m * cta.k + cta.n * cta.k) * elt
     stage = math.ceil(stage / 1024) * 1024
-    return config.stages * stage + 2 * BARRIER_BYTES
+    staging = config.math_threads // 32 * SM90_EPI_WARP_BYTES
+    return config.stages * stage + staging + 2 * BARRIER_BYTES
 
 
 def regs_estimate(config: TileConfig) -> int:

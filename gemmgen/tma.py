@@ -125,6 +125,34 @@ def prepare_function(function, dynamic_smem: int) -> None:
         function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(dynamic_smem)))
 
 
+def _launch_config(launch: dict, stream=None):
+    """CUlaunchConfig for a manifest launch entry, with the cluster dimension attribute."""
+    driver = _driver()
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = launch["grid"]
+    config.blockDimX, config.blockDimY, config.blockDimZ = launch["block"]
+    config.sharedMemBytes = int(launch["dynamic_smem"])
+    if stream is not None:
+        config.hStream = stream
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.get("cluster", [1, 1, 1])
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
+
+
+def max_active_clusters(function, launch: dict) -> int:
+    """How many clusters of the entry's shape can be resident at once (cuOccupancyMaxActiveClusters).
+
+    A persistent grid larger than this leaves clusters waiting for others to finish their whole tile loop.
+    """
+    driver = _driver()
+    probe = dict(launch, grid=list(launch.get("cluster", [1, 1, 1])))
+    return int(check("cuOccupancyMaxActiveClusters",
+                     driver.cuOccupancyMaxActiveClusters(function, _launch_config(probe))))
+
+
 def launch_sm90(function, launch: dict, values: dict, stream=0) -> None:
     """Launch `function` as a manifest launch entry describes: grid, block, cluster, dynamic smem, params.
 
@@ -139,18 +167,10 @@ def launch_sm90(function, launch: dict, values: dict, stream=0) -> None:
         check("cuLaunchKernel", driver.cuLaunchKernel(function, *grid, *block, smem, stream,
                                                       ctypes.addressof(pointers), 0))
     else:
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = block
-        config.sharedMemBytes = smem
-        config.hStream = stream
-        attr = driver.CUlaunchAttribute()
-        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-        config.attrs = [attr]
-        config.numAttrs = 1
-        check("cuLaunchKernelEx", driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0))
+        check("cuLaunchKernelEx", driver.cuLaunchKernelEx(_launch_config(launch, stream), function,
+                                                          ctypes.addressof(pointers), 0))
     del holders  # the driver copied the arguments at launch
 
 
-__all__ = ["encode", "validate_spec", "pack_params", "prepare_function", "launch_sm90", "check", "TENSORMAP_BYTES"]
+__all__ = ["encode", "validate_spec", "pack_params", "prepare_function", "launch_sm90", "max_active_clusters",
+           "check", "TENSORMAP_BYTES"]

@@ -91,16 +91,21 @@ def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
     return math.ceil(tiles_m / cfg.cluster.m) * math.ceil(tiles_n / cfg.cluster.n)
 
 
-def grid_size(kernel: Kernel, problem: Problem, sm_count: int) -> int:
-    """CTAs to launch: one per cluster tile, or for a persistent kernel no more clusters than fit the SMs."""
+def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "int | None" = None) -> int:
+    """CTAs to launch: one per cluster tile, or for a persistent kernel no more clusters than can be
+    resident at once. `max_clusters` is the driver's cuOccupancyMaxActiveClusters where known: GPCs
+    need not hold a whole number of clusters, and a persistent cluster that cannot start until another
+    finishes its whole tile loop doubles the run time."""
     cfg = kernel.config
     clusters = cluster_tiles(kernel, problem)
     if cfg.persistent:
-        clusters = min(clusters, max(1, sm_count // cfg.cluster.size))
+        resident = max_clusters or max(1, sm_count // cfg.cluster.size)
+        clusters = min(clusters, resident)
     return clusters * cfg.cluster.size
 
 
-def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None) -> dict:
+def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+           max_clusters: "int | None" = None) -> dict:
     """The single launch of an sm90_wgmma kernel for `problem`, as a manifest 'launches' entry."""
     cfg, ops = kernel.config, kernel.operands
     sm_count = sm_count or lookup_gpu("h100").sm_count
@@ -116,12 +121,13 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None) -> d
     params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},
                {"name": "beta", "ctype": "float", "kind": "scalar", "value": problem.epilogue.beta}]
-    return {"entry": kernel.name, "grid": [grid_size(kernel, problem, sm_count), 1, 1],
+    return {"entry": kernel.name, "grid": [grid_size(kernel, problem, sm_count, max_clusters), 1, 1],
             "block": [cfg.threads, 1, 1], "cluster": [cfg.cluster.size, 1, 1],
             "dynamic_smem": smem_bytes(cfg, ops), "params": params}
 
 
-def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "int | None" = None) -> dict:
+def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "int | None" = None,
+                  max_clusters: "int | None" = None) -> dict:
     """The launch manifest (docs/architecture.md) of an sm90_wgmma kernel for `problem`."""
     resources = getattr(compiled, "resources", None)
     return {
@@ -133,7 +139,7 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "in
         "config": kernel.config.to_dict(),
         "operands": operands_dict(kernel.operands),
         "workspace_bytes": 0,
-        "launches": [launch(kernel, problem, sm_count)],
+        "launches": [launch(kernel, problem, sm_count, max_clusters)],
         "resources": _resources_dict(resources),
         "nvrtc_version": getattr(compiled, "nvrtc_version", None),
         "measured": None,
