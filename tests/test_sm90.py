@@ -1,0 +1,176 @@
+"""The sm90_wgmma family on the CPU: rendering, NVRTC for sm_90a, SASS, TMA specs and feasibility.
+
+GPU correctness and timing live in scripts/hopper_lab.py (run on the H100; figures in docs/perf-notes.md).
+"""
+from __future__ import annotations
+
+import pytest
+
+from gemmgen import constraints, tma
+from gemmgen.arch import Arch, DType, lookup_gpu
+from gemmgen.errors import CompileError, InvalidInput
+from gemmgen.families import sm90
+from gemmgen.problem import Activation, Layout, Operands, Problem
+from gemmgen.render import render
+from gemmgen.space import all_configs, enumerate_space
+from gemmgen.tiles import Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig
+
+H100 = lookup_gpu("h100")
+LAYOUTS = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]
+
+
+def hopper_config(cta="128x256x64", warp="64x256x64", stages=4, cluster=(1, 1), persistent=True) -> TileConfig:
+    w = Shape3.parse(warp)
+    return TileConfig(Family.SM90_WGMMA, Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
+                      raster=Raster(RasterOrder.ROW, 8), cluster=Cluster(*cluster), warp_specialized=True,
+                      persistent=persistent)
+
+
+def ops(dtype="bf16", a="row", b="col", bias=False, activation="none") -> Operands:
+    dt = DType.parse(dtype)
+    return Operands(dt, dt, dt, DType.F32, Layout(a), Layout(b), 8, 8, 8, bias, Activation(activation))
+
+
+def compile_sm90(kernel: Kernel):
+    from gemmgen.nvrtc import compile_kernel
+    return compile_kernel(kernel)
+
+
+def sass_counts(cubin: bytes):
+    from gemmgen.sass import dump_sass, instruction_counts
+    return instruction_counts(dump_sass(cubin))
+
+
+def count(counts, prefix: str) -> int:
+    return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
+
+
+# --- rendering ------------------------------------------------------------------------------------
+def test_render_opens_with_kernel_name_and_uses_the_configured_wgmma_shape():
+    kernel = Kernel(Arch.SM90A, ops(), hopper_config())
+    source = render(kernel)
+    assert source.splitlines()[0] == f"// {kernel.name}"
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in source
+    assert f"void __launch_bounds__(384, 1) {kernel.name}(" in source
+
+
+@pytest.mark.parametrize("a,b", LAYOUTS)
+def test_render_sets_wgmma_transpose_bits_from_operand_layouts(a, b):
+    source = render(Kernel(Arch.SM90A, ops(a=a, b=b), hopper_config()))
+    t_a, t_b = int(a == "col"), int(b == "row")  # MN-major operands are transposed
+    assert f"p, 1, 1, {t_a}, {t_b};" in source
+
+
+def test_setmaxnreg_only_with_two_consumer_warpgroups():
+    two = render(Kernel(Arch.SM90A, ops(), hopper_config()))
+    one = render(Kernel(Arch.SM90A, ops(), hopper_config("128x128x64", "128x128x64")))
+    assert "setmaxnreg.inc.sync.aligned.u32 232" in two and "setmaxnreg.dec.sync.aligned.u32 40" in two
+    assert "setmaxnreg" not in one.split("extern \"C\"")[1]
+
+
+# --- feasibility ----------------------------------------------------------------------------------
+def test_unaligned_leading_dimension_rejects_sm90():
+    # lda = K = 4097 bf16 is not a 16-byte multiple: TMA cannot describe A, the tuner must fall back.
+    problem = Problem.create(1000, 3000, 4097, "bf16", "row", "col")
+    rules = [v.rule for v in constraints.check(hopper_config(), H100, Arch.SM90A, problem)]
+    assert any("A's leading dimension" in r for r in rules)
+    assert any("B's leading dimension" in r for r in rules)
+
+
+def test_odd_k_is_fine_when_both_operands_are_mn_major():
+    # A col-major (lda = M) and B row-major (ldb = N): K only sets extents, which TMA zero-fills.
+    problem = Problem.create(1000, 3000, 4097, "bf16", "col", "row")
+    assert constraints.check(hopper_config(), H100, Arch.SM90A, problem) == []
+
+
+def test_multicast_slices_need_64_wide_pieces():
+    bad = hopper_config("128x128x64", "64x128x64", cluster=(1, 2))  # A (BM=128) splits into 2x64: fine
+    assert constraints.check(bad, H100, Arch.SM90A) == []
+    worse = TileConfig(Family.SM90_WGMMA, Shape3(64, 128, 64), Shape3(64, 128, 64), Shape3(64, 128, 16), 4,
+                       cluster=Cluster(1, 2), warp_specialized=True, persistent=True)
+    assert any("1x2 cluster" in v.rule for v in constraints.check(worse, H100, Arch.SM90A))
+
+
+# --- launch manifest and tensor maps --------------------------------------------------------------
+@pytest.mark.parametrize("a,b", LAYOUTS)
+def test_tensormap_boxes_cover_exactly_the_bytes_the_kernel_expects(a, b):
+    config = hopper_config(cluster=(2, 1))
+    problem = Problem.create(3000, 1000, 2056, "bf16", a, b)
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    tm_a, tm_b = sm90.tensormap_specs(kernel, problem)
+    for spec in (tm_a, tm_b):
+        tma.validate_spec(spec)
+        assert spec["box"][0] == 64 and spec["swizzle"] == "128B"
+    # A: K-major boxes are 64 K x BM rows; MN-major boxes are 64 M x 64 K (BM/64 of them).
+    assert tm_a["dims"] == ([2056, 3000] if a == "row" else [3000, 2056])
+    assert tm_a["box"][1] == (128 if a == "row" else 64)
+    # B is multicast over the 2x1 cluster: each CTA loads half of a K-major tile.
+    assert tm_b["dims"] == ([2056, 1000] if b == "col" else [1000, 2056])
+    assert tm_b["box"][1] == (128 if b == "col" else 64)
+    assert tm_a["strides_bytes"] == [problem.lda * 2] and tm_b["strides_bytes"] == [problem.ldb * 2]
+
+
+def test_manifest_launch_is_persistent_and_clustered():
+    problem = Problem.create(4096, 4096, 4096)
+    persistent = Kernel(Arch.SM90A, problem.operands, hopper_config(cluster=(2, 1)))
+    entry = sm90.launch(persistent, problem, sm_count=132)
+    assert entry["grid"] == [132, 1, 1] and entry["cluster"] == [2, 1, 1] and entry["block"] == [384, 1, 1]
+    assert entry["dynamic_smem"] == constraints.smem_bytes(persistent.config, persistent.operands)
+    # The driver may fit fewer clusters than SMs/2; the grid follows cuOccupancyMaxActiveClusters then.
+    assert sm90.launch(persistent, problem, sm_count=132, max_clusters=60)["grid"] == [120, 1, 1]
+    one_shot = Kernel(Arch.SM90A, problem.operands, hopper_config(persistent=False))
+    assert sm90.launch(one_shot, problem, sm_count=132)["grid"] == [32 * 16, 1, 1]
+    names = [p["name"] for p in entry["params"]]
+    assert names == ["tmA", "tmB", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb", "ldc", "ldd",
+                     "alpha", "beta"]
+
+
+def test_tma_spec_with_unaligned_stride_is_refused():
+    spec = {"name": "tmA", "dtype": "bf16", "dims": [4097, 1000], "strides_bytes": [4097 * 2], "box": [64, 128],
+            "swizzle": "128B"}
+    with pytest.raises(InvalidInput, match="16 bytes"):
+        tma.validate_spec(spec)
+
+
+def test_kernel_params_pack_tensormaps_by_value():
+    entry = sm90.launch(Kernel(Arch.SM90A, ops(), hopper_config()), Problem.create(256, 256, 64), sm_count=132)
+    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "C": 0, "D": 0x1000, "bias": 0, "workspace": 0}
+    pointers, holders = tma.pack_params(entry["params"], values)
+    assert len(pointers) == len(entry["params"]) == len(holders)
+    assert bytes(holders[0].data) == bytes(range(128))
+    assert holders[3].value == 0x1000 and holders[6].value == 256
+
+
+# --- NVRTC and SASS -------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("a,b", LAYOUTS)
+def test_default_kernels_compile_to_hgmma_and_tma_without_local_memory(dtype, a, b):
+    kernel = Kernel(Arch.SM90A, ops(dtype, a, b), hopper_config())
+    compiled = compile_sm90(kernel)
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "HGMMA") > 0, "wgmma did not become HGMMA"
+    assert count(counts, "UTMALDG") > 0, "cp.async.bulk.tensor did not become UTMALDG"
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0, "local memory (spills or dynamic indexing)"
+    assert compiled.resources.spill_bytes == 0
+
+
+def test_cluster_kernel_uses_multicast_tma():
+    compiled = compile_sm90(Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1))))
+    counts = sass_counts(compiled.cubin)
+    assert any(op.startswith("UTMALDG") and "MULTICAST" in op for op in counts), sorted(counts)
+
+
+@pytest.mark.slow
+def test_every_config_of_the_space_compiles_or_is_rejected():
+    from gemmgen.nvrtc import compile_many
+    configs = all_configs(Family.SM90_WGMMA)
+    valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
+    assert len(valid) >= 40, "the space should offer the tuner real choices"
+    for config in configs:
+        if config not in valid:
+            assert constraints.check(config, H100, Arch.SM90A, operands=ops()), config.tag
+    results = compile_many([Kernel(Arch.SM90A, ops(), c) for c in valid])
+    failures = [r for r in results if isinstance(r, CompileError)]
+    assert not failures, str(failures[0])
+    spills = [r.name for r in results if r.spill_bytes]
+    assert not spills, spills
