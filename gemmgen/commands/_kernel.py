@@ -41,6 +41,8 @@ def kernel_from_args(args) -> "tuple[Kernel, Problem, object]":
     problem = problem_from_args(args)
     gpu = resolve_gpu(args.gpu)
     arch = Arch.parse(args.arch) if args.arch else gpu.arch
+    if arch.cc > gpu.arch.cc or (arch.has_wgmma and not gpu.arch.has_wgmma):
+        raise InvalidInput(f"arch must not exceed the GPU's ({gpu.arch.value} on {gpu.key})", arch.value)
     config = read_config(args.config) if args.config else default_config(problem, gpu, arch)
     constraints.validate(config, gpu, arch, problem)
     return Kernel(arch, problem.operands, config), problem, gpu

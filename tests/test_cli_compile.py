@@ -1,0 +1,88 @@
+"""The render, compile and space commands: files written, manifest per the docs, bad input exits 2 in one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gemmgen.cli import main
+
+
+@pytest.fixture(autouse=True)
+def compile_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path_factory.getbasetemp() / "cli-cache"))
+
+
+def test_compile_writes_source_cubin_and_manifest(tmp_path, capsys):
+    assert main(["compile", "1000", "17", "3000", "--gpu", "h100", "--arch", "sm_80", "--a", "col",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "registers" in out and "spill" in out
+    manifests = list(tmp_path.glob("*.json"))
+    assert len(manifests) == 1
+    manifest = json.loads(manifests[0].read_text())
+    name = manifest["name"]
+    assert (tmp_path / f"{name}.cu").read_text().splitlines()[1] == f"// {name}"
+    assert (tmp_path / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert manifest["format"] == "gemmgen-manifest/1" and manifest["arch"] == "sm_80"
+    assert manifest["operands"]["a_layout"] == "col" and manifest["operands"]["align_b"] == 1  # N = 17
+    launch = manifest["launches"][0]
+    assert launch["entry"] == name and launch["dynamic_smem"] > 0
+    assert [p["name"] for p in launch["params"]] == ["A", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda",
+                                                     "ldb", "ldc", "ldd", "alpha", "beta"]
+    assert launch["params"][0]["ctype"] == "const __nv_bfloat16*"
+    assert {p["name"]: p.get("value") for p in launch["params"]}["lda"] == 1000  # col-major A: lda = M
+    assert manifest["resources"]["registers"] > 0 and manifest["nvrtc_version"]
+
+
+def test_split_k_manifest_lists_both_launches_and_the_workspace(tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("family: sm80_mma\ncta: 64x64x32\nwarp: 32x32x32\nmma: 16x8x16\nstages: 3\n"
+                      "decomposition: {kind: splitk, splits: 4}\n")
+    assert main(["compile", "100", "200", "4096", "--gpu", "h100", "--config", str(config),
+                 "--out", str(tmp_path)]) == 0
+    manifest = json.loads(next(tmp_path.glob("*.json")).read_text())
+    main_launch, reduce = manifest["launches"]
+    assert main_launch["grid"] == [2 * 4, 1, 4]
+    assert reduce["entry"] == manifest["name"] + "_reduce" and reduce["dynamic_smem"] == 0
+    assert manifest["workspace_bytes"] == 4 * 100 * 200 * 4
+
+
+def test_render_prints_the_source(capsys):
+    assert main(["render", "64", "64", "64", "--gpu", "a100", "--dtype", "f16"]) == 0
+    source = capsys.readouterr().out
+    assert source.startswith("// ====") and "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source
+
+
+def test_space_lists_configurations(capsys):
+    assert main(["space", "--gpu", "h100", "--arch", "sm_80"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    count = int(lines[0].split()[0])
+    assert count == len(lines) - 1 and all(l.startswith("gemmgen_sm_80_") for l in lines[1:])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["compile", "0", "16", "16", "--gpu", "h100"], "M must be a positive integer"),
+    (["compile", "16", "16", "x", "--gpu", "h100"], "K must be a positive integer"),
+    (["compile", "16", "16", "16", "--gpu", "h100", "--dtype", "int3"], "dtype"),
+    (["compile", "16", "16", "16", "--gpu", "nosuchgpu"], "GPU must be one of"),
+    (["compile", "16", "16", "16", "--gpu", "h100", "--arch", "sm_70"], "arch must be one of"),
+    (["compile", "16", "16", "16", "--gpu", "a100", "--arch", "sm_90a"], "arch must not exceed"),
+    (["compile", "16", "16", "16", "--gpu", "h100", "--config", "/no/such/file"], "--config must name"),
+    (["render", "16", "16", "--gpu", "h100"], "three integers"),
+    (["space", "--gpu", "h100", "--jobs", "0"], "--jobs"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, needle):
+    if argv[0] == "compile":
+        argv = argv + ["--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_infeasible_config_file_names_the_rule(tmp_path, capsys):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("family: sm80_mma\ncta: 128x128x16\nwarp: 64x64x16\nmma: 16x8x16\nstages: 3\n")
+    assert main(["compile", "64", "64", "64", "--gpu", "h100", "--config", str(config), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "multiple of 32" in err and err.count("\n") == 1

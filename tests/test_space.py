@@ -1,0 +1,83 @@
+"""Search spaces: the YAML's products, filtered by the feasibility check; default pick; bad files."""
+from __future__ import annotations
+
+import pytest
+
+from gemmgen import constraints, paths, space
+from gemmgen.arch import Arch, lookup_gpu
+from gemmgen.errors import InvalidInput
+from gemmgen.problem import Problem
+from gemmgen.tiles import DecompKind, Family, SmemLayout
+
+H100 = lookup_gpu("h100")
+A100 = lookup_gpu("a100")
+
+
+def test_space_keeps_exactly_the_configs_check_accepts():
+    every = space.all_configs(Family.SM80_MMA)
+    kept = space.enumerate_space(Family.SM80_MMA, A100, Arch.SM80)
+    assert kept and len(kept) < len(every)  # A100's 163 KB limit rejects the deepest 256-wide pipelines
+    for config in every:
+        accepted = not constraints.check(config, A100, Arch.SM80)
+        assert (config in kept) is accepted
+
+
+def test_space_covers_the_axes_the_family_supports():
+    configs = space.all_configs(Family.SM80_MMA)
+    assert {c.stages for c in configs} == {2, 3, 4, 5}
+    assert {c.smem_layout for c in configs} == set(SmemLayout)
+    assert {c.decomposition.kind for c in configs} == {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K}
+    assert {c.cta.k for c in configs} == {32, 64}
+    assert {c.raster.order.value for c in configs} == {"row", "col"}
+    assert len({c.tag for c in configs}) == len(configs)
+
+
+def test_problem_rules_apply():
+    short_k = Problem.create(4096, 4096, 64)
+    kept = space.enumerate_space(Family.SM80_MMA, H100, Arch.SM90A, short_k)
+    assert all(c.decomposition.splits <= 2 for c in kept)  # K = 64 has one or two K tiles
+
+
+def test_families_for_arch():
+    assert Family.SM80_MMA in space.families_for("sm_80")
+    assert Family.SM90_WGMMA not in space.families_for("sm_80")
+
+
+def test_default_config_is_valid_and_deterministic():
+    problem = Problem.create(4096, 4096, 4096)
+    pick = space.default_config(problem, H100, Arch.SM80)
+    assert not constraints.check(pick, H100, Arch.SM80, problem)
+    assert pick == space.default_config(problem, H100, Arch.SM80)
+    assert pick.family is Family.SM80_MMA
+
+
+def test_heuristic_prefers_big_tiles_for_big_problems_and_split_k_for_long_k():
+    big = Problem.create(8192, 8192, 8192)
+    configs = space.enumerate_space(Family.SM80_MMA, H100, Arch.SM80, big)
+    best = min(configs, key=lambda c: space.heuristic_time(big, c, H100))
+    assert best.cta.m * best.cta.n >= 128 * 128 and best.decomposition.kind is DecompKind.DATA_PARALLEL
+    skinny = Problem.create(128, 128, 16384)
+    configs = space.enumerate_space(Family.SM80_MMA, H100, Arch.SM80, skinny)
+    best = min(configs, key=lambda c: space.heuristic_time(skinny, c, H100))
+    assert best.decomposition.kind is DecompKind.SPLIT_K
+
+
+@pytest.mark.parametrize("text,rule", [
+    ("family: sm80_mma\n", "exactly one of 'axes' or 'spaces'"),
+    ("family: sm90_wgmma\naxes: {}\n", "'family' must be sm80_mma"),
+    ("family: sm80_mma\naxes: {tiles: [{cta: 128x128, warp: 64x64}], bk: [32], mma: [16x8x16]}\n", "axis 'stages'"),
+    ("family: sm80_mma\naxes: {tiles: [{cta: 128x128, warp: 64x64}], bk: [32], mma: [16x8x16], stages: [3], "
+     "colour: [red]}\n", "axes must be among"),
+    ("family: sm80_mma\naxes: {tiles: [128x128], bk: [32], mma: [16x8x16], stages: [3]}\n", "tiles entry"),
+    ("family: sm80_mma\naxes: {tiles: [{cta: 128x128, warp: 64x64}], bk: [32], mma: [16x8x16], stages: 3}\n",
+     "non-empty list"),
+    ("family: [unclosed\n", "valid YAML"),
+])
+def test_malformed_space_file_names_file_and_rule(tmp_path, monkeypatch, text, rule):
+    (tmp_path / "sm80_mma.yaml").write_text(text)
+    monkeypatch.setattr(paths, "SEARCH_SPACES", tmp_path)
+    with pytest.raises(InvalidInput) as info:
+        space.enumerate_space(Family.SM80_MMA, H100, Arch.SM80)
+    message = str(info.value)
+    assert "sm80_mma.yaml" in message and rule in message
+    assert "\n" not in message
