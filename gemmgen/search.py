@@ -831,25 +831,46 @@ class _Search:
                              Kernel(self.arch, self.problem.operands, r.config).name)))
 
     def _enqueue_model_picks(self) -> None:
+        """Queue the model's picks not yet tried; they are enqueued one at a time, just before each ask.
+
+        Enqueueing a whole sweep up front (grid: every configuration) costs a DB round trip per trial
+        and per duplicate check; just in time, the queue in storage stays short and resumes the same.
+        """
+        TrialState = self.optuna.trial.TrialState
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        self.waiting = len(waiting)
+        queued = set()
+        for t in waiting:
+            config = self.space.decode(t.system_attrs.get("fixed_params", {}))
+            if config is not None:
+                queued.add(config.tag)
         k = len(self.ranking) if self.options.sampler == "grid" else self.options.top_k
-        for r in self.model_picks():
+        self.pick_source = f"model top-{k}"
+        self.pending = deque(r for r in self.model_picks() if r.config.tag not in self.tried | queued)
+
+    def _next_pick(self) -> None:
+        """Enqueue the next model pick if no enqueued trial is waiting (ask() takes waiting ones first)."""
+        while self.pending and self.waiting == 0:
+            r = self.pending.popleft()
             if r.config.tag in self.tried:
                 continue
-            self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": f"model top-{k}"},
-                                     skip_if_exists=True)
+            self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": self.pick_source})
+            self.waiting += 1
 
     # -- the loop --------------------------------------------------------------------------
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
     def _time_up(self) -> bool:
-        return self.options.timeout_s is not None and self.elapsed() >= self.options.timeout_s
+        """--timeout bounds the search proper (not opening storage, nor the finalists' re-measurement)."""
+        return self.options.timeout_s is not None and time.monotonic() - self.search_t0 >= self.options.timeout_s
 
     def run(self) -> None:
         opts = self.options
         lookahead = opts.lookahead or (getattr(self.engines.compiler, "jobs", 1) + 1)
         inflight: deque = deque()
         idle = 0
+        self.search_t0 = time.monotonic()
         self.emit("start", {"study": self.name, "storage": safe_url(self.storage_url), "space": len(self.space),
                             "resumed": self.counts["resumed"], "target": opts.trials, "best": self.best_tflops})
         with storage_errors(self.storage_url):
@@ -898,7 +919,9 @@ class _Search:
 
     def _ask(self, inflight):
         """Ask one trial; return (trial, config, kernel, future) if it is to be measured, else None."""
+        self._next_pick()
         trial = self.study.ask()
+        self.waiting = max(0, self.waiting - 1)
         config, rule = self.space.suggest(trial)
         trial.set_user_attr("owner", _owner())
         if config is None:

@@ -246,6 +246,7 @@ class ReplayBenchmark:
       {"rel_error": 0.3}               the kernel runs but its result is wrong
       {"hang": true}                   the kernel never finishes (the watchdog must catch it)
       {"crash": true}                  the process dies, as on a segfault in the driver
+    A top-level "delay_s" makes each measurement take that long (simulated GPU time).
     Tags missing from the file fail with a reason naming the tag. If `log_path` is given, each
     measure() appends the tag to it, so tests can count what was measured across processes.
     """
@@ -261,6 +262,7 @@ class ReplayBenchmark:
             raise InvalidInput("a replay file must be readable JSON with a 'timings' mapping", str(path))
         self.timings: dict = data["timings"]
         self.cublas_s = data.get("cublas_time_s")
+        self.delay_s = float(data.get("delay_s", 0.0))  # simulated GPU time per measurement
         self.log_path = Path(log_path) if log_path else None
         self._calls: "dict[str, int]" = {}
 
@@ -274,6 +276,8 @@ class ReplayBenchmark:
         entry = self.timings.get(tag)
         count = self._calls.get(tag, 0)
         self._calls[tag] = count + 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if entry is None:
             return Outcome(False, reason=f"no recorded timing for {tag}", kind=CUDA_ERROR)
         if isinstance(entry, dict):
