@@ -139,6 +139,20 @@ def variant_sets() -> "dict[str, list[tuple[str, Kernel, str]]]":
                                  config("256x128x64", "128x128x64", cluster=(1, 2), raster=("row", 8))), "check"),
         ("cl2x1_cr_bias_gelu", k(operands(a="col", b="row", bias=True, activation="gelu"), config(cluster=(2, 1))), "check"),
     ]
+    from gemmgen.arch import lookup_gpu
+    from gemmgen.space import enumerate_space
+    layouts = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]
+    sweep = []
+    for i, cfg in enumerate(enumerate_space(Family.SM90_WGMMA, lookup_gpu("h100"), Arch.SM90A, operands=operands())):
+        a, b = layouts[i % 4]
+        sweep.append((f"space{i:02d}", k(operands("bf16" if i % 3 else "f16", a=a, b=b), cfg), "sweep"))
+    sets["space"] = sweep
+    sets["final"] = [
+        ("g8_rc", k(operands(), config(raster=("row", 8))), "perf"),
+        ("c256x128g8_rc", k(operands(), config("256x128x64", "128x128x64", raster=("row", 8))), "perf"),
+        ("cl2x1g8_rc", k(operands(), config(cluster=(2, 1), raster=("row", 8))), "perf"),
+        ("c256cl2x1g8_rc", k(operands(), config("256x128x64", "128x128x64", cluster=(2, 1), raster=("row", 8))), "perf"),
+    ]
     return sets
 
 
@@ -161,6 +175,7 @@ def build(set_name: str) -> None:
 CHECK_SHAPES = [(128, 256, 64), (4096, 4096, 4096), (3000, 1000, 2056), (1000, 3000, 4104), (1100, 1000, 200),
                 (65, 72, 8), (1, 8, 8)]
 PERF_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+ROUNDS = int(os.environ.get("LAB_ROUNDS", "3"))
 
 
 def _kernel_from_meta(meta: dict) -> Kernel:
@@ -288,17 +303,54 @@ def run_one(meta_path: str, perf: bool, sets: int = 3) -> dict:
             cub_fn = lambda i: torch.matmul(bufs[i % sets][2], bufs[i % sets][3], out=bufs[i % sets][4])  # noqa: E731
             # Interleaved rounds, so clock and thermal drift hit both alike; median of the round medians.
             ours_r, cub_r = [], []
-            for _ in range(3):
+            for _ in range(ROUNDS):
                 ours_r.append(time_it(ours_fn, reps)[0])
                 cub_r.append(time_it(cub_fn, reps)[0])
-            ours_t, cub_t = sorted(ours_r)[1], sorted(cub_r)[1]
+            ours_t, cub_t = sorted(ours_r)[ROUNDS // 2], sorted(cub_r)[ROUNDS // 2]
+            paired = sorted(c / o for o, c in zip(ours_r, cub_r))[ROUNDS // 2]
             fl = 2 * m * n * k
             out["perf"].append({"shape": [m, n, k], "err": err, "ours_rounds_s": ours_r, "cublas_rounds_s": cub_r,
                                 "tflops": fl / ours_t / 1e12, "cublas_tflops": fl / cub_t / 1e12,
-                                "ratio": cub_t / ours_t})
+                                "ratio": cub_t / ours_t, "paired_ratio": paired})
             del bufs
             torch.cuda.empty_cache()
     return out
+
+
+SWEEP_SHAPES = [(1096, 1000, 200), (640, 2304, 1544)]
+
+
+def run_sweep(paths: "list[str]") -> None:
+    """Correctness of many variants in one process (the space's hang check); one JSON line each."""
+    global CHECK_SHAPES
+    CHECK_SHAPES = SWEEP_SHAPES
+    for path in paths:
+        print(json.dumps({"start": Path(path).stem}), flush=True)
+        print(json.dumps(run_one(path, perf=False)), flush=True)
+
+
+def sweep(set_name: str, timeout: float, chunk: int = 16) -> None:
+    paths = [str(BUILD / f"{label}.json") for label, _, _ in variant_sets()[set_name]]
+    results, hung = [], []
+    for i in range(0, len(paths), chunk):
+        part = paths[i:i + chunk]
+        try:
+            proc = subprocess.run([sys.executable, __file__, "sweep-part"] + part, capture_output=True, text=True,
+                                  timeout=timeout)
+            text, err = proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            text, err = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "TIMEOUT"
+        lines = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+        started = [l["start"] for l in lines if "start" in l]
+        done = [l for l in lines if "checks" in l]
+        results += done
+        if len(done) < len(part):
+            hung.append({"after": [d["label"] for d in done][-1:], "started": started[-1:], "error": err[-800:]})
+    bad = [(r["label"], c) for r in results for c in r["checks"] if not c["ok"]]
+    print(f"sweep {set_name}: {len(results)}/{len(paths)} variants ran, {sum(len(r['checks']) for r in results)} "
+          f"checks, {len(bad)} failed, incomplete chunks: {hung}")
+    for label, c in bad[:10]:
+        print("   FAIL", label, c)
 
 
 def device(set_name: str, timeout: float, only: "list[str] | None") -> None:
@@ -313,6 +365,8 @@ def device(set_name: str, timeout: float, only: "list[str] | None") -> None:
             print(f"{label}: not built")
             continue
         role = json.loads(path.read_text())["role"]
+        if role == "sweep":
+            continue
         t0 = time.time()
         try:
             proc = subprocess.run([sys.executable, __file__, "one", str(path)] + (["--perf"] if role == "perf" else []),
@@ -337,7 +391,7 @@ def device(set_name: str, timeout: float, only: "list[str] | None") -> None:
         line = f"{r['label']:22s} mc={r.get('max_clusters')} checks {len(r['checks']) - len(bad)}/{len(r['checks'])} worst_err {worst:.2e}"
         for p in r["perf"]:
             line += (f" | {p['shape'][0]}^3 {p['tflops']:.0f} TF/s vs cuBLAS {p['cublas_tflops']:.0f}"
-                     f" = {p['ratio']:.3f}x (err {p['err']:.1e})")
+                     f" = {p['ratio']:.3f}x paired {p.get('paired_ratio', 0):.3f}x (err {p['err']:.1e})")
         print(line)
         for c in bad:
             print(f"    FAIL {c}")
@@ -345,8 +399,8 @@ def device(set_name: str, timeout: float, only: "list[str] | None") -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["build", "device", "one"])
-    ap.add_argument("path", nargs="?")
+    ap.add_argument("cmd", choices=["build", "device", "one", "sweep", "sweep-part"])
+    ap.add_argument("path", nargs="*")
     ap.add_argument("--set", default="step1")
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--timeout", type=float, default=60)
@@ -356,8 +410,12 @@ def main() -> None:
         build(args.set)
     elif args.cmd == "device":
         device(args.set, args.timeout, args.only)
+    elif args.cmd == "sweep":
+        sweep(args.set, args.timeout)
+    elif args.cmd == "sweep-part":
+        run_sweep(args.path)
     else:
-        print(json.dumps(run_one(args.path, args.perf)))
+        print(json.dumps(run_one(args.path[0], args.perf)))
 
 
 if __name__ == "__main__":
