@@ -356,7 +356,7 @@ NAIVE_FAULTS = ("none", "oob", "hang", "wrong")
 
 _NAIVE_TEMPLATE = r"""
 // A naive GEMM with gemmgen's sm80_mma kernel ABI, one thread per output. Not fast; for testing the
-// launcher, verification and fault isolation. FAULT: 0 none, 1 writes far out of bounds, 2 never
+// launcher, verification and fault isolation. FAULT: 0 none, 1 writes to an unmapped address, 2 never
 // finishes, 3 drops the last K element (a wrong result).
 #define FAULT __FAULT__
 typedef unsigned short T;  // bf16 or f16 bits
@@ -400,6 +400,10 @@ __device__ __forceinline__ float dot(const T* A, const T* B, int i, int j, int k
 extern "C" __global__ void __NAME__(const T* A, const T* B, const T* C, T* D, const T* bias, float* workspace,
                                     int M, int N, int K, int lda, int ldb, int ldc, int ldd, float alpha, float beta) {
     int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y * blockDim.y + threadIdx.y;
+#if FAULT == 1
+    // Bit 47 set: far above any allocation (a nearby overrun can land in other mapped memory unnoticed).
+    D = (T*)((unsigned long long)D ^ (1ull << 47));
+#endif
 #if FAULT == 2
     volatile int spin = 1;
     while (spin) { }
@@ -411,11 +415,7 @@ extern "C" __global__ void __NAME__(const T* A, const T* B, const T* C, T* D, co
     atomicAdd(&workspace[(long long)i * N + j], dot(A, B, i, j, k0, k1, lda, ldb));
 #else
     float acc = dot(A, B, i, j, 0, FAULT == 3 ? K - 1 : K, lda, ldb);
-#if FAULT == 1
-    D[(long long)(i + M + 1000000) * ldd + j] = st(acc);
-#else
     D[(long long)i * ldd + j] = st(epilogue(acc, C, bias, i, j, ldc, alpha, beta));
-#endif
 #endif
 }
 

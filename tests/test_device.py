@@ -12,6 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+try:  # before conftest initializes the driver: see gemmgen.device.preload_array_libraries
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 from gemmgen import device
 from gemmgen.errors import CudaError, InvalidInput, NoGpu
 from gemmgen.problem import Problem
