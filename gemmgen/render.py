@@ -95,9 +95,6 @@ def sm80_context(kernel: Kernel) -> dict:
         "warp_specialized": cfg.warp_specialized,
         "persistent": cfg.persistent,
     }
-    if cfg.family is Family.SM90_WGMMA:
-        from .families import sm90  # the family's own derived values (accumulators, boxes, setmaxnreg)
-        ctx.update(sm90.template_params(kernel))
     return ctx
 
 
