@@ -1,0 +1,247 @@
+"""`gemmgen tune`, `lookup` and `suite` on the command line: bad input, storage failures, the dry
+run end to end (real NVRTC), and a replayed tune end to end (simulation mode, no GPU)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from gemmgen.cli import main  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "0.5")
+
+
+def one_line_error(capsys, argv) -> str:
+    """Run the CLI, assert exit 2 with one line on stderr and no traceback; return that line."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors exit from inside parse_args
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def replay_file(tmp_path, problem_args=("256", "256", "256"), dtype="bf16", hang=()):
+    """Replayed timings for the real search space: the real model's time x 1.5 (synthetic)."""
+    from gemmgen.arch import lookup_gpu
+    from gemmgen.problem import Problem
+    from gemmgen.search import default_engines
+
+    gpu = lookup_gpu("h100")
+    problem = Problem.create(*problem_args, dtype)
+    engines = default_engines(0)
+    timings = {c.tag: engines.predict(problem, c, gpu).time_s * 1.5
+               for c in engines.enumerate(problem, gpu, gpu.arch)}
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps({"synthetic": "model x 1.5", "cublas_time_s": 1e-5, "timings": timings}))
+    return path
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["tune", "0", "4096", "4096", "--gpu", "h100", "--dry-run"], "M must be a positive integer"),
+    (["tune", "64", "-3", "64", "--gpu", "h100", "--dry-run"], "N must be a positive integer"),
+    (["tune", "64", "64", "1.5", "--gpu", "h100", "--dry-run"], "K must be a positive integer"),
+    (["tune", "64", "64", "64", "--dtype", "f64", "--gpu", "h100", "--dry-run"], "dtype must be one of"),
+    (["tune", "64", "64", "64", "--a", "diagonal", "--gpu", "h100", "--dry-run"], "layout must be"),
+    (["tune", "64", "64", "64", "--gpu", "h900", "--dry-run"], "GPU must be one of"),
+    (["tune", "64", "64", "64", "--dry-run"], "--dry-run needs --gpu"),
+    (["tune", "64", "64", "64", "--gpu", "h100", "--trials", "0", "--dry-run"], "--trials must be"),
+    (["tune", "64", "64", "64", "--gpu", "h100", "--sampler", "annealing", "--dry-run"], "--sampler must be"),
+    (["tune", "64", "64", "64", "--gpu", "h100", "--timeout", "soon"], "invalid float value"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
+    assert words in one_line_error(capsys, argv)
+
+
+def test_without_a_gpu_tune_exits_2_and_says_how_to_dry_run(capsys):
+    from conftest import cuda_device_reason
+
+    if not cuda_device_reason():
+        pytest.skip("a GPU is present: tune would run")
+    line = one_line_error(capsys, ["tune", "4096", "4096", "4096", "--gpu", "h100"])
+    assert "no GPU available" in line and "--dry-run" in line
+
+
+# --- storage ---------------------------------------------------------------------------------
+
+def _storage_error(capsys, tmp_path, url) -> str:
+    replay = replay_file(tmp_path)
+    return one_line_error(capsys, ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay),
+                                   "--storage", url, "--no-progress"])
+
+
+@pytest.mark.parametrize("url, words", [
+    ("not a url", "must be an SQLAlchemy URL"),
+    ("nosuchdb://host/db", "must name a database SQLAlchemy knows"),
+    ("postgresql+psycopg2://user@localhost/db", "driver that is not installed"),
+])
+def test_bad_storage_urls_are_one_line_errors(capsys, tmp_path, url, words):
+    if "psycopg2" in url:
+        pytest.importorskip("sqlalchemy")
+        try:
+            import psycopg2  # noqa: F401
+
+            pytest.skip("psycopg2 is installed here")
+        except ImportError:
+            pass
+    assert words in _storage_error(capsys, tmp_path, url)
+
+
+def test_a_corrupt_database_file_is_a_one_line_error(capsys, tmp_path):
+    db = tmp_path / "studies.db"
+    db.write_bytes(b"this is not sqlite at all" * 100)
+    assert "corrupt or not an SQLite file" in _storage_error(capsys, tmp_path, f"sqlite:///{db}")
+    assert db.read_bytes().startswith(b"this is not sqlite")  # left as it was
+
+
+def test_a_truncated_sqlite_file_is_a_one_line_error(capsys, tmp_path):
+    db = tmp_path / "studies.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table t(x)")
+        conn.executemany("insert into t values (?)", [("x" * 500,)] * 200)
+    db.write_bytes(db.read_bytes()[:3000])  # header intact, pages missing
+    line = _storage_error(capsys, tmp_path, f"sqlite:///{db}")
+    assert "storage" in line or "database" in line
+
+
+def test_a_locked_database_is_a_one_line_error(capsys, tmp_path):
+    from gemmgen.search import open_storage
+
+    db = tmp_path / "studies.db"
+    open_storage(f"sqlite:///{db}").engine.dispose()  # a valid Optuna database
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert "locked by another process" in _storage_error(capsys, tmp_path, f"sqlite:///{db}")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+def _sass_tools():
+    try:
+        from gemmgen.sass import find_tool
+
+        find_tool("cuobjdump")
+        find_tool("nvdisasm")
+        import gemmgen.nvrtc  # noqa: F401
+        from cuda.bindings import nvrtc  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any missing piece means: skip, saying which
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def test_dry_run_exports_the_models_pick_with_sass_of_its_family(capsys, tmp_path):
+    missing = _sass_tools()
+    if missing:
+        pytest.skip(f"NVRTC or cuobjdump unavailable: {missing}")
+    from gemmgen.arch import lookup_gpu
+    from gemmgen.problem import Problem
+    from gemmgen.sass import dump_sass, instruction_counts
+    from gemmgen.space import default_config
+
+    out = tmp_path / "bundle"
+    assert main(["tune", "4096", "4096", "4096", "--gpu", "h100", "--dry-run", "--out", str(out),
+                 "--top-k", "2", "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "nothing measured" in printed and "exported (not measured)" in printed
+    [manifest_path] = out.glob("*.json")
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["measured"] is None and manifest["verification"] is None
+    assert manifest["note"] == "not measured (dry run)"
+    expected = default_config(Problem.create(4096, 4096, 4096), lookup_gpu("h100"))
+    assert manifest["config"] == expected.to_dict()  # the model's pick, as `gemmgen compile` picks it
+    counts = instruction_counts(dump_sass((out / manifest["cubin"]).read_bytes()))
+    mnemonics = " ".join(counts)
+    if expected.family.value == "sm90_wgmma":
+        assert "HGMMA" in mnemonics and "UTMALDG" in mnemonics
+    else:
+        assert "HMMA" in mnemonics and "LDGSTS" in mnemonics
+    assert (out / manifest["source"]).read_text().strip()
+
+
+def test_replayed_tune_end_to_end_then_lookup(capsys, tmp_path):
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    replay = replay_file(tmp_path)
+    out = tmp_path / "bundle"
+    argv = ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay), "--trials", "3",
+            "--top-k", "3", "--finalists", "2", "--rounds", "2", "--jobs", "2", "--no-progress", "--out", str(out),
+            "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "winner:" in printed and "vs cuBLAS" in printed and "reached --trials 3" in printed
+    [manifest_path] = out.glob("*.json")
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["measured"]["rounds"] == 2 and manifest["simulated"] is True
+
+    # Re-running the same command resumes the finished study: nothing left to search.
+    assert main(argv) == 0
+    assert "0 measured this run" in capsys.readouterr().out
+
+    assert main(["lookup", "256", "256", "256", "--gpu", "h100"]) == 0
+    answer = capsys.readouterr().out
+    assert answer.startswith("exact match: 256x256x256_bf16_rr") and "simulated" in answer
+    assert main(["lookup", "256", "256", "300", "--gpu", "h100"]) == 0
+    assert "nearest held: 256x256x256_bf16_rr" in capsys.readouterr().out
+
+
+def test_lookup_with_nothing_stored_is_one_line(capsys):
+    assert "no tuning results stored for h100-sxm" in one_line_error(capsys, ["lookup", "64", "64", "64",
+                                                                               "--gpu", "h100"])
+
+
+# --- suite files -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, words", [
+    ("shapes: [", "must be valid YAML"),
+    ("shapes: []", "must map 'shapes' to a non-empty list"),
+    ("- {M: 1, N: 2, K: 3}", "must map 'shapes' to a non-empty list"),
+    ("shapes:\n  - {name: a, M: 64, N: 0, K: 64}", "shapes[0]: N must be a positive integer"),
+    ("shapes:\n  - {name: a, M: 64, N: 64}", "shapes[0]: K must be a positive integer"),
+    ("shapes:\n  - {name: a, M: 64, N: 64, K: 64, dtype: bf16}", "shapes[0] keys must be among"),
+    ("shapes:\n  - {name: a, M: 64, N: 64, K: 64}\n  - {name: a, M: 8, N: 8, K: 8}", "names must be unique"),
+])
+def test_malformed_suite_files_name_the_file_and_rule(capsys, tmp_path, text, words):
+    path = tmp_path / "shapes.yaml"
+    path.write_text(text)
+    line = one_line_error(capsys, ["suite", str(path), "--gpu", "h100", "--dry-run"])
+    assert str(path) in line and words in line
+
+
+def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    replay = replay_file(tmp_path)
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
+    assert main(["suite", str(shapes), "--gpu", "h100", "--replay", str(replay), "--dtypes", "bf16",
+                 "--trials", "2", "--top-k", "2", "--finalists", "1", "--rounds", "1", "--jobs", "2",
+                 "--no-progress", "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "tiny" in printed and "geomean ratio to cuBLAS" in printed
+    [js] = (tmp_path / "results" / "h100-sxm").glob("suite-*.json")
+    report = json.loads(js.read_text())
+    [row] = report["rows"]
+    assert row["tflops"] and row["cublas_tflops"] and row["ratio"] == pytest.approx(row["tflops"] / row["cublas_tflops"])
+    assert report["geomean_ratio"]["all"] == pytest.approx(row["ratio"])
+    assert js.with_suffix(".md").read_text().count("| tiny |") == 1
