@@ -13,7 +13,6 @@ cuda-python is imported lazily: importing this module never needs a GPU.
 from __future__ import annotations
 
 import ctypes
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -89,29 +88,10 @@ def is_sticky(exc: BaseException) -> bool:
     return isinstance(exc, CudaError) and exc.name in STICKY_ERRORS
 
 
-def preload_array_libraries() -> None:
-    """Import torch (and cupy) before this process touches the driver, where they are installed.
-
-    Seen on the H100 machine (torch 2.11 + cuda-bindings 13.3, 2026-11-22): a process that had initialized
-    the driver and compiled with NVRTC through cuda-bindings could no longer import torch (its import died
-    with "expected ident but found ')' here"), while importing torch first worked. The reference and the
-    cuBLAS timing need torch later, so it is imported up front."""
-    import importlib
-    import importlib.util
-
-    for name in ("torch", "cupy"):
-        if name not in sys.modules and importlib.util.find_spec(name) is not None:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - a broken optional library only loses its backend
-                pass
-
-
 @lru_cache(maxsize=1)
 def init_driver():
     """cuInit(0) once per process; NoGpu with one line when there is no driver or no device."""
     driver = _driver_module()
-    preload_array_libraries()
     try:
         result = driver.cuInit(0)
     except Exception:  # noqa: BLE001 - cuda.pathfinder raises its own error type when libcuda.so is missing
@@ -654,16 +634,19 @@ def compile_utility(source: str, cc: "tuple[int, int]") -> bytes:
                     "pip install nvidia-cuda-nvrtc") from None
     try:
         err, = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        # NVRTC writes into these buffers: they must be fresh and mutable. `b" " * 1` is CPython's shared
+        # one-byte singleton, and an empty log (size 1) written into it turned every b" " (and, seen on the
+        # H100, the spaces torch builds its op schemas with) into NUL for the rest of the process.
         size = nv("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
-        log = b" " * size
+        log = bytearray(size)
         nv("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(prog, log))
         if int(err) != 0:
             raise CompileError("gemmgen utility kernels", [o.decode() for o in options],
-                               log.decode(errors="replace"))
+                               bytes(log).rstrip(b"\0").decode(errors="replace"))
         size = nv("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
-        cubin = b" " * size
+        cubin = bytearray(size)
         nv("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, cubin))
-        return cubin
+        return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

@@ -12,11 +12,6 @@ from pathlib import Path
 
 import pytest
 
-try:  # before conftest initializes the driver: see gemmgen.device.preload_array_libraries
-    import torch  # noqa: F401
-except ImportError:
-    pass
-
 from gemmgen import bench
 from gemmgen.bench import GpuBenchmark, Measurement, TimingPolicy
 from gemmgen.errors import InvalidInput

@@ -12,11 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:  # before conftest initializes the driver: see gemmgen.device.preload_array_libraries
-    import torch  # noqa: F401
-except ImportError:
-    pass
-
 from gemmgen import device
 from gemmgen.errors import CudaError, InvalidInput, NoGpu
 from gemmgen.problem import Problem
@@ -291,3 +286,14 @@ def test_out_of_bounds_write_surfaces_as_sticky_cuda_error_naming_the_call():
     assert "CAUGHT" in result.stdout, result.stderr[-2000:]
     _, call, name, sticky = result.stdout.split("CAUGHT", 1)[1].split()
     assert call in ("cuCtxSynchronize", "cuMemcpyDtoH") and name == "CUDA_ERROR_ILLEGAL_ADDRESS" and sticky == "True"
+
+
+def test_compiling_leaves_python_constants_alone():
+    """Regression: NVRTC wrote an empty log into `b" " * 1`, CPython's shared b' ' object, which turned
+    every space in the process into NUL (torch then failed to import on the H100)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    if device.nvrtc_version() is None:
+        pytest.skip("NVRTC library not loadable")
+    device.compile_utility.cache_clear()
+    device.compile_utility(device.UTILITY_SOURCE, (9, 0))
+    assert b" " == bytes([32]) and " ".join(["a", "b"]) == "a\x20b"

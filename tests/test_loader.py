@@ -9,11 +9,6 @@ from pathlib import Path
 
 import pytest
 
-try:  # before conftest initializes the driver: see gemmgen.device.preload_array_libraries
-    import torch  # noqa: F401
-except ImportError:
-    pass
-
 import gemmgen
 from gemmgen.errors import InvalidInput
 from gemmgen.loader import ArrayInfo, LoadedKernel, check_operand, describe_array, find_manifest, read_bundle
