@@ -21,7 +21,6 @@ Only this module and the storage helpers here import Optuna; the model never doe
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import socket
 import statistics
@@ -30,7 +29,7 @@ import warnings
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -40,13 +39,14 @@ from .errors import CompileError, InvalidInput, UserError
 from .problem import Problem
 from .results import fingerprint, gpu_dir, now, problem_key, record_path, write_json_atomic
 from .tiles import Cluster, Decomposition, DecompKind, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
-from .worker import COMPILE, QUARANTINED_KINDS, Outcome
+from .worker import COMPILE, OTHER, QUARANTINED_KINDS, Outcome
 
 # Bump when the mapping between parameters and configurations changes: it is part of study names.
 SPACE_FORMAT = 1
 AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_group", "decomposition", "cluster",
         "warp_specialized", "persistent")
 SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
+SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the tune
 
 
 class StorageError(UserError):
@@ -716,6 +716,8 @@ class _Search:
         self.counts = {"measured": 0, "failed": 0, "pruned": 0, "duplicates": 0, "cancelled": 0, "resumed": 0,
                        "carried": 0, "requeued": 0}
         self.cublas_time_s = None
+        self.systemic = 0  # measurements failed in a row for reasons that are not the kernel's
+        self.current = None  # the in-flight entry being measured
         self.finalists: "list[Finalist]" = []
         self.winner = None
         self.stop_reason = ""
@@ -869,48 +871,70 @@ class _Search:
         opts = self.options
         lookahead = opts.lookahead or (getattr(self.engines.compiler, "jobs", 1) + 1)
         inflight: deque = deque()
-        idle = 0
         self.search_t0 = time.monotonic()
         self.emit("start", {"study": self.name, "storage": safe_url(self.storage_url), "space": len(self.space),
                             "resumed": self.counts["resumed"], "target": opts.trials, "best": self.best_tflops})
         with storage_errors(self.storage_url):
-            while True:
-                while not self.stop_reason and len(inflight) < lookahead:
-                    if self.measured_total + len(inflight) >= opts.trials:
-                        break
-                    if self._time_up():
-                        self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
-                        break
-                    if len(self.tried) + len(inflight) + len(self.quarantine.entries) >= len(self.space) and \
-                            all(self._unavailable(r.config, inflight) for r in self.ranking):
-                        self.stop_reason = "every configuration of the space was tried"
-                        break
-                    if idle >= opts.max_idle_asks:
-                        self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
-                                            "quarantined or tried already")
-                        break
-                    entry = self._ask(inflight)
-                    if entry is None:
-                        idle += 1
-                        continue
-                    idle = 0
-                    inflight.append(entry)
-                if not inflight:
-                    if not self.stop_reason:
-                        self.stop_reason = f"reached --trials {opts.trials}"
+            try:
+                self._loop(inflight, lookahead)
+            except KeyboardInterrupt:
+                # Ctrl-C or SIGTERM: the trials in flight are not the kernels' fault; fail them and
+                # queue them again, so the next run measures them first.
+                for trial, *_ in ([self.current] if self.current else []) + list(inflight):
+                    params = dict(trial.params)
+                    try:
+                        self._finish(trial, None, "FAIL", fail_reason="interrupted before it was measured",
+                                     cancelled=True)
+                    except (RuntimeError, ValueError):
+                        continue  # told already, just before the interruption
+                    if params:
+                        self.study.enqueue_trial(params, user_attrs={"source": "requeued after an interruption"})
+                self.stop_reason = "interrupted"
+                raise
+
+    def _loop(self, inflight: deque, lookahead: int) -> None:
+        opts = self.options
+        idle = 0
+        while True:
+            while not self.stop_reason and len(inflight) < lookahead:
+                if self.measured_total + len(inflight) >= opts.trials:
                     break
-                if self._time_up() and not self.stop_reason:
+                if self._time_up():
                     self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
-                if self.stop_reason:
-                    for trial, *_ in inflight:
-                        self._finish(trial, None, "FAIL", fail_reason=f"cancelled: the search stopped "
-                                     f"({self.stop_reason}) before it was measured", cancelled=True)
-                    inflight.clear()
                     break
-                self._measure(*inflight.popleft())
-                if opts.patience and self.since_improvement >= opts.patience and self.best_tflops > 0:
-                    self.stop_reason = f"no improvement in {opts.patience} trials (--patience)"
-                self._write_record()
+                if len(self.tried) + len(inflight) + len(self.quarantine.entries) >= len(self.space) and \
+                        all(self._unavailable(r.config, inflight) for r in self.ranking):
+                    self.stop_reason = "every configuration of the space was tried"
+                    break
+                if idle >= opts.max_idle_asks:
+                    self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
+                                        "quarantined or tried already")
+                    break
+                entry = self._ask(inflight)
+                if entry is None:
+                    idle += 1
+                    continue
+                idle = 0
+                inflight.append(entry)
+            if not inflight:
+                if not self.stop_reason:
+                    self.stop_reason = f"reached --trials {opts.trials}"
+                break
+            if self._time_up() and not self.stop_reason:
+                self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
+            if self.stop_reason:
+                for trial, *_ in inflight:
+                    self._finish(trial, None, "FAIL", fail_reason=f"cancelled: the search stopped "
+                                 f"({self.stop_reason}) before it was measured", cancelled=True)
+                inflight.clear()
+                break
+            self.current = inflight.popleft()
+            self._measure(*self.current)
+            self.current = None
+            if not self.stop_reason and opts.patience and self.since_improvement >= opts.patience \
+                    and self.best_tflops > 0:
+                self.stop_reason = f"no improvement in {opts.patience} trials (--patience)"
+            self._write_record()
 
     def _unavailable(self, config: TileConfig, inflight) -> bool:
         if config.tag in self.tried or any(e[1].tag == config.tag for e in inflight):
@@ -971,6 +995,11 @@ class _Search:
         manifest = self.engines.manifest(kernel, self.problem, compiled)
         trial.set_user_attr("phase", "measuring")
         outcome: Outcome = self.measurer.measure(manifest, compiled.cubin, self.problem)
+        self.systemic = self.systemic + 1 if (not outcome.ok and outcome.kind == OTHER) else 0
+        if self.systemic >= SYSTEMIC_FAILURES:
+            # Not the kernels: the benchmark itself is failing (out of memory, a missing library...).
+            self.stop_reason = (f"{self.systemic} measurements in a row failed for reasons outside the kernels; "
+                                f"the last: {outcome.reason}")
         if outcome.ok:
             tflops = self.problem.flops / outcome.time_s / 1e12
             self._finish(trial, config, "COMPLETE", value=tflops, time_s=outcome.time_s,

@@ -23,10 +23,15 @@ from typing import Callable
 
 from .errors import InvalidInput, NoGpu
 
-# Failure kinds. A trial that fails with one of these is quarantined: the same kernel would fail
-# the same way again. 'unverified' (no reference to compare with) is not a kernel fault.
-HANG, CRASH, CUDA_ERROR, WRONG, COMPILE = "hang", "crash", "cuda-error", "wrong-result", "compile-error"
+# Failure kinds. A trial that fails with one of QUARANTINED_KINDS is quarantined: the same kernel
+# would fail the same way again. OTHER (out of memory, a bad manifest, a missing library) is not the
+# kernel's fault as far as we can tell, so it fails the trial without condemning the kernel.
+HANG, CRASH, CUDA_ERROR, WRONG, COMPILE, OTHER = "hang", "crash", "cuda-error", "wrong-result", "compile-error", "other"
 QUARANTINED_KINDS = frozenset({HANG, CRASH, CUDA_ERROR, WRONG, COMPILE})
+# Driver errors a kernel causes by itself (bad addresses, traps, impossible launch resources).
+KERNEL_FAULTS = ("ILLEGAL_ADDRESS", "LAUNCH_FAILED", "ILLEGAL_INSTRUCTION", "MISALIGNED_ADDRESS", "INVALID_PC",
+                 "HARDWARE_STACK_ERROR", "ASSERT", "LAUNCH_OUT_OF_RESOURCES", "INVALID_ADDRESS_SPACE",
+                 "LAUNCH_TIMEOUT")
 
 
 @dataclass(frozen=True)
@@ -47,13 +52,15 @@ class Outcome:
 
 
 def classify(reason: str) -> str:
-    """Failure kind from a benchmark's reason text (GpuBenchmark reports CUDA errors by name)."""
-    text = reason.lower()
-    if "wrong" in text or "rel_error" in text or "relative error" in text or "nan" in text.split():
+    """Failure kind from a benchmark's reason text (GpuBenchmark names CUDA errors, 'wrong result: ...')."""
+    text = reason.upper()
+    if "WRONG RESULT" in text:
         return WRONG
-    if "hang" in text or "timeout" in text or "timed out" in text:
+    if any(fault in text for fault in KERNEL_FAULTS):
+        return CUDA_ERROR
+    if "HANG" in text or "WATCHDOG" in text:
         return HANG
-    return CUDA_ERROR
+    return OTHER
 
 
 def as_outcome(measurement) -> Outcome:
@@ -165,7 +172,7 @@ class WorkerBenchmark:
         name = manifest.get("name", "?")
         answer = self._request(("measure", manifest, cubin, problem), f"measuring {name}")
         if not isinstance(answer, Outcome):
-            answer = Outcome(False, reason=f"the benchmark answered {answer!r}, not a measurement", kind=CUDA_ERROR)
+            answer = Outcome(False, reason=f"the benchmark answered {answer!r}, not a measurement", kind=OTHER)
         if not answer.ok and self._proc is not None:
             # The context may be poisoned (sticky error) or memory scribbled on: start clean.
             self._replace()
@@ -279,7 +286,7 @@ class ReplayBenchmark:
         if self.delay_s:
             time.sleep(self.delay_s)
         if entry is None:
-            return Outcome(False, reason=f"no recorded timing for {tag}", kind=CUDA_ERROR)
+            return Outcome(False, reason=f"no recorded timing for {tag}", kind=OTHER)
         if isinstance(entry, dict):
             if entry.get("hang"):
                 time.sleep(1e6)

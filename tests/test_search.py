@@ -303,6 +303,51 @@ def test_hung_kernel_is_killed_by_the_watchdog_and_the_search_continues(tmp_path
     assert result.winner is not None
 
 
+def test_failures_outside_the_kernel_are_not_quarantined_and_five_in_a_row_stop_the_tune(tmp_path):
+    from gemmgen.search import Quarantine, open_storage, tune
+
+    class OutOfMemory(Recorded):  # every measurement fails the same way, and not because of the kernel
+        def measure(self, manifest, cubin, problem):
+            from gemmgen.worker import as_outcome
+
+            self.calls.append(manifest["name"])
+            return as_outcome(SimpleNamespace(ok=False, reason="CudaError: cuMemAlloc failed with "
+                                              "CUDA_ERROR_OUT_OF_MEMORY (2)", time_s=None))
+
+    result = tune(PROBLEM, GPU, OutOfMemory(), options(tmp_path, trials=20), engines=engines())
+    assert "5 measurements in a row failed" in result.stop_reason and "OUT_OF_MEMORY" in result.stop_reason
+    assert result.counts["measured"] == 5 and result.winner is None
+    assert Quarantine(open_storage(f"sqlite:///{tmp_path / 'studies.db'}"), GPU).entries == {}
+
+
+def test_an_interrupted_tune_requeues_the_trials_in_flight(tmp_path):
+    from gemmgen.search import model_top, tune
+
+    class Interrupting(Recorded):
+        def measure(self, manifest, cubin, problem):
+            if len(self.calls) == 2:
+                raise KeyboardInterrupt
+            return super().measure(manifest, cubin, problem)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(PROBLEM, GPU, Interrupting(), options(tmp_path, trials=10, top_k=6), engines=engines())
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    [name] = [s.study_name for s in optuna.get_all_study_summaries(storage) if "quarantine" not in s.study_name]
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    waiting = [t for t in trials if t.state.name == "WAITING"]
+    third = model_top(ranking(), 6)[2].config.tag
+    assert waiting and any(t.system_attrs["fixed_params"] ==
+                           next(u.params for u in trials if u.user_attrs.get("config_tag") == third) for t in waiting)
+
+    bench = Recorded()  # the next run measures the interrupted trial first, and the two done never again
+    tune(PROBLEM, GPU, bench, options(tmp_path, trials=10, top_k=6), engines=engines())
+    assert bench.calls[0] == third
+    assert not set(bench.calls[:8]) & {r.config.tag for r in model_top(ranking(), 2)}
+
+
 # --- resume ----------------------------------------------------------------------------------
 
 RESUME_SCRIPT = """

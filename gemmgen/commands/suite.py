@@ -6,7 +6,7 @@ import sys
 from ..arch import lookup_gpu
 from ..errors import InvalidInput
 from ._common import add_gpu_arg, table
-from .tune import Progress, measurer_for, options_from_args
+from .tune import Progress, measurer_for, options_from_args, sigterm_as_interrupt
 
 
 def register(subparsers) -> None:
@@ -56,8 +56,9 @@ def run(args) -> int:
         gpu, measurer, device = measurer_for(args, args.gpu)
         progress = Progress(not args.no_progress)
         try:
-            report = run_suite(shapes, dtypes, gpu, measurer, options, source=args.file, on_event=progress,
-                               device=device, out=args.out, on_row=None if args.no_progress else show)
+            with sigterm_as_interrupt():
+                report = run_suite(shapes, dtypes, gpu, measurer, options, source=args.file, on_event=progress,
+                                   device=device, out=args.out, on_row=None if args.no_progress else show)
         finally:
             progress.close()
             measurer.close()

@@ -1,7 +1,9 @@
 """`gemmgen tune M N K`: search the tile space on the GPU, export the winner; `--dry-run` without one."""
 from __future__ import annotations
 
+import signal
 import sys
+from contextlib import contextmanager
 
 from ..arch import lookup_gpu
 from ..errors import InvalidInput, NoGpu
@@ -85,6 +87,24 @@ def measurer_for(args, gpu_name: "str | None"):
     return gpu, WorkerBenchmark(gpu_benchmark, args.watchdog), dict(found.props)
 
 
+@contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a batch system's time limit, `timeout`) ends a tune like Ctrl-C: the trials in flight
+    are re-queued and the record is marked interrupted, instead of dying between two writes."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread (embedded use): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class Progress:
     """Trials done and the best TFLOP/s: a tqdm bar on a terminal, one line per trial otherwise."""
 
@@ -146,7 +166,8 @@ def run(args) -> int:
     gpu, measurer, device = measurer_for(args, args.gpu)
     progress = Progress(not args.no_progress)
     try:
-        result = tune(problem, gpu, measurer, options, on_event=progress, device=device)
+        with sigterm_as_interrupt():
+            result = tune(problem, gpu, measurer, options, on_event=progress, device=device)
     finally:
         progress.close()
         measurer.close()
