@@ -18,7 +18,7 @@ import yaml
 from .arch import DType, Gpu
 from .errors import InvalidInput, UserError
 from .problem import Layout, Problem, parse_dim
-from .results import gpu_dir, now, problem_key, write_json_atomic
+from .results import gpu_dir, now, problem_key, record_path, write_json_atomic
 
 
 class SuiteFileError(UserError):
@@ -78,6 +78,19 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         names.add(name)
         shapes.append(Shape(name, m, n, k, a, b))
     return shapes
+
+
+def select(shapes: "list[Shape]", only: "str | None", path: str) -> "list[Shape]":
+    """The shapes named in `only` (comma-separated), in file order; all of them when None."""
+    if not only:
+        return shapes
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    known = {s.name for s in shapes}
+    unknown = [w for w in wanted if w not in known]
+    if unknown or not wanted:
+        raise SuiteFileError(path, f"--only must name shapes of the file ({', '.join(sorted(known))})",
+                             ", ".join(unknown) or only)
+    return [s for s in shapes if s.name in wanted]
 
 
 def parse_dtypes(text: str) -> "list[str]":
@@ -228,3 +241,30 @@ def dry_run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *, sourc
         if own:
             engines.close()
     return SuiteReport(gpu, source, now(), tuple(rows), True)
+
+
+def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *, source: str) -> SuiteReport:
+    """The suite table from the records already in results/<gpu>/ (tunes run earlier, e.g. in parts)."""
+    import json
+
+    rows, device = [], ""
+    for shape in shapes:
+        for dtype in dtypes:
+            path = record_path(gpu, shape.problem(dtype))
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                record = None
+            w = (record or {}).get("winner")
+            if not w:
+                rows.append(SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, None, None, None, 0.0,
+                                     note="not tuned yet" if record is None else "no winner in its record"))
+                continue
+            device = device or record.get("environment", {}).get("gpu_name", "")
+            cublas = (record.get("cublas") or {}).get("tflops")
+            pred = w.get("predicted_time_s")
+            note = "simulated (replayed timings)" if record.get("simulated") else ""
+            rows.append(SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, w["tflops"], cublas,
+                                 w["tflops"] / cublas if cublas else None, float(record.get("elapsed_s", 0.0)),
+                                 w["kernel"], shape.problem(dtype).flops / pred / 1e12 if pred else None, note))
+    return SuiteReport(gpu, source, now(), tuple(rows), False, device)

@@ -245,3 +245,21 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
     assert row["tflops"] and row["cublas_tflops"] and row["ratio"] == pytest.approx(row["tflops"] / row["cublas_tflops"])
     assert report["geomean_ratio"]["all"] == pytest.approx(row["ratio"])
     assert js.with_suffix(".md").read_text().count("| tiny |") == 1
+
+    # A suite tuned in parts: the table is rebuilt from the stored records, and lookup answers each shape.
+    js.unlink()
+    assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16,f16", "--from-results"]) == 0
+    [js] = (tmp_path / "results" / "h100-sxm").glob("suite-*.json")
+    bf16, f16 = json.loads(js.read_text())["rows"]
+    assert bf16["tflops"] == pytest.approx(row["tflops"]) and bf16["ratio"] == pytest.approx(row["ratio"])
+    assert f16["tflops"] is None and f16["note"] == "not tuned yet"
+    capsys.readouterr()
+    assert main(["lookup", "256", "256", "256", "--gpu", "h100"]) == 0
+    assert capsys.readouterr().out.startswith("exact match")
+
+
+def test_suite_only_must_name_shapes_of_the_file(capsys, tmp_path):
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
+    line = one_line_error(capsys, ["suite", str(shapes), "--gpu", "h100", "--dry-run", "--only", "tiny,huge"])
+    assert "--only must name shapes of the file (tiny)" in line and "huge" in line

@@ -5,7 +5,7 @@ import sys
 
 from ..arch import lookup_gpu
 from ..errors import InvalidInput
-from ._common import add_gpu_arg, table
+from ._common import add_gpu_arg, resolve_gpu, table
 from .tune import Progress, measurer_for, options_from_args, sigterm_as_interrupt
 
 
@@ -31,15 +31,18 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, metavar="DIR", help="export each winner to DIR/<problem>/")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("--replay", default=None, metavar="FILE", help="simulation mode: replay recorded timings")
+    p.add_argument("--only", default=None, metavar="NAMES", help="tune only these shapes (comma-separated names)")
+    p.add_argument("--from-results", action="store_true",
+                   help="tune nothing: build the table from the records in results/<gpu>/ (e.g. after tuning in parts)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: the model's pick per shape, compiled, unmeasured")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..suite import dry_run_suite, load_shapes, parse_dtypes, run_suite
+    from ..suite import dry_run_suite, load_shapes, parse_dtypes, report_from_results, run_suite, select
 
-    shapes = load_shapes(args.file)
+    shapes = select(load_shapes(args.file), args.only, args.file)
     dtypes = parse_dtypes(args.dtypes)
     if args.timeout_per_shape is not None and not args.timeout_per_shape > 0:
         raise InvalidInput("--timeout-per-shape must be a positive number of seconds", args.timeout_per_shape)
@@ -47,7 +50,9 @@ def run(args) -> int:
     options = options_from_args(args)
     show = (lambda row: print(f"{row.name} {row.dtype}: " + (f"{row.tflops:.1f} TFLOP/s" if row.tflops else
                                                               (row.note or "-")), file=sys.stderr))
-    if args.dry_run:
+    if args.from_results:
+        report = report_from_results(shapes, dtypes, resolve_gpu(args.gpu), source=args.file)
+    elif args.dry_run:
         if not args.gpu:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         report = dry_run_suite(shapes, dtypes, lookup_gpu(args.gpu), source=args.file, jobs=options.jobs,
