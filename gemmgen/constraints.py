@@ -16,7 +16,7 @@ from .tiles import DecompKind, Family, Kernel, SmemLayout, TileConfig
 # What each template implements. A configuration asking for more is rejected here, not by NVRTC.
 FAMILY_DECOMPOSITIONS = {
     Family.SM80_MMA: {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K},
-    Family.SM90_WGMMA: {DecompKind.DATA_PARALLEL},
+    Family.SM90_WGMMA: {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K},
 }
 FAMILY_DTYPES = {
     Family.SM80_MMA: {DType.BF16, DType.F16},

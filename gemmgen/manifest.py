@@ -79,7 +79,7 @@ def _builder(family: Family) -> Builder:
     if family not in BUILDERS and family is Family.SM90_WGMMA:
         from .families import sm90  # the Hopper family's launch (TMA descriptors, clusters)
 
-        BUILDERS[family] = lambda kernel, problem: ([sm90.launch(kernel, problem)], 0)
+        BUILDERS[family] = sm90.launches  # one launch, or split-K's partial-sum kernel and its reduction
     builder = BUILDERS.get(family)
     if builder is None:
         raise InvalidInput("no launch manifest builder for this kernel family", family.value)

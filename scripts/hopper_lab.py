@@ -5,6 +5,11 @@
     python scripts/hopper_lab.py device [--set NAME]    # on the GPU: each variant in a subprocess with a
                                                         # timeout; verify vs torch fp32, time vs cuBLAS
     python scripts/hopper_lab.py one VARIANT.json       # (internal) run one variant, print a JSON line
+    python scripts/hopper_lab.py build --set splitk     # split-K / small-tile variants for the suite shapes
+    python scripts/hopper_lab.py suite-check            # on the GPU: split-K correctness (NaN-poisoned D and
+                                                        # workspace, odd shapes, K not a multiple of S*BK)
+    python scripts/hopper_lab.py suite-perf             # on the GPU: suite shapes (row-major A and B), CUDA
+                                                        # graphs of rotated launches, interleaved with cuBLAS
 
 Verification: fresh random inputs per shape, D poisoned with NaN before each launch, relative Frobenius
 error against torch.matmul in fp32 on the same 16-bit inputs. Timing: CUDA events, warm-up, median of
@@ -82,11 +87,14 @@ def compile_cubin(kernel: Kernel, source: str) -> "tuple[bytes, str]":
 
 # ------------------------------------------------------------------------------- variants
 def config(cta="128x256x64", warp="64x256x64", stages=4, cluster=(1, 1), persistent=True,
-           raster=("row", 1)) -> TileConfig:
+           raster=("row", 1), splits=1) -> TileConfig:
+    from gemmgen.tiles import DecompKind, Decomposition
     w = Shape3.parse(warp)
+    decomp = Decomposition(DecompKind.SPLIT_K, splits) if splits > 1 else Decomposition()
     return TileConfig(family=Family.SM90_WGMMA, cta=Shape3.parse(cta), warp=w, mma=Shape3(64, w.n, 16),
                       stages=stages, raster=Raster(RasterOrder(raster[0]), raster[1]),
-                      cluster=Cluster(*cluster), warp_specialized=True, persistent=persistent)
+                      cluster=Cluster(*cluster), warp_specialized=True, persistent=persistent,
+                      decomposition=decomp)
 
 
 def operands(dtype="bf16", a="row", b="col", bias=False, activation="none") -> Operands:
@@ -152,6 +160,28 @@ def variant_sets() -> "dict[str, list[tuple[str, Kernel, str]]]":
         ("c256x128g8_rc", k(operands(), config("256x128x64", "128x128x64", raster=("row", 8))), "perf"),
         ("cl2x1g8_rc", k(operands(), config(cluster=(2, 1), raster=("row", 8))), "perf"),
         ("c256cl2x1g8_rc", k(operands(), config("256x128x64", "128x128x64", cluster=(2, 1), raster=("row", 8))), "perf"),
+    ]
+    g8 = ("row", 8)
+    sets["splitk"] = [
+        # correctness of split-K and one-warpgroup tiles, layouts/dtypes/epilogues rotated
+        ("sk4_256_rr", k(operands(b="row"), config(raster=g8, splits=4)), "check"),
+        ("sk2_128_f16_cc", k(operands("f16", a="col", b="col"), config("128x128x64", "64x128x64", 6, raster=g8, splits=2)), "check"),
+        ("sk8_64_cr_gelu", k(operands(a="col", b="row", bias=True, activation="gelu"),
+                             config("64x128x64", "64x128x64", 6, raster=g8, splits=8)), "check"),
+        ("sk2_64x256_rc_relu", k(operands(bias=True, activation="relu"), config("64x256x64", "64x256x64", 4, raster=g8, splits=2)), "check"),
+        ("sk3_cl2x1_rr", k(operands(b="row"), config(cluster=(2, 1), raster=g8, splits=3)), "check"),
+        ("dp_64_rr_odd", k(Operands(a_layout=Layout.ROW, b_layout=Layout.ROW, align_c=2), config("64x128x64", "64x128x64", 6, raster=g8)), "check"),
+        ("sk4_256_rr_odd", k(Operands(a_layout=Layout.ROW, b_layout=Layout.ROW, align_c=2), config(raster=g8, splits=4)), "check"),
+        # suite candidates (row-major A and B, bf16)
+        ("dp256", k(operands(b="row"), config(raster=g8)), "perf"),
+        ("dp128", k(operands(b="row"), config("128x128x64", "64x128x64", 6, raster=g8)), "perf"),
+        ("dp64", k(operands(b="row"), config("64x128x64", "64x128x64", 6, raster=g8)), "perf"),
+        ("sk2_256", k(operands(b="row"), config(raster=g8, splits=2)), "perf"),
+        ("sk4_256", k(operands(b="row"), config(raster=g8, splits=4)), "perf"),
+        ("sk2_128", k(operands(b="row"), config("128x128x64", "64x128x64", 6, raster=g8, splits=2)), "perf"),
+        ("sk4_128", k(operands(b="row"), config("128x128x64", "64x128x64", 6, raster=g8, splits=4)), "perf"),
+        ("sk4_64", k(operands(b="row"), config("64x128x64", "64x128x64", 6, raster=g8, splits=4)), "perf"),
+        ("sk8_64x256", k(operands(b="row"), config("64x256x64", "64x256x64", 4, raster=g8, splits=8)), "perf"),
     ]
     return sets
 
@@ -397,9 +427,210 @@ def device(set_name: str, timeout: float, only: "list[str] | None") -> None:
             print(f"    FAIL {c}")
 
 
+# ------------------------------------------------------------------------------- split-K and the suite
+SUITE_CHECK_SHAPES = [(1000, 3000, 4104), (1100, 1000, 200), (65, 72, 8), (3000, 1000, 2056), (129, 8200, 5000),
+                      (16, 4096, 4096)]
+SUITE_PERF = {  # shape -> candidate labels of the "splitk" set
+    "sq4096": ((4096, 4096, 4096), ["dp256"]),
+    "sq8192": ((8192, 8192, 8192), ["dp256"]),
+    "largek": ((1024, 1024, 65536), ["dp256", "sk4_256", "sk2_128", "sk4_128"]),
+    "skinny_m128": ((128, 8192, 8192), ["dp256", "dp128", "dp64", "sk4_256", "sk2_128", "sk4_128"]),
+    "sq1024": ((1024, 1024, 1024), ["dp128", "dp64", "sk2_128", "sk4_128", "sk4_64"]),
+    "sq2048": ((2048, 2048, 2048), ["dp256", "dp128", "dp64", "sk2_128"]),
+    "skinny_m16": ((16, 4096, 4096), ["dp64", "sk4_64", "sk8_64x256"]),
+}
+
+
+class Runner:
+    """One compiled variant on the device: its functions and a launcher for (problem, tensors)."""
+
+    def __init__(self, meta_path: Path):
+        from cuda.bindings import driver
+        from gemmgen import tma
+        self.tma, self.meta = tma, json.loads(meta_path.read_text())
+        self.kernel = _kernel_from_meta(self.meta)
+        module = tma.check("cuModuleLoadData", driver.cuModuleLoadData(meta_path.with_suffix(".cubin").read_bytes()))
+        name = self.meta["name"]
+        self.funcs = {name: tma.check("cuModuleGetFunction", driver.cuModuleGetFunction(module, name.encode()))}
+        if sm90.splits(self.kernel) > 1:
+            self.funcs[name + "_reduce"] = tma.check("cuModuleGetFunction",
+                                                     driver.cuModuleGetFunction(module, (name + "_reduce").encode()))
+        probe = sm90.launch(self.kernel, Problem(128, 128, 64), 132)
+        tma.prepare_function(self.funcs[name], probe["dynamic_smem"])
+        self.max_clusters = tma.max_active_clusters(self.funcs[name], probe)
+
+    def bind(self, problem, a_store, b_store, c, bias, d, workspace, sm_count=132):
+        """[(function, launch, values)] for one GEMM: the kernel, and the reduction for split-K."""
+        runs, ws_bytes = sm90.launches(self.kernel, problem, sm_count, self.max_clusters)
+        specs = {p["name"]: p for p in runs[0]["params"] if p["kind"] == "tensormap"}
+        values = {"tmA": self.tma.encode(specs["tmA"], a_store.data_ptr()),
+                  "tmB": self.tma.encode(specs["tmB"], b_store.data_ptr()),
+                  "C": c.data_ptr() if c is not None else 0, "D": d.data_ptr(),
+                  "bias": bias.data_ptr() if bias is not None else 0,
+                  "workspace": workspace.data_ptr() if ws_bytes else 0}
+        assert ws_bytes <= (workspace.numel() * 4 if workspace is not None else 0)
+        return [(self.funcs[r["entry"]], r, values) for r in runs], runs
+
+    def go(self, bound, stream):
+        for func, launch, values in bound:
+            self.tma.launch_sm90(func, launch, values, stream)
+
+
+def _tensors(ops, m, n, k, beta, torch, tdt):
+    a_store = torch.randn(m, k, device="cuda", dtype=tdt) if ops.a_layout is Layout.ROW else \
+        torch.randn(k, m, device="cuda", dtype=tdt)
+    b_store = torch.randn(k, n, device="cuda", dtype=tdt) if ops.b_layout is Layout.ROW else \
+        torch.randn(n, k, device="cuda", dtype=tdt)
+    a = a_store if ops.a_layout is Layout.ROW else a_store.t()
+    b = b_store if ops.b_layout is Layout.ROW else b_store.t()
+    c = torch.randn(m, n, device="cuda", dtype=tdt) if beta else None
+    bias = torch.randn(n, device="cuda", dtype=tdt) if ops.bias else None
+    return a_store, b_store, a, b, c, bias
+
+
+def _init_torch():
+    import torch
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    from cuda.bindings import driver
+    from gemmgen import tma
+    tma.check("cuInit", driver.cuInit(0))
+    dev = tma.check("cuDeviceGet", driver.cuDeviceGet(0))
+    ctx = tma.check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(dev))
+    tma.check("cuCtxSetCurrent", driver.cuCtxSetCurrent(ctx))
+    return torch
+
+
+def suite_check(labels: "list[str]") -> None:
+    """Split-K correctness: fresh inputs, NaN-poisoned D and workspace, odd shapes, K % (S*BK) != 0."""
+    torch = _init_torch()
+    stream = torch.cuda.current_stream().cuda_stream
+    for label in labels:
+        runner = Runner(BUILD / f"{label}.json")
+        ops = runner.kernel.operands
+        tdt = torch.bfloat16 if ops.a_dtype is DType.BF16 else torch.float16
+        for (m, n, k) in SUITE_CHECK_SHAPES:
+            if (ops.a_layout is Layout.ROW and k % 8) or (ops.b_layout is Layout.COL and k % 8) or \
+               (ops.a_layout is Layout.COL and m % 8) or (ops.b_layout is Layout.ROW and n % 8):
+                continue
+            alpha, beta = (0.5, 0.25) if (m + n) % 3 == 0 else (1.0, 0.0)
+            problem = Problem.create(m, n, k, ops.a_dtype.value, ops.a_layout.value, ops.b_layout.value, alpha=alpha,
+                                     beta=beta, bias=ops.bias, activation=ops.activation.value)
+            a_store, b_store, a, b, c, bias = _tensors(ops, m, n, k, beta, torch, tdt)
+            d = torch.full((m, n), float("nan"), device="cuda", dtype=tdt)
+            ws = torch.full((sm90.splits(runner.kernel) * m * n + 4,), float("nan"), device="cuda", dtype=torch.float32)
+            bound, runs = runner.bind(problem, a_store, b_store, c, bias, d, ws)
+            runner.go(bound, stream)
+            torch.cuda.synchronize()
+            ref = alpha * (a.float() @ b.float())
+            if c is not None:
+                ref += beta * c.float()
+            if bias is not None:
+                ref += bias.float()
+            if ops.activation.value == "relu":
+                ref = torch.relu(ref)
+            elif ops.activation.value == "gelu":
+                ref = torch.nn.functional.gelu(ref, approximate="tanh")
+            nan = int(torch.isnan(d.float()).sum())
+            err = float((d.float() - ref).norm() / ref.norm()) if nan == 0 else float("nan")
+            ok = nan == 0 and err < (1e-2 if ops.a_dtype is DType.BF16 else 3e-3)
+            k_tiles = -(-k // 64)
+            print(json.dumps({"label": label, "shape": [m, n, k], "splits": sm90.splits(runner.kernel),
+                              "k_tiles": k_tiles, "grid": runs[0]["grid"][0], "launches": len(runs),
+                              "err": err, "nan": nan, "ok": ok}), flush=True)
+
+
+def suite_perf(names: "list[str]", rounds: int = 5, reps: int = 10) -> None:
+    """Suite shapes in bf16, A and B row-major: every candidate against torch.matmul in the same run.
+
+    Each timing replays a CUDA graph of `reps` GEMMs over rotated input sets (enough sets to overflow the
+    50 MB L2), so small shapes measure the GPU rather than Python's launch overhead; cuBLAS is timed the
+    same way, rounds interleaved, median of rounds; 'paired' is the median of per-round ratios.
+    """
+    torch = _init_torch()
+    runners = {}
+    results = []
+    for name in names:
+        (m, n, k), labels = SUITE_PERF[name]
+        tdt = torch.bfloat16
+        per_set = (m * k + k * n + m * n) * 2
+        sets = max(2, min(8, -(-150_000_000 // per_set)))
+        bufs = [_tensors(operands(b="row"), m, n, k, 0.0, torch, tdt) + (torch.empty(m, n, device="cuda", dtype=tdt),)
+                for _ in range(sets)]
+        ref = bufs[0][2].float() @ bufs[0][3].float()
+        fl = 2.0 * m * n * k
+
+        def graph_of(body):
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                body(s.cuda_stream)   # warm-up outside capture
+            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                body(torch.cuda.current_stream().cuda_stream)
+            return g
+
+        def time_graph(g):
+            g.replay()
+            times = []
+            for _ in range(3):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record(); g.replay(); e1.record(); e1.synchronize()
+                times.append(e0.elapsed_time(e1) / 1e3 / reps)
+            return sorted(times)[1]
+
+        cub = graph_of(lambda st: [torch.matmul(bufs[i % sets][2], bufs[i % sets][3], out=bufs[i % sets][6])
+                                   for i in range(reps)])
+        ours = {}
+        for label in labels:
+            try:
+                runner = runners.get(label) or runners.setdefault(label, Runner(BUILD / f"{label}.json"))
+                problem = Problem.create(m, n, k, "bf16", "row", "row")
+                s_ = sm90.splits(runner.kernel)
+                ws = torch.full((max(1, s_ * m * n),), float("nan"), device="cuda", dtype=torch.float32) if s_ > 1 else None
+                bound = [runner.bind(problem, b[0], b[1], None, None, b[6], ws)[0] for b in bufs]
+                bufs[0][6].fill_(float("nan"))
+                runner.go(bound[0], torch.cuda.current_stream().cuda_stream)
+                torch.cuda.synchronize()
+                d = bufs[0][6].float()
+                nan = int(torch.isnan(d).sum())
+                err = float((d - ref).norm() / ref.norm())
+                g = graph_of(lambda st, runner=runner, bound=bound: [runner.go(bound[i % sets], st) for i in range(reps)])
+                ours[label] = {"graph": g, "err": err, "nan": nan, "grid": bound[0][0][1]["grid"][0], "t": []}
+            except Exception as exc:  # report and go on with the other candidates
+                print(json.dumps({"shape": name, "label": label, "error": repr(exc)[-400:]}), flush=True)
+        cub_t = []
+        for _ in range(rounds):
+            cub_t.append(time_graph(cub))
+            for label, o in ours.items():
+                o["t"].append(time_graph(o["graph"]))
+        cub_med = sorted(cub_t)[rounds // 2]
+        for label, o in ours.items():
+            med = sorted(o["t"])[rounds // 2]
+            paired = sorted(c / t for c, t in zip(cub_t, o["t"]))[rounds // 2]
+            row = {"shape": name, "mnk": [m, n, k], "label": label, "grid": o["grid"], "err": o["err"], "nan": o["nan"],
+                   "us": med * 1e6, "tflops": fl / med / 1e12, "cublas_us": cub_med * 1e6,
+                   "cublas_tflops": fl / cub_med / 1e12, "ratio": cub_med / med, "paired": paired,
+                   "ours_rounds_us": [t * 1e6 for t in o["t"]], "cublas_rounds_us": [t * 1e6 for t in cub_t]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        del bufs, ref, ours, cub
+        torch.cuda.empty_cache()
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir, "suite_perf.json").write_text(json.dumps(results, indent=1))
+    print("\n=== suite (bf16, A and B row-major, CUDA graphs, same-run cuBLAS) ===")
+    for r in results:
+        print(f"{r['shape']:12s} {r['label']:11s} grid {r['grid']:4d} {r['tflops']:6.1f} TF/s vs cuBLAS "
+              f"{r['cublas_tflops']:6.1f} = {r['ratio']:.3f}x (paired {r['paired']:.3f}) err {r['err']:.1e} nan {r['nan']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["build", "device", "one", "sweep", "sweep-part"])
+    ap.add_argument("cmd", choices=["build", "device", "one", "sweep", "sweep-part", "suite-check", "suite-perf"])
     ap.add_argument("path", nargs="*")
     ap.add_argument("--set", default="step1")
     ap.add_argument("--perf", action="store_true")
@@ -414,6 +645,10 @@ def main() -> None:
         sweep(args.set, args.timeout)
     elif args.cmd == "sweep-part":
         run_sweep(args.path)
+    elif args.cmd == "suite-check":
+        suite_check(args.path or [l for l, _, r in variant_sets()["splitk"] if r == "check"])
+    elif args.cmd == "suite-perf":
+        suite_perf(args.path or list(SUITE_PERF))
     else:
         print(json.dumps(run_one(args.path[0], args.perf)))
 

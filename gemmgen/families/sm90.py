@@ -15,9 +15,10 @@ from ..arch import Arch, lookup_gpu
 from ..constraints import smem_bytes
 from ..errors import InvalidInput
 from ..problem import Layout, Operands, Problem
-from ..tiles import Family, Kernel
+from ..tiles import DecompKind, Family, Kernel
 
 FORMAT = "gemmgen-manifest/1"
+REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
 BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
@@ -63,7 +64,14 @@ def template_params(kernel: Kernel) -> dict:
         # setmaxnreg only pays (and is only safe) when the launch allocation is the 384-thread cap of 168.
         "setmaxnreg": consumers == 2,
         "producer_regs": PRODUCER_REGS, "consumer_regs": CONSUMER_REGS,
+        "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
     }
+
+
+def splits(kernel: Kernel) -> int:
+    """K slices per output tile: the split-K factor, 1 for data-parallel."""
+    decomp = kernel.config.decomposition
+    return decomp.splits if decomp.kind is DecompKind.SPLIT_K else 1
 
 
 def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
@@ -85,10 +93,15 @@ def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
 
 
 def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
-    """Output tiles counted in clusters: the persistent scheduler's unit of work."""
+    """Output tiles counted in clusters."""
     cfg = kernel.config
     tiles_m, tiles_n = math.ceil(problem.m / cfg.cta.m), math.ceil(problem.n / cfg.cta.n)
     return math.ceil(tiles_m / cfg.cluster.m) * math.ceil(tiles_n / cfg.cluster.n)
+
+
+def work_units(kernel: Kernel, problem: Problem) -> int:
+    """The scheduler's units of work, counted in clusters: each cluster tile once per K slice."""
+    return cluster_tiles(kernel, problem) * splits(kernel)
 
 
 def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "int | None" = None) -> int:
@@ -97,7 +110,7 @@ def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "in
     need not hold a whole number of clusters, and a persistent cluster that cannot start until another
     finishes its whole tile loop doubles the run time."""
     cfg = kernel.config
-    clusters = cluster_tiles(kernel, problem)
+    clusters = work_units(kernel, problem)
     if cfg.persistent:
         resident = max_clusters or max(1, sm_count // cfg.cluster.size)
         clusters = min(clusters, resident)
@@ -126,10 +139,26 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
             "dynamic_smem": smem_bytes(cfg, ops), "params": params}
 
 
+def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+             max_clusters: "int | None" = None) -> "tuple[list[dict], int]":
+    """The manifest's launches and workspace bytes: the GEMM alone, or for split-K the partial-sum kernel
+    then `<name>_reduce` over the same parameters (the sm80 family's reduce ABI and grid), with an fp32
+    workspace[splits][M][N]."""
+    main = launch(kernel, problem, sm_count, max_clusters)
+    s = splits(kernel)
+    if s == 1:
+        return [main], 0
+    pairs = problem.m * math.ceil(problem.n / 2)  # one reduction thread per two columns
+    reduce = {"entry": f"{kernel.name}_reduce", "grid": [math.ceil(pairs / REDUCE_THREADS), 1, 1],
+              "block": [REDUCE_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": main["params"]}
+    return [main, reduce], s * problem.m * problem.n * 4
+
+
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "int | None" = None,
                   max_clusters: "int | None" = None) -> dict:
     """The launch manifest (docs/architecture.md) of an sm90_wgmma kernel for `problem`."""
     resources = getattr(compiled, "resources", None)
+    runs, workspace = launches(kernel, problem, sm_count, max_clusters)
     return {
         "format": FORMAT,
         "name": kernel.name,
@@ -138,8 +167,8 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "in
         "problem": problem.to_dict(),
         "config": kernel.config.to_dict(),
         "operands": operands_dict(kernel.operands),
-        "workspace_bytes": 0,
-        "launches": [launch(kernel, problem, sm_count, max_clusters)],
+        "workspace_bytes": workspace,
+        "launches": runs,
         "resources": _resources_dict(resources),
         "nvrtc_version": getattr(compiled, "nvrtc_version", None),
         "measured": None,
@@ -168,5 +197,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["template_params", "tensormap_specs", "grid_size", "cluster_tiles", "launch", "make_manifest",
+__all__ = ["template_params", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+           "launches", "make_manifest",
            "kernel_for", "a_is_kmajor", "b_is_kmajor"]
