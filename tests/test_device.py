@@ -284,7 +284,7 @@ def test_out_of_bounds_write_surfaces_as_sticky_cuda_error_naming_the_call():
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "CAUGHT" in result.stdout, result.stderr[-2000:]
-    _, call, name, sticky = result.stdout.split("CAUGHT", 1)[1].split()
+    call, name, sticky = result.stdout.split("CAUGHT", 1)[1].split()
     assert call in ("cuCtxSynchronize", "cuMemcpyDtoH") and name == "CUDA_ERROR_ILLEGAL_ADDRESS" and sticky == "True"
 
 
