@@ -1042,13 +1042,19 @@ class _Search:
         leaders = [s for s in leaders if s.tflops]
         if not leaders:
             return
-        entries = []
+        entries, pending = [], []
         for s in leaders:
             config = TileConfig.from_dict(s.config)
             kernel = Kernel(self.arch, self.problem.operands, config)
             compiled = self.compiled.get(config.tag)
-            if compiled is None:  # measured in an earlier run: the disk cache makes this quick
-                compiled = self.engines.compiler.submit(kernel).result()
+            # Measured in an earlier run: compile again (in parallel; the disk cache makes it quick).
+            pending.append((s, config, kernel, compiled or self.engines.compiler.submit(kernel)))
+        for s, config, kernel, compiled in pending:
+            if isinstance(compiled, Future):
+                try:
+                    compiled = compiled.result()
+                except Exception:  # the pool task died: this finalist drops out
+                    continue
                 if isinstance(compiled, Exception):
                     continue
                 self.compiled[config.tag] = compiled
@@ -1146,6 +1152,9 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
     own_engines = engines is None
     engines = engines or default_engines(options.jobs)
     arch = arch or gpu.arch
+    launch = getattr(measurer, "launch", None)
+    if launch is not None:
+        launch()  # the measuring process starts its CUDA context while the model ranks and NVRTC compiles
     search = _Search(problem, gpu, arch, measurer, options, engines, on_event, device)
     try:
         search.open()

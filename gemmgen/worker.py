@@ -101,6 +101,9 @@ def _serve(conn, factory: Callable[[], object]) -> None:
     """Child main loop: build the benchmark, then answer requests until told to stop."""
     try:
         bench = factory()
+        # GpuBenchmark opens its context (and imports torch first) on first use: do it now, while the
+        # parent compiles, so the first measurement does not spend its watchdog on start-up.
+        getattr(bench, "device", None)
     except Exception as exc:  # reported to the parent, which decides what it means
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -143,17 +146,27 @@ class WorkerBenchmark:
     restarts: int = 0
     _proc: object = field(default=None, repr=False)
     _conn: object = field(default=None, repr=False)
+    _ready: bool = field(default=False, repr=False)
 
-    def start(self) -> None:
-        """Start the child and wait until its benchmark (and CUDA context) is ready."""
-        if self._proc is not None and self._proc.is_alive():
+    def launch(self) -> None:
+        """Start the child without waiting: it opens its CUDA context while the parent does other work."""
+        if self._proc is not None:
             return
         ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA or DB handles
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(child, self.factory), daemon=True, name="gemmgen-measure")
         proc.start()
         child.close()
-        self._proc, self._conn = proc, parent
+        self._proc, self._conn, self._ready = proc, parent, False
+
+    def start(self) -> None:
+        """Start the child (if launch() did not) and wait until its benchmark and CUDA context are ready."""
+        if self._proc is not None and self._ready and self._proc.is_alive():
+            return
+        if self._proc is not None and not self._proc.is_alive() and self._ready:
+            self._kill()
+        self.launch()
+        parent, proc = self._conn, self._proc
         if not parent.poll(self.start_timeout_s):
             self._kill()
             raise NoGpu(f"the measuring process did not start within {self.start_timeout_s:.0f}s")
@@ -167,6 +180,7 @@ class WorkerBenchmark:
             self._kill()
             raise NoGpu(f"the measuring process could not start its benchmark: {detail}",
                         "pass --dry-run --gpu NAME to rank and compile without measuring")
+        self._ready = True
 
     def measure(self, manifest: dict, cubin: bytes, problem) -> Outcome:
         name = manifest.get("name", "?")
@@ -216,6 +230,7 @@ class WorkerBenchmark:
     def _kill(self) -> None:
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
+        self._ready = False
         if conn is not None:
             conn.close()
         if proc is not None and proc.is_alive():
