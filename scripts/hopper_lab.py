@@ -599,7 +599,10 @@ def suite_perf(names: "list[str]", rounds: int = 5, reps: int = 10) -> None:
                 nan = int(torch.isnan(d).sum())
                 err = float((d - ref).norm() / ref.norm())
                 g = graph_of(lambda st, runner=runner, bound=bound: [runner.go(bound[i % sets], st) for i in range(reps)])
-                ours[label] = {"graph": g, "err": err, "nan": nan, "grid": bound[0][0][1]["grid"][0], "t": []}
+                # The graph holds raw pointers: keep the workspace alive (torch.cuda.graph empties the
+                # allocator's cache, so a freed workspace is unmapped and a replay faults).
+                ours[label] = {"graph": g, "err": err, "nan": nan, "grid": bound[0][0][1]["grid"][0], "t": [],
+                               "workspace": ws}
             except Exception as exc:  # report and go on with the other candidates
                 print(json.dumps({"shape": name, "label": label, "error": repr(exc)[-400:]}), flush=True)
         cub_t = []

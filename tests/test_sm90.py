@@ -174,3 +174,53 @@ def test_every_config_of_the_space_compiles_or_is_rejected():
     assert not failures, str(failures[0])
     spills = [r.name for r in results if r.spill_bytes]
     assert not spills, spills
+
+
+# --- split-K ----------------------------------------------------------------------------------------
+def splitk_config(splits: int, cta="128x256x64", warp="64x256x64", stages=4) -> TileConfig:
+    from dataclasses import replace
+    from gemmgen.tiles import DecompKind, Decomposition
+    return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.SPLIT_K, splits))
+
+
+def test_split_k_manifest_runs_partials_then_reduce_over_one_workspace():
+    from gemmgen.manifest import make_manifest
+    problem = Problem.create(1024, 1024, 65536, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, splitk_config(4))
+    manifest = make_manifest(kernel, problem)
+    main, reduce = manifest["launches"]
+    assert manifest["workspace_bytes"] == 4 * 1024 * 1024 * 4
+    # 32 tiles x 4 slices = 128 units: a persistent grid of 128 CTAs, one unit each.
+    assert main["entry"] == kernel.name and main["grid"] == [128, 1, 1]
+    assert reduce["entry"] == f"{kernel.name}_reduce" and reduce["block"] == [sm90.REDUCE_THREADS, 1, 1]
+    assert reduce["grid"] == [1024 * 512 // sm90.REDUCE_THREADS, 1, 1] and reduce["dynamic_smem"] == 0
+    assert reduce["params"] == main["params"]
+
+
+def test_split_k_is_feasible_for_sm90_up_to_the_k_tiles():
+    config = splitk_config(8)
+    assert not constraints.check(config, H100, Arch.SM90A, operands=ops())
+    short_k = Problem.create(1024, 1024, 256)  # 4 K tiles of 64
+    assert any("K tiles" in v.rule for v in constraints.check(config, H100, Arch.SM90A, problem=short_k))
+
+
+def test_split_k_slices_cover_every_k_tile_once():
+    # The template's unit_work: slice z takes K tiles [z*T/S, (z+1)*T/S).
+    for tiles in (1, 4, 33, 65, 1024):
+        for splits in (2, 3, 4, 8):
+            bounds = [z * tiles // splits for z in range(splits + 1)]
+            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+            assert sum(sizes) == tiles and max(sizes) - min(sizes) <= 1
+            assert min(sizes) >= 1 or splits > tiles
+    source = render(Kernel(Arch.SM90A, ops(), splitk_config(4)))
+    assert "(long long)z * k_tiles_all / SPLITS" in source
+
+
+def test_split_k_kernel_compiles_with_reduce_entry_and_no_local_memory():
+    kernel = Kernel(Arch.SM90A, ops(b="row"), splitk_config(4, "128x128x64", "64x128x64", 6))
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0 and "C7514" not in compiled.log  # no serialized wgmma
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "HGMMA") > 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    from gemmgen.sass import dump_sass
+    assert f"{kernel.name}_reduce" in dump_sass(compiled.cubin)
