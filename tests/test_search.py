@@ -405,6 +405,50 @@ def test_a_tune_killed_midway_resumes_without_remeasuring_finished_trials(tmp_pa
     assert len({t.user_attrs["config_tag"] for t in measured}) == 14  # nothing measured twice
 
 
+# --- on the GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_on_the_gpu_an_oob_and_a_hung_kernel_fail_their_trials_while_the_tune_completes(tmp_path):
+    """Fault injection through the real GpuBenchmark in the worker: every trial runs gemmgen's naive
+    kernel; two trials get its variants that write to an unmapped address and that never finish."""
+    from concurrent.futures import Future
+
+    from gemmgen.detect import detect_gpu
+    from gemmgen.reference import naive_cubin, naive_manifest
+    from gemmgen.search import Engines, model_top, rank_configs, tune
+    from gemmgen.worker import CUDA_ERROR, HANG, WorkerBenchmark, gpu_benchmark
+
+    props = detect_gpu().props
+    cc = (props.get("cc_major", 9), props.get("cc_minor", 0))
+    problem = Problem.create(512, 512, 512, "bf16")
+    picks = [r.config.tag for r in model_top(rank_configs(synthetic_space(problem, GPU, GPU.arch), problem, GPU,
+                                                          synthetic_predict), 5)]
+    faults = {picks[1]: "oob", picks[2]: "hang"}
+    cubins = {f: naive_cubin(problem, cc, f) for f in ("none", "oob", "hang")}
+
+    class NaiveCompiler(CountingCompiler):
+        def submit(self, kernel):
+            f = Future()
+            f.set_result(SimpleNamespace(name=kernel.name, cubin=cubins[faults.get(kernel.config.tag, "none")],
+                                         source="// naive", log="", resources=None))
+            return f
+
+    eng = Engines(synthetic_space, synthetic_predict, NaiveCompiler(),
+                  lambda kernel, prob, compiled: naive_manifest(prob, faults.get(kernel.config.tag, "none"),
+                                                                arch=f"sm_{cc[0]}{cc[1]}"))
+    with WorkerBenchmark(gpu_benchmark, watchdog_s=20.0) as worker:
+        result = tune(problem, GPU, worker, options(tmp_path, trials=5, top_k=5, finalists=2, rounds=2),
+                      engines=eng)
+    study = load_study(tmp_path, result)
+    by_tag = {t.user_attrs.get("config_tag"): t for t in study.trials if t.user_attrs.get("measured")}
+    oob, hang = by_tag[picks[1]], by_tag[picks[2]]
+    assert oob.state.name == "FAIL" and oob.user_attrs["fail_kind"] == CUDA_ERROR, oob.user_attrs
+    assert hang.state.name == "FAIL" and hang.user_attrs["fail_kind"] == HANG, hang.user_attrs
+    assert all(by_tag[t].state.name == "COMPLETE" for t in (picks[0], picks[3], picks[4]))
+    assert result.winner is not None and result.winner.config.tag not in faults
+    assert result.cublas_time_s is None or result.cublas_time_s > 0
+
+
 # --- the recorded timings --------------------------------------------------------------------
 
 def generate_recorded_timings() -> dict:
