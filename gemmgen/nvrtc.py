@@ -219,15 +219,17 @@ def compile_source(name: str, source: str, options: "tuple[str, ...]") -> "tuple
         status = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
         status = status[0] if isinstance(status, tuple) else status
         log_size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-        log_buf = b" " * log_size
+        # NVRTC writes into the buffer, so it must be fresh and mutable: `b" " * 1` is CPython's
+        # shared one-byte object, and writing a NUL into it turns every space in the process into NUL.
+        log_buf = bytearray(log_size)
         _check(nvrtc.nvrtcGetProgramLog(program, log_buf), "nvrtcGetProgramLog")
-        log = log_buf.rstrip(b"\0").decode(errors="replace")
+        log = bytes(log_buf).rstrip(b"\0").decode(errors="replace")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             path = source_path(name, source)
             _atomic_write(path, source.encode())
             raise CompileError(name, options, log, str(path))
         size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
         return bytes(cubin), log
     finally:
