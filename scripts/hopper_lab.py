@@ -182,6 +182,9 @@ def variant_sets() -> "dict[str, list[tuple[str, Kernel, str]]]":
         ("sk4_128", k(operands(b="row"), config("128x128x64", "64x128x64", 6, raster=g8, splits=4)), "perf"),
         ("sk4_64", k(operands(b="row"), config("64x128x64", "64x128x64", 6, raster=g8, splits=4)), "perf"),
         ("sk8_64x256", k(operands(b="row"), config("64x256x64", "64x256x64", 4, raster=g8, splits=8)), "perf"),
+        ("dp64s4", k(operands(b="row"), config("64x128x64", "64x128x64", 4, raster=g8)), "perf"),
+        ("dp64x256", k(operands(b="row"), config("64x256x64", "64x256x64", 4, raster=g8)), "perf"),
+        ("dp256x128", k(operands(b="row"), config("256x128x64", "128x128x64", 4, raster=g8)), "perf"),
     ]
     return sets
 
@@ -439,6 +442,16 @@ SUITE_PERF = {  # shape -> candidate labels of the "splitk" set
     "sq2048": ((2048, 2048, 2048), ["dp256", "dp128", "dp64", "sk2_128"]),
     "skinny_m16": ((16, 4096, 4096), ["dp64", "sk4_64", "sk8_64x256"]),
 }
+SUITE_PERF_2 = {  # second pass: the rest of the suite, and 64-row tiles at two CTAs per SM
+    "sq1024": ((1024, 1024, 1024), ["dp64", "dp64s4", "dp64x256"]),
+    "sq2048": ((2048, 2048, 2048), ["dp128", "dp64s4", "dp64x256", "dp256x128"]),
+    "llm_qkv": ((4096, 6144, 4096), ["dp256", "dp256x128"]),
+    "llm_o": ((4096, 4096, 4096), ["dp256", "dp256x128"]),
+    "llm_up": ((4096, 28672, 4096), ["dp256"]),
+    "llm_down": ((4096, 4096, 14336), ["dp256", "dp256x128"]),
+    "odd3000": ((3000, 3000, 3000), ["dp256", "dp128", "dp256x128"]),
+    "skinny_m128": ((128, 8192, 8192), ["dp64", "dp64s4"]),
+}
 
 
 class Runner:
@@ -541,7 +554,7 @@ def suite_check(labels: "list[str]") -> None:
                               "err": err, "nan": nan, "ok": ok}), flush=True)
 
 
-def suite_perf(names: "list[str]", rounds: int = 5, reps: int = 10) -> None:
+def suite_perf(names: "list[str]", table: "dict | None" = None, rounds: int = 5, reps: int = 10) -> None:
     """Suite shapes in bf16, A and B row-major: every candidate against torch.matmul in the same run.
 
     Each timing replays a CUDA graph of `reps` GEMMs over rotated input sets (enough sets to overflow the
@@ -552,7 +565,7 @@ def suite_perf(names: "list[str]", rounds: int = 5, reps: int = 10) -> None:
     runners = {}
     results = []
     for name in names:
-        (m, n, k), labels = SUITE_PERF[name]
+        (m, n, k), labels = (table or SUITE_PERF)[name]
         tdt = torch.bfloat16
         per_set = (m * k + k * n + m * n) * 2
         sets = max(2, min(8, -(-150_000_000 // per_set)))
@@ -624,7 +637,7 @@ def suite_perf(names: "list[str]", rounds: int = 5, reps: int = 10) -> None:
         torch.cuda.empty_cache()
     out_dir = os.environ.get("OUT")
     if out_dir:
-        Path(out_dir, "suite_perf.json").write_text(json.dumps(results, indent=1))
+        Path(out_dir, f"suite_perf_{len(names)}.json").write_text(json.dumps(results, indent=1))
     print("\n=== suite (bf16, A and B row-major, CUDA graphs, same-run cuBLAS) ===")
     for r in results:
         print(f"{r['shape']:12s} {r['label']:11s} grid {r['grid']:4d} {r['tflops']:6.1f} TF/s vs cuBLAS "
@@ -651,7 +664,8 @@ def main() -> None:
     elif args.cmd == "suite-check":
         suite_check(args.path or [l for l, _, r in variant_sets()["splitk"] if r == "check"])
     elif args.cmd == "suite-perf":
-        suite_perf(args.path or list(SUITE_PERF))
+        table = SUITE_PERF_2 if args.set == "pass2" else SUITE_PERF
+        suite_perf(args.path or list(table), table)
     else:
         print(json.dumps(run_one(args.path[0], args.perf)))
 
