@@ -47,6 +47,7 @@ AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_
         "warp_specialized", "persistent")
 SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
 SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the tune
+FALLBACK_AFTER = 4  # sampler proposals in a row that give nothing new before the model's next pick is queued
 
 
 class StorageError(UserError):
@@ -913,6 +914,8 @@ class _Search:
                 entry = self._ask(inflight)
                 if entry is None:
                     idle += 1
+                    if idle % FALLBACK_AFTER == 0 and not self._enqueue_fallback(inflight):
+                        self.stop_reason = "every configuration of the space was tried"
                     continue
                 idle = 0
                 inflight.append(entry)
@@ -935,6 +938,19 @@ class _Search:
                     and self.best_tflops > 0:
                 self.stop_reason = f"no improvement in {opts.patience} trials (--patience)"
             self._write_record()
+
+    def _enqueue_fallback(self, inflight) -> bool:
+        """The sampler keeps proposing points that are infeasible or tried: queue the model's best
+        untried configuration instead, so the GPU is not left waiting on proposals. False if none is left."""
+        queued = {r.config.tag for r in self.pending}
+        for r in self.ranking:
+            if r.config.tag not in queued and not self._unavailable(r.config, inflight):
+                self.study.enqueue_trial(self.space.params(r.config),
+                                         user_attrs={"source": f"model order (after {FALLBACK_AFTER} "
+                                                               "sampler proposals gave nothing new)"})
+                self.waiting += 1
+                return True
+        return bool(self.pending)
 
     def _unavailable(self, config: TileConfig, inflight) -> bool:
         if config.tag in self.tried or any(e[1].tag == config.tag for e in inflight):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -215,6 +216,25 @@ def test_infeasible_samples_are_pruned_uncompiled_and_do_not_count_as_trials(tmp
     measured = [t for t in study.trials if t.user_attrs.get("measured")]
     assert len(measured) == 15
     assert len(eng.compiler.compiled) == 15  # nothing infeasible reached the compiler
+
+
+def test_a_sampler_that_repeats_itself_gives_way_to_the_models_next_pick(tmp_path, monkeypatch):
+    import optuna
+
+    from gemmgen import search
+    from gemmgen.search import SearchSpace, tune
+
+    configs = synthetic_space(PROBLEM, GPU, GPU.arch)
+    stuck = ranking()[-1].config  # the model's last choice, proposed over and over
+    params = SearchSpace(configs, lambda c: []).params(stuck)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    monkeypatch.setattr(search, "make_sampler", lambda name, seed: optuna.samplers.PartialFixedSampler(
+        params, optuna.samplers.RandomSampler(seed=seed)))
+    bench = Recorded()
+    result = tune(PROBLEM, GPU, bench, options(tmp_path, trials=4, top_k=0, rounds=1), engines=engines())
+    models_order = [r.config.tag for r in ranking() if r.config.tag != stuck.tag]
+    assert bench.calls[:4] == [stuck.tag] + models_order[:3]
+    assert result.counts["duplicates"] == 3 * search.FALLBACK_AFTER
 
 
 # --- stop rules ------------------------------------------------------------------------------
