@@ -47,7 +47,7 @@ AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_
         "warp_specialized", "persistent")
 SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
 SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the tune
-FALLBACK_AFTER = 4  # sampler proposals in a row that give nothing new before the model's next pick is queued
+FALLBACK_AFTER = 3  # sampler proposals in a row that give nothing new before the model's next pick is queued
 
 
 class StorageError(UserError):
@@ -459,8 +459,9 @@ def open_storage(url: str):
             _fast_sqlite(storage)
         return storage
     except ImportError as exc:
-        raise StorageError(f"the storage URL needs a database driver that is not installed ({exc.name or exc})",
-                           safe_url(url), "install the driver, e.g. pip install psycopg2-binary") from None
+        raise StorageError("the storage URL needs a database driver that is not installed", safe_url(url),
+                           "install the one SQLAlchemy uses for it, e.g. psycopg2-binary for postgresql://, "
+                           "pymysql for mysql+pymysql://") from None
     except sa_exc.NoSuchModuleError:
         raise StorageError("--storage must name a database SQLAlchemy knows (sqlite, postgresql, mysql, ...)",
                            safe_url(url)) from None
