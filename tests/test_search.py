@@ -469,6 +469,22 @@ def test_on_the_gpu_an_oob_and_a_hung_kernel_fail_their_trials_while_the_tune_co
     assert result.cublas_time_s is None or result.cublas_time_s > 0
 
 
+def test_measurements_survive_a_change_of_the_search_space(tmp_path):
+    from gemmgen.search import tune
+
+    first = Recorded()
+    smaller = engines()
+    smaller.enumerate = lambda p, g, a: synthetic_space(p, g, a)[::2]  # the space as it was
+    r1 = tune(PROBLEM, GPU, first, options(tmp_path, trials=6, top_k=6, rounds=1), engines=smaller)
+    searched = set(first.calls[:6])
+
+    second = Recorded()
+    r2 = tune(PROBLEM, GPU, second, options(tmp_path, trials=10, top_k=6, rounds=1), engines=engines())
+    assert r2.study_name != r1.study_name  # a new space is a new study...
+    assert r2.counts["carried"] == 6  # ...that starts from the measurements still valid in it
+    assert len(second.calls) == 4 + 2 * 1 and not set(second.calls[:4]) & searched
+
+
 # --- the recorded timings --------------------------------------------------------------------
 
 def generate_recorded_timings() -> dict:
