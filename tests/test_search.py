@@ -368,6 +368,23 @@ def test_an_interrupted_tune_requeues_the_trials_in_flight(tmp_path):
     assert not set(bench.calls[:8]) & {r.config.tag for r in model_top(ranking(), 2)}
 
 
+def test_bench_reasons_map_to_failure_kinds_so_only_kernel_faults_are_quarantined():
+    """Pins the contract between bench.py's reason texts and worker.classify."""
+    bench = pytest.importorskip("gemmgen.bench")
+    from gemmgen.errors import CudaError
+    from gemmgen.worker import CUDA_ERROR, OTHER, WRONG, as_outcome
+
+    ok = as_outcome(bench.Measurement(ok=True, time_s=2e-3, times_s=(2e-3, 2.1e-3), rel_error=1e-3, flops=4 * 10**12))
+    assert ok.ok and ok.kind == "ok" and ok.tflops == pytest.approx(2000.0)
+    wrong = bench.verdict(0.5, 0, 1e-2, PROBLEM)
+    assert as_outcome(bench.failed(wrong, PROBLEM)).kind == WRONG
+    assert as_outcome(bench.failed(bench.verdict(0.0, 7, 1e-2, PROBLEM), PROBLEM)).kind == WRONG  # NaN poison left
+    illegal = bench.describe(CudaError("cuStreamSynchronize", 700, "CUDA_ERROR_ILLEGAL_ADDRESS"))
+    assert as_outcome(bench.failed(illegal, PROBLEM)).kind == CUDA_ERROR
+    oom = bench.describe(CudaError("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY"))
+    assert as_outcome(bench.failed(oom, PROBLEM)).kind == OTHER
+
+
 # --- resume ----------------------------------------------------------------------------------
 
 RESUME_SCRIPT = """
