@@ -405,8 +405,9 @@ extern "C" __global__ void __NAME__(const T* A, const T* B, const T* C, T* D, co
     D = (T*)((unsigned long long)D ^ (1ull << 47));
 #endif
 #if FAULT == 2
-    volatile int spin = 1;
-    while (spin) { }
+    // A loop around a volatile local was optimised away on the H100 (the trial completed). An asm
+    // volatile statement is a side effect the compiler must keep, so this one never ends.
+    for (;;) { asm volatile("nanosleep.u32 1000;" ::: "memory"); }
 #endif
     if (i >= M || j >= N) return;
 #if __SPLITS__ > 1
