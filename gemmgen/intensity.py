@@ -46,6 +46,10 @@ DRAM_LATENCY_S = 1.0e-6
 L2_USABLE_FRACTION = 0.5
 # CTAs of one wave drift apart along K; the live set in L2 spans this many K tiles of each panel.
 L2_SKEW_K_TILES = 8
+# Fraction of the ideal TMA-multicast saving our sm90 kernel realises. Measured on the H100
+# (docs/perf-notes.md, 2026-11-22): 2-CTA clusters ran no faster than 1x1 (0.86-0.99x of it), so the
+# model credits none until a kernel shows the gain; refit from tuning data.
+MULTICAST_REALIZED = 0.0
 ACC_BYTES = 4  # fp32 accumulators and split-K partials
 
 # The seed note's inputs (../shared/seeds/003_*.txt): its warp shapes, with m16n8k16.
@@ -169,7 +173,9 @@ def seed_table(peak: float = SEED_PEAK_PER_SM, mma: Shape3 = SEED_MMA,
 def config_levels(config: TileConfig, dtype: "DType | str", peak: float) -> "tuple[Level, ...]":
     """Every level of `config` at `peak` FLOP/clock/SM, from DRAM inwards."""
     cl = config.cluster
-    return (cta_level(config.cta, dtype, peak, cl.m, cl.n),
+    share_m = 1 + (cl.m - 1) * MULTICAST_REALIZED
+    share_n = 1 + (cl.n - 1) * MULTICAST_REALIZED
+    return (cta_level(config.cta, dtype, peak, share_m, share_n),
             smem_level(config.warp, dtype, peak, config.family),
             warp_level(config.warp, config.mma, peak, dtype),
             mma_level(config.mma, dtype, peak))
