@@ -5,7 +5,9 @@ CUDA context; a fake with the same two methods (measure, cublas_time) replays re
 
 Verification: fresh random inputs in [-1, 1) for every check, D poisoned with NaN first, then the relative
 Frobenius error against an fp32 reference (gemmgen.reference); any NaN/Inf fails.
-Timing: CUDA events around each run, after ~25 ms of warm-up; the median of >= 20 runs (~100 ms). Inputs
+Timing: CUDA events around each run, after ~25 ms of warm-up; the median of >= 20 runs (~100 ms), queued in
+batches behind a kernel that holds the stream, so the events see the GPU's time and not the host's launch
+overhead. Inputs
 and outputs rotate over enough buffer sets that together they exceed 2x the L2 cache, so L2 never serves
 a run's operands from the previous run (no L2 flush, so nothing is subtracted). cuBLAS (torch.matmul, or
 addmm with C/bias) is timed the same way, on the same rotated buffers.
@@ -116,6 +118,14 @@ class TimingPolicy:
     max_reps: int = 2000
     min_warmup: int = 3
     l2_factor: float = 2.0
+    batch: int = 100  # timed runs queued behind one hold kernel
+
+
+# Host time to enqueue one timed run (two events and a launch; torch's dispatch is the slowest, ~20 us),
+# with margin: the hold must outlast the enqueueing of its batch.
+HOLD_BASE_S = 0.001
+HOLD_PER_RUN_S = 60e-6
+HOLD_MAX_S = 0.02
 
 
 def plan_runs(estimate_s: float, policy: TimingPolicy = TimingPolicy()) -> "tuple[int, int]":
@@ -297,11 +307,18 @@ class GpuBenchmark:
         for i in range(warmup):
             run_one(i)
         pairs = [self._event_pair(i) for i in range(reps)]
-        for i, (s, e) in enumerate(pairs):
-            s.record(stream)
-            run_one(i)
-            e.record(stream)
-        dev.synchronize(what)
+        # Runs go in batches queued behind a hold kernel: a short kernel (sq1024 takes ~7 us) launched
+        # straight from Python would otherwise be timed with the host's launch overhead, which differs
+        # between our cuLaunchKernel and torch's dispatch and so skews the ratio to cuBLAS.
+        batch = self.policy.batch
+        for first in range(0, reps, batch):
+            chunk = pairs[first:first + batch]
+            dev.hold_stream(min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)
+            for i, (s, e) in enumerate(chunk, start=first):
+                s.record(stream)
+                run_one(i)
+                e.record(stream)
+            dev.synchronize(what)
         return [e.elapsed_s(s) for s, e in pairs]
 
     def _event_pair(self, index: int):

@@ -567,6 +567,17 @@ class Device:
         blocks = max(1, min(4 * self.props.sm_count * 8, (count + 255) // 256))
         _enqueue(_driver_module(), _PreparedLaunch(fn, (blocks, 1, 1), (256, 1, 1), (1, 1, 1), 0, params), stream)
 
+    def hold_stream(self, seconds: float, stream: int = 0) -> bool:
+        """Keep `stream` busy for `seconds` of GPU time; False (nothing queued) when NVRTC is missing."""
+        module = self._utility_module()
+        if module is None:
+            return False
+        fn = module.function("gemmgen_hold")
+        params = pack_params([{"name": "ns", "kind": "scalar", "ctype": "unsigned long long",
+                               "value": int(seconds * 1e9)}], {}, entry="gemmgen_hold")
+        _enqueue(_driver_module(), _PreparedLaunch(fn, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0, params), stream)
+        return True
+
     def _utility_module(self) -> "Module | None":
         """The random-fill kernels, compiled once per Device; None (remembered) when NVRTC cannot build them."""
         if "utility" not in self.cache:
@@ -605,6 +616,17 @@ extern "C" __global__ void gemmgen_fill_uniform(void* out, unsigned long long n,
             ((unsigned short*)out)[i] = bits;
         }
     }
+}
+
+// Holds the stream for `ns` nanoseconds of GPU time (one thread). Timed runs are queued behind it, so the
+// GPU then runs them back to back and the events time the kernels, not the host's launch overhead.
+extern "C" __global__ void gemmgen_hold(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("nanosleep.u32 2000;" ::: "memory");
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
 }
 """
 
