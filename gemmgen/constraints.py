@@ -11,7 +11,7 @@ import math
 from .arch import Arch, DType, Gpu
 from .errors import InvalidConfig, Violation
 from .problem import Operands, Problem
-from .tiles import DecompKind, Family, Kernel, SmemLayout, TileConfig
+from .tiles import DecompKind, Family, Kernel, Schedule, SmemLayout, TileConfig
 
 # What each template implements. A configuration asking for more is rejected here, not by NVRTC.
 FAMILY_DECOMPOSITIONS = {
@@ -109,6 +109,7 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
 
     cta, warp, mma = config.cta, config.warp, config.mma
     fam = config.family
+    decomp = config.decomposition
 
     # Architecture and dtype support.
     rule(arch.cc >= fam.min_arch.cc and (fam is not Family.SM90_WGMMA or arch.has_wgmma),
@@ -146,6 +147,8 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(config.cluster.size == 1, "clusters need the sm90_wgmma family", str(config.cluster), "1x1")
         rule(not config.warp_specialized, "warp specialization needs the sm90_wgmma family", True, False)
         rule(not config.persistent, "the sm80_mma family is not persistent", True, False)
+        rule(config.schedule is Schedule.COOPERATIVE, "the ping-pong schedule needs the sm90_wgmma family",
+             config.schedule.value, Schedule.COOPERATIVE.value)
         elt = _ab_bytes(operands)
         loads = config.threads * 16
         rule((cta.m * cta.k * elt) % loads == 0,
@@ -182,6 +185,15 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         if config.cluster.n > 1:
             rule(cta.m % (64 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
                  "into 64-wide slices per CTA", cta.m, 64 * config.cluster.size)
+        if config.schedule is Schedule.PINGPONG:
+            # Two consumer warpgroups own whole alternate tiles of the persistent loop, in the ring's order.
+            rule(warp.m == cta.m and warp.n == cta.n, "ping-pong: the warpgroup tile must equal the CTA tile "
+                 "(each consumer warpgroup owns whole tiles)", f"{warp.m}x{warp.n}", f"{cta.m}x{cta.n}")
+            rule(config.persistent, "ping-pong needs the persistent tile loop (warpgroups alternate tiles)",
+                 config.persistent, True)
+            rule(decomp.kind is DecompKind.DATA_PARALLEL, "ping-pong is implemented for data-parallel tiles only",
+                 decomp.kind.value, DecompKind.DATA_PARALLEL.value)
+            rule(config.cluster.size == 1, "ping-pong is implemented without clusters", str(config.cluster), "1x1")
         if operands is not None:
             # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled).
             min_align = 16 // _ab_bytes(operands)
@@ -196,7 +208,6 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
          config.raster.group, "1,2,4,8,16")
 
     # Decomposition.
-    decomp = config.decomposition
     rule(decomp.kind in FAMILY_DECOMPOSITIONS[fam], f"family {fam.value} supports decompositions", decomp.kind.value,
          sorted(d.value for d in FAMILY_DECOMPOSITIONS[fam]))
     if decomp.kind is DecompKind.SPLIT_K:

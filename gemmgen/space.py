@@ -5,7 +5,8 @@ A space file lists values per axis. It is either one product (`axes:`) or a unio
 configuration of the product is kept only if constraints.check accepts it.
 
 Axes: tiles (list of {cta: MxN, warp: MxN}), bk, mma, stages, smem_layout, raster ({order, group}),
-decomposition ({kind, splits}); for Hopper also cluster (MxN), warp_specialized, persistent.
+decomposition ({kind, splits}); for Hopper also cluster (MxN), warp_specialized, persistent,
+schedule (cooperative | pingpong).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ OPTIONAL_AXES = {
     "cluster": ["1x1"],
     "warp_specialized": [False],
     "persistent": [False],
+    "schedule": ["cooperative"],
 }
 AXES = set(REQUIRED_AXES) | set(OPTIONAL_AXES) | {"name"}
 
@@ -99,7 +101,7 @@ def _expand(path: Path, where: str, family_value: str, axes) -> "list[TileConfig
                 "family": family_value, "cta": cta, "warp": warp, "mma": point["mma"], "stages": point["stages"],
                 "smem_layout": point["smem_layout"], "raster": point["raster"], "decomposition": point["decomposition"],
                 "cluster": point["cluster"], "warp_specialized": point["warp_specialized"],
-                "persistent": point["persistent"]})
+                "persistent": point["persistent"], "schedule": point["schedule"]})
         except (UserError, ValueError, TypeError) as exc:
             raise _bad(path, f"{where}: every value must form a configuration ({exc})", point) from None
         out.append(config)

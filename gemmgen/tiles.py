@@ -114,6 +114,18 @@ class Decomposition:
         return self.kind.value
 
 
+class Schedule(str, Enum):
+    """How consumer warpgroups share output tiles (sm90_wgmma).
+
+    cooperative: every consumer warpgroup computes its `warp` slice of each CTA tile.
+    pingpong: two consumer warpgroups own whole alternate tiles (`warp` equals `cta`); their mainloops take
+    turns, so one warpgroup's epilogue overlaps the other's mainloop.
+    """
+
+    COOPERATIVE = "cooperative"
+    PINGPONG = "pingpong"
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Thread-block cluster shape (Hopper). 1×1 means no cluster."""
@@ -149,6 +161,7 @@ class TileConfig:
     cluster: Cluster = field(default_factory=Cluster)
     warp_specialized: bool = False
     persistent: bool = False
+    schedule: Schedule = Schedule.COOPERATIVE
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -162,7 +175,9 @@ class TileConfig:
     @property
     def math_threads(self) -> int:
         per_unit = 128 if self.family is Family.SM90_WGMMA else 32
-        return self.warps_m * self.warps_n * per_unit
+        # Ping-pong runs two consumer warpgroups over one warpgroup tile (= the CTA tile), alternating tiles.
+        copies = 2 if self.schedule is Schedule.PINGPONG else 1
+        return self.warps_m * self.warps_n * per_unit * copies
 
     @property
     def threads(self) -> int:
@@ -178,6 +193,8 @@ class TileConfig:
             parts.append("ws")
         if self.persistent:
             parts.append("pers")
+        if self.schedule is not Schedule.COOPERATIVE:  # named only when not the default: old names stay
+            parts.append("pp")
         return "_".join(parts)
 
     # --- serialisation ------------------------------------------------------------------
@@ -194,6 +211,7 @@ class TileConfig:
             "cluster": str(self.cluster.m) + "x" + str(self.cluster.n),
             "warp_specialized": self.warp_specialized,
             "persistent": self.persistent,
+            "schedule": self.schedule.value,
         }
 
     @classmethod
@@ -201,7 +219,7 @@ class TileConfig:
         if not isinstance(d, dict):
             raise InvalidInput("a configuration must be a mapping of fields", type(d).__name__)
         known = {"family", "cta", "warp", "mma", "stages", "smem_layout", "raster", "decomposition",
-                 "cluster", "warp_specialized", "persistent"}
+                 "cluster", "warp_specialized", "persistent", "schedule"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidInput(f"configuration fields must be among {sorted(known)}", unknown[0])
@@ -229,6 +247,7 @@ class TileConfig:
             cluster=_cluster(cluster),
             warp_specialized=bool(d.get("warp_specialized", False)),
             persistent=bool(d.get("persistent", False)),
+            schedule=_enum(Schedule, "schedule", d.get("schedule", "cooperative")),
         )
 
     def to_yaml(self) -> str:

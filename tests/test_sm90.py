@@ -224,3 +224,87 @@ def test_split_k_kernel_compiles_with_reduce_entry_and_no_local_memory():
     assert count(counts, "HGMMA") > 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
     from gemmgen.sass import dump_sass
     assert f"{kernel.name}_reduce" in dump_sass(compiled.cubin)
+
+
+# --- ping-pong schedule -------------------------------------------------------------------------------
+def pingpong_config(cta="128x128x64", stages=6, **changes) -> TileConfig:
+    from dataclasses import replace
+    from gemmgen.tiles import Schedule
+    return replace(hopper_config(cta, cta, stages), schedule=Schedule.PINGPONG, **changes)
+
+
+def test_pingpong_is_named_only_when_chosen_and_round_trips():
+    cooperative = hopper_config()
+    assert "_pp" not in cooperative.tag and not cooperative.tag.endswith("pp")
+    assert cooperative.to_dict()["schedule"] == "cooperative"
+    config = pingpong_config()
+    assert config.tag == cooperative.tag.replace("cta128x256x64_w64x256x64_mma64x256x16_s4",
+                                                 "cta128x128x64_w128x128x64_mma64x128x16_s6") + "_pp"
+    assert TileConfig.from_dict(config.to_dict()) == config
+    assert TileConfig.from_text(config.to_yaml()) == config
+    legacy = cooperative.to_dict()
+    del legacy["schedule"]  # records written before the field read as cooperative
+    assert TileConfig.from_dict(legacy) == cooperative
+
+
+def test_pingpong_runs_two_consumer_warpgroups_over_one_warpgroup_tile():
+    config = pingpong_config()
+    assert config.warps_m * config.warps_n == 1 and config.threads == 384
+    assert constraints.check(config, H100, Arch.SM90A, operands=ops()) == []
+    # Two warpgroups' epilogue staging, as the cooperative 128x256 (8 consumer warps).
+    assert constraints.smem_bytes(config, ops()) == 6 * 32768 + 8 * constraints.SM90_EPI_WARP_BYTES + 2048
+    params = sm90.template_params(Kernel(Arch.SM90A, ops(), config))
+    assert params["pingpong"] and params["consumers"] == 2 and params["setmaxnreg"]
+    entry = sm90.launch(Kernel(Arch.SM90A, ops(), config), Problem.create(4096, 4096, 4096), sm_count=132)
+    assert entry["block"] == [384, 1, 1] and entry["grid"] == [132, 1, 1]
+
+
+@pytest.mark.parametrize("changes,rule", [
+    ({"warp": Shape3(64, 128, 64)}, "warpgroup tile must equal the CTA tile"),
+    ({"persistent": False}, "ping-pong needs the persistent tile loop"),
+    ({"cluster": Cluster(2, 1)}, "ping-pong is implemented without clusters"),
+])
+def test_pingpong_rejects_what_the_template_does_not_implement(changes, rule):
+    config = pingpong_config(**changes)
+    assert any(rule in v.rule for v in constraints.check(config, H100, Arch.SM90A, operands=ops()))
+
+
+def test_pingpong_rejects_split_k_and_the_sm80_family():
+    from dataclasses import replace
+    from gemmgen.tiles import DecompKind, Decomposition, Schedule
+    split = pingpong_config(decomposition=Decomposition(DecompKind.SPLIT_K, 2))
+    assert any("data-parallel" in v.rule for v in constraints.check(split, H100, Arch.SM90A, operands=ops()))
+    sm80 = TileConfig(Family.SM80_MMA, Shape3(128, 128, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 3,
+                      schedule=Schedule.PINGPONG)
+    assert any("ping-pong schedule needs the sm90_wgmma family" in v.rule for v in constraints.check(sm80, H100))
+    assert not constraints.check(replace(sm80, schedule=Schedule.COOPERATIVE), H100)
+
+
+def test_pingpong_render_orders_mainloops_with_named_barriers():
+    source = render(Kernel(Arch.SM90A, ops(), pingpong_config()))
+    assert "bar.sync %0, %1;" in source and "bar.arrive %0, %1;" in source
+    assert "mbar_init(empty_bar + 8 * s, 4 * CL_SIZE);" in source  # one warpgroup releases each stage
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in source
+    cooperative = render(Kernel(Arch.SM90A, ops(), hopper_config()))
+    assert "named_bar" not in cooperative and "CONSUMERS * 4 * CL_SIZE" in cooperative
+
+
+def test_pingpong_space_configs_survive_the_tuner_encoding():
+    from gemmgen.ranking import SearchSpace
+    valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
+    pingpong = [c for c in valid if c.schedule.value == "pingpong"]
+    assert pingpong, "the space should offer ping-pong tiles"
+    space = SearchSpace(valid, lambda c: constraints.check(c, H100, Arch.SM90A, operands=ops()))
+    for config in pingpong + valid[:5]:
+        assert space.decode(space.params(config)) == config
+
+
+@pytest.mark.parametrize("cta,stages,dtype,a,b", [
+    ("128x128x64", 6, "bf16", "row", "col"), ("128x128x64", 4, "f16", "col", "row"),
+    ("64x256x64", 5, "bf16", "row", "row"), ("64x256x64", 5, "f16", "col", "col")])
+def test_pingpong_compiles_to_hgmma_and_tma_without_local_memory(cta, stages, dtype, a, b):
+    compiled = compile_sm90(Kernel(Arch.SM90A, ops(dtype, a, b), pingpong_config(cta, stages)))
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and compiled.resources.spill_bytes == 0
+    assert count(counts, "BAR") >= 2, "the mainloop turn barriers (bar.sync / bar.arrive) are missing"

@@ -15,7 +15,7 @@ from ..arch import Arch, lookup_gpu
 from ..constraints import smem_bytes
 from ..errors import InvalidInput
 from ..problem import Layout, Operands, Problem
-from ..tiles import DecompKind, Family, Kernel
+from ..tiles import DecompKind, Family, Kernel, Schedule
 
 FORMAT = "gemmgen-manifest/1"
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
@@ -44,7 +44,7 @@ def template_params(kernel: Kernel) -> dict:
     cfg, ops = kernel.config, kernel.operands
     if cfg.family is not Family.SM90_WGMMA:
         raise InvalidInput("sm90 template parameters need a sm90_wgmma configuration", cfg.family.value)
-    consumers = cfg.warps_m * cfg.warps_n
+    consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
     return {
         "name": kernel.name,
         "ab": ops.a_dtype.ptx,
@@ -58,6 +58,7 @@ def template_params(kernel: Kernel) -> dict:
         "a_kmajor": a_is_kmajor(ops), "b_kmajor": b_is_kmajor(ops),
         "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
         "persistent": cfg.persistent,
+        "pingpong": cfg.schedule is Schedule.PINGPONG,
         "raster_order": cfg.raster.order.value, "raster_group": cfg.raster.group,
         "bias": ops.bias, "activation": ops.activation.value,
         "align_c": ops.align_c,
