@@ -22,7 +22,7 @@ from .constraints import ctas_per_sm as _ctas_per_sm
 from .constraints import check
 from .errors import InvalidConfig, InvalidInput
 from .problem import Problem
-from .tiles import DecompKind, Family, Kernel, RasterOrder, Shape3, TileConfig
+from .tiles import DecompKind, Family, Kernel, RasterOrder, Schedule, Shape3, TileConfig
 
 # --- Model constants --------------------------------------------------------------------------
 # Fraction of the datasheet tensor peak a family's main loop sustains when nothing else limits it.
@@ -369,16 +369,20 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     dram_rate = min(gpu.dram_bandwidth * DRAM_EFFICIENCY, active_ctas * in_flight / DRAM_LATENCY_S)
     memory_s = (dram_bytes - (partials / 2 if splits > 1 else 0)) / dram_rate
 
-    # Fixed costs: launches, the reduction pass's read of the partials, and per-wave fill/epilogue
-    # that a persistent warp-specialized kernel overlaps with the next tile's main loop.
+    # Fixed costs: launches, the reduction pass's read of the partials, and each tile's epilogue where
+    # nothing overlaps it. Measured on the H100 (docs/perf-notes.md, ping-pong): in the cooperative
+    # persistent kernel both consumer warpgroups store together while the tensor cores idle; only the
+    # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
     overhead = LAUNCH_OVERHEAD_S
     if splits > 1:
         overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
+    epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
     if not config.persistent:
-        epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
         overhead += math.ceil(max(waves, 1e-9)) * (DRAM_LATENCY_S + epilogue) / max(1, per_sm)
-    else:
+    elif config.schedule is Schedule.PINGPONG:
         overhead += DRAM_LATENCY_S
+    else:
+        overhead += DRAM_LATENCY_S + math.ceil(max(waves, 1e-9)) * epilogue
 
     main = max(compute_s, memory_s)
     bound = "compute" if compute_s >= memory_s else "memory"
