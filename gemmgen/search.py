@@ -651,7 +651,10 @@ class _Search:
             vs = (self.cublas_time_s * tflops * 1e12 / self.problem.flops) if self.cublas_time_s else None
             rows.append(Row(s.kernel or "", s.tag, tflops, ranked.tflops, 100.0 * tflops / ranked.tflops, vs,
                             f is not None))
-        rows.sort(key=lambda r: -r.tflops)
+        # Finalists first, by their re-measured medians: a single search measurement of another config
+        # is an optimistic draw (the finalists were chosen on theirs, then regressed on re-measurement),
+        # so ranking the two kinds together would put unconfirmed figures above the winner.
+        rows.sort(key=lambda r: (not r.remeasured, -r.tflops))
         return rows[:n]
 
     # -- the record ------------------------------------------------------------------------

@@ -524,3 +524,25 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
     RECORDED.parent.mkdir(parents=True, exist_ok=True)
     RECORDED.write_text(json.dumps(generate_recorded_timings(), indent=1) + "\n")
     print(f"wrote {RECORDED}")
+
+
+def test_the_top_table_lists_remeasured_finalists_before_single_search_measurements(tmp_path):
+    """Regression (H100, 2026-11-22): finalists regress on re-measurement (they were chosen on one
+    optimistic draw), so sorting them together with other configs' single draws put unconfirmed figures
+    above the winner. Here every second measurement of a config is 20% slower."""
+    from dataclasses import replace
+
+    from gemmgen.search import tune
+
+    class Regressing(Recorded):
+        def measure(self, manifest, cubin, problem):
+            out = super().measure(manifest, cubin, problem)
+            tag = self.calls[-1]
+            if out.ok and self.calls.count(tag) > 1:
+                out = replace(out, time_s=out.time_s * 1.2, times_s=tuple(t * 1.2 for t in out.times_s))
+            return out
+
+    result = tune(PROBLEM, GPU, Regressing(), options(tmp_path, trials=10, finalists=2, rounds=2), engines=engines())
+    flags = [row.remeasured for row in result.top]
+    assert flags[:2] == [True, True] and not any(flags[2:])
+    assert result.top[0].tag == result.winner.config.tag
