@@ -33,6 +33,11 @@ TENSOR_EFFICIENCY_HOPPER = {Family.SM80_MMA: 0.65, Family.SM90_WGMMA: 0.90}
 # TMA boxes over rows that do not start on 128-byte boundaries (e.g. ld = 3000 bf16 = 6000 B) ran
 # 1.5-1.75x slower on the H100 (docs/perf-notes.md, odd3000): the sm90 main loop's rate is divided by this.
 TMA_UNALIGNED_SLOWDOWN = 1.6
+# Clocks from a TMA load's issue to its data in shared memory, under load. The stages ahead of the one
+# being consumed must cover it, or the tensor cores wait. Ping-pong consumers each see about half the
+# ring. Set so that 128x128x64 ping-pong needs 6 stages, as measured on the H100 (4 stages: 0.94x
+# cuBLAS, 6 stages: 1.02x, docs/perf-notes.md); refit from tuning data.
+TMA_LATENCY_CLOCKS = 1600.0
 TENSOR_EFFICIENCY_OTHER = {Family.SM80_MMA: 0.80}  # mma.sync on sm_80/86/89
 DRAM_EFFICIENCY = 0.90  # achievable fraction of datasheet DRAM bandwidth (H100: 3.02 of 3.35 TB/s measured)
 LAUNCH_OVERHEAD_S = 3.0e-6  # one kernel launch, as a fixed cost
@@ -186,6 +191,20 @@ def config_levels(config: TileConfig, dtype: "DType | str", peak: float) -> "tup
             mma_level(config.mma, dtype, peak))
 
 
+def latency_coverage(config: TileConfig, flop_per_clock: float) -> float:
+    """Fraction of the main loop's rate left when the stages in flight do not cover the TMA latency.
+
+    One stage feeds a consumer for (its FLOP / rate) clocks; the stages ahead of it (stages-1, or about
+    half the ring per consumer in the ping-pong schedule) must last TMA_LATENCY_CLOCKS."""
+    per_consumer_tile = config.warp if config.schedule is Schedule.PINGPONG else config.cta
+    stage_clocks = 2.0 * per_consumer_tile.m * per_consumer_tile.n * config.cta.k / flop_per_clock
+    if config.schedule is Schedule.PINGPONG:
+        ahead = config.stages / 2
+    else:
+        ahead = config.stages - 1
+    return min(1.0, ahead * stage_clocks / TMA_LATENCY_CLOCKS)
+
+
 # --- Whole problem ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Prediction:
@@ -336,6 +355,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     fam_eff = tensor_efficiency(config.family, gpu)
     if config.family is Family.SM90_WGMMA and any(ld * elt % 128 for ld in (problem.lda, problem.ldb)):
         fam_eff /= TMA_UNALIGNED_SLOWDOWN
+    if config.family is Family.SM90_WGMMA:
+        fam_eff *= latency_coverage(config, peak * fam_eff)
     levels = config_levels(config, problem.a_dtype, peak)
     target = peak * fam_eff  # FLOP/clk/SM the main loop aims for
     util = {"tensor": 1.0,
