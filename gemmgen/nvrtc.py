@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from cuda.bindings import nvrtc
 
+from .atomic import atomic_write
 from . import paths
 from .arch import Arch, Gpu
 from .errors import CompileError, GemmgenError
@@ -164,22 +164,6 @@ def cache_key(source: str, options: "tuple[str, ...]") -> str:
     return digest.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _cache_paths(key: str) -> "tuple[Path, Path]":
     base = paths.cache_dir() / "nvrtc" / key[:2]
     return base / f"{key}.cubin", base / f"{key}.json"
@@ -199,9 +183,9 @@ def _cache_load(key: str) -> "tuple[bytes, dict] | None":
 
 def _cache_store(key: str, cubin: bytes, log: str) -> None:
     cubin_path, meta_path = _cache_paths(key)
-    _atomic_write(cubin_path, cubin)  # cubin first: the metadata's checksum vouches for it
+    atomic_write(cubin_path, cubin)  # cubin first: the metadata's checksum vouches for it
     meta = {"format": CACHE_FORMAT, "log": log, "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
-    _atomic_write(meta_path, json.dumps(meta).encode())
+    atomic_write(meta_path, json.dumps(meta).encode())
 
 
 def source_path(name: str, source: str) -> Path:
@@ -226,7 +210,7 @@ def compile_source(name: str, source: str, options: "tuple[str, ...]") -> "tuple
         log = bytes(log_buf).rstrip(b"\0").decode(errors="replace")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             path = source_path(name, source)
-            _atomic_write(path, source.encode())
+            atomic_write(path, source.encode())
             raise CompileError(name, options, log, str(path))
         size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
         cubin = bytearray(size)

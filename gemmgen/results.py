@@ -15,10 +15,10 @@ import json
 import math
 import os
 import platform
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import atomic_write
 from . import paths
 from .arch import Gpu
 from .errors import InvalidInput, UserError
@@ -65,25 +65,8 @@ def now() -> str:
 
 def write_json_atomic(path: Path, payload) -> Path:
     """Write JSON so that readers see the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a record is as readable as any file
-        with os.fdopen(fd, "w") as out:
-            json.dump(payload, out, indent=2, default=str)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    text = json.dumps(payload, indent=2, default=str) + "\n"
+    return atomic_write(path, text.encode(), durable=True)
 
 
 def fingerprint(gpu: Gpu, device: "dict | None" = None, nvrtc_version: "str | None" = None) -> dict:
