@@ -11,7 +11,7 @@ from typing import Callable
 
 from . import constraints
 from .errors import InvalidInput
-from .problem import Problem
+from .problem import Operands, Problem
 from .render import REDUCE_THREADS
 from .tiles import DecompKind, Family, Kernel
 
@@ -101,6 +101,14 @@ def _check_match(kernel: Kernel, problem: Problem) -> None:
                                getattr(have, f"align_{axis}"), f"kernel assumes {getattr(need, f'align_{axis}')}")
 
 
+def operands_dict(ops: Operands) -> dict:
+    """The compile-time operand description, as the manifest records it."""
+    return {"a_dtype": ops.a_dtype.value, "b_dtype": ops.b_dtype.value, "c_dtype": ops.c_dtype.value,
+            "acc_dtype": ops.acc_dtype.value, "a_layout": ops.a_layout.value, "b_layout": ops.b_layout.value,
+            "align_a": ops.align_a, "align_b": ops.align_b, "align_c": ops.align_c, "bias": ops.bias,
+            "activation": ops.activation.value}
+
+
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     """The launch manifest of `kernel` run on `problem` (compiled: nvrtc.Compiled, for resources)."""
     _check_match(kernel, problem)
@@ -112,7 +120,6 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
         resources = {"registers": r.registers, "spill_bytes": compiled.spill_bytes, "stack_bytes": r.stack_bytes,
                      "smem_static": r.smem_static_bytes}
         nvrtc_version = compiled.nvrtc_version
-    ops = kernel.operands
     return {
         "format": FORMAT,
         "name": kernel.name,
@@ -120,10 +127,7 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
         "cubin": f"{kernel.name}.cubin",
         "problem": problem.to_dict(),
         "config": kernel.config.to_dict(),
-        "operands": {"a_dtype": ops.a_dtype.value, "b_dtype": ops.b_dtype.value, "c_dtype": ops.c_dtype.value,
-                     "acc_dtype": ops.acc_dtype.value, "a_layout": ops.a_layout.value, "b_layout": ops.b_layout.value,
-                     "align_a": ops.align_a, "align_b": ops.align_b, "align_c": ops.align_c, "bias": ops.bias,
-                     "activation": ops.activation.value},
+        "operands": operands_dict(kernel.operands),
         "workspace_bytes": workspace,
         "launches": launches,
         "resources": resources,
@@ -133,4 +137,4 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     }
 
 
-__all__ = ["BUILDERS", "FORMAT", "make_manifest", "register", "scalar_params", "sm80_params", "tensor_param"]
+__all__ = ["BUILDERS", "FORMAT", "make_manifest", "operands_dict", "register", "scalar_params", "sm80_params", "tensor_param"]

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gemmgen.manifest import operands_dict
 from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.problem import Operands, Layout, Problem  # noqa: E402
 from gemmgen.arch import DType  # noqa: E402
@@ -198,7 +199,7 @@ def build(set_name: str) -> None:
         cubin, log = compile_cubin(kernel, src)
         (BUILD / f"{label}.cubin").write_bytes(cubin)
         meta = {"label": label, "name": kernel.name, "role": role, "config": kernel.config.to_dict(),
-                "operands": sm90.operands_dict(kernel.operands), "log": log}
+                "operands": operands_dict(kernel.operands), "log": log}
         (BUILD / f"{label}.json").write_text(json.dumps(meta, indent=1))
         regs = [l for l in log.splitlines() if "registers" in l or "spill" in l or "arning" in l]
         print(f"{label:28s} {time.time() - t0:5.1f}s  " + " | ".join(x.strip() for x in regs)[:300])

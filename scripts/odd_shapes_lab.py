@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import hopper_lab as lab  # noqa: E402
+from gemmgen.manifest import operands_dict
 from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.families import sm90  # noqa: E402
 from gemmgen.problem import Problem  # noqa: E402
@@ -54,7 +55,7 @@ def build() -> None:
         (BUILD / f"{label}.cu").write_text(src)
         (BUILD / f"{label}.cubin").write_bytes(cubin)
         meta = {"label": label, "name": kernel.name, "role": "perf", "config": kernel.config.to_dict(),
-                "operands": sm90.operands_dict(kernel.operands), "log": log}
+                "operands": operands_dict(kernel.operands), "log": log}
         (BUILD / f"{label}.json").write_text(json.dumps(meta, indent=1))
         print(label, kernel.name, " | ".join(l.strip() for l in log.splitlines() if "registers" in l or "spill" in l))
 

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from gemmgen.manifest import operands_dict
 from gemmgen.arch import Arch, DType  # noqa: E402
 from gemmgen.problem import Layout, Problem  # noqa: E402
 from gemmgen.tiles import Kernel, Schedule  # noqa: E402
@@ -76,7 +77,7 @@ def build() -> None:
         n = lambda p: sum(v for op, v in counts.items() if op == p or op.startswith(p + "."))  # noqa: E731
         sass = {p: n(p) for p in ("HGMMA", "UTMALDG", "LDL", "STL", "BAR")}
         meta = {"label": label, "name": kernel.name, "role": role, "config": kernel.config.to_dict(),
-                "operands": sm90.operands_dict(kernel.operands), "log": log, "sass": sass}
+                "operands": operands_dict(kernel.operands), "log": log, "sass": sass}
         (BUILD / f"{label}.json").write_text(json.dumps(meta, indent=1))
         regs = [ln.strip() for ln in log.splitlines() if "registers" in ln or "spill" in ln]
         print(f"{label:26s} {time.time() - t0:4.1f}s {sass} {' | '.join(regs)[:160]}")

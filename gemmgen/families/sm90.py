@@ -17,7 +17,6 @@ from ..errors import InvalidInput
 from ..problem import Layout, Operands, Problem
 from ..tiles import DecompKind, Family, Kernel, Schedule
 
-FORMAT = "gemmgen-manifest/1"
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
@@ -155,49 +154,11 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     return [main, reduce], s * problem.m * problem.n * 4
 
 
-def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "int | None" = None,
-                  max_clusters: "int | None" = None) -> dict:
-    """The launch manifest (docs/architecture.md) of an sm90_wgmma kernel for `problem`."""
-    resources = getattr(compiled, "resources", None)
-    runs, workspace = launches(kernel, problem, sm_count, max_clusters)
-    return {
-        "format": FORMAT,
-        "name": kernel.name,
-        "arch": kernel.arch.value,
-        "cubin": f"{kernel.name}.cubin",
-        "problem": problem.to_dict(),
-        "config": kernel.config.to_dict(),
-        "operands": operands_dict(kernel.operands),
-        "workspace_bytes": workspace,
-        "launches": runs,
-        "resources": _resources_dict(resources),
-        "nvrtc_version": getattr(compiled, "nvrtc_version", None),
-        "measured": None,
-        "verification": None,
-    }
-
-
-def operands_dict(ops: Operands) -> dict:
-    return {"a_dtype": ops.a_dtype.value, "b_dtype": ops.b_dtype.value, "c_dtype": ops.c_dtype.value,
-            "acc_dtype": ops.acc_dtype.value, "a_layout": ops.a_layout.value, "b_layout": ops.b_layout.value,
-            "align_a": ops.align_a, "align_b": ops.align_b, "align_c": ops.align_c, "bias": ops.bias,
-            "activation": ops.activation.value}
-
-
-def _resources_dict(resources) -> "dict | None":
-    if resources is None:
-        return None
-    if isinstance(resources, dict):
-        return resources
-    return {k: getattr(resources, k) for k in ("registers", "spill_bytes", "stack_bytes", "smem_static")
-            if hasattr(resources, k)}
-
-
 def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     """Bind a configuration to `problem`'s operands for sm_90a."""
     return Kernel(arch, problem.operands, config)
 
 
 __all__ = ["template_params", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
-           "launches", "make_manifest",
+           "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor"]
