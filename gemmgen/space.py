@@ -133,6 +133,27 @@ def enumerate_space(family: "Family | str", gpu: Gpu, arch: "Arch | None" = None
     return [c for c in all_configs(family) if not constraints.check(c, gpu, arch, problem, operands)]
 
 
+def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[Family, str]]":
+    """Families the target supports that this problem rules out entirely, each with the rule that does it
+    most often (e.g. sm90_wgmma when a leading dimension is not a 16-byte multiple: TMA cannot load it)."""
+    arch = arch or gpu.arch
+    out = []
+    for family in families_for(arch):
+        counts: "dict[str, tuple[int, str]]" = {}
+        feasible = False
+        for config in all_configs(family):
+            broken = constraints.check(config, gpu, arch, problem, problem.operands)
+            if not broken:
+                feasible = True
+                break
+            for v in broken:
+                n, text = counts.get(v.rule, (0, str(v)))
+                counts[v.rule] = (n + 1, text)
+        if not feasible and counts:
+            out.append((family, max(counts.values())[1]))
+    return out
+
+
 def families_for(arch: "Arch | str") -> "list[Family]":
     """Kernel families that can be compiled for `arch` and have a template and a search space here."""
     arch = Arch.parse(arch)

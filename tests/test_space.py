@@ -81,3 +81,22 @@ def test_malformed_space_file_names_file_and_rule(tmp_path, monkeypatch, text, r
     message = str(info.value)
     assert "sm80_mma.yaml" in message and rule in message
     assert "\n" not in message
+
+
+def test_a_leading_dimension_tma_cannot_load_rules_out_sm90_and_says_why():
+    from gemmgen.space import excluded_families
+
+    gpu = lookup_gpu("h100")
+    odd = Problem.create(4096, 4096, 4097, "bf16")  # A row-major: lda = 4097 elements, not 16-byte rows
+    [(family, rule)] = excluded_families(odd, gpu)
+    assert family is Family.SM90_WGMMA and "16 bytes" in rule
+    assert excluded_families(Problem.create(4096, 4096, 4096, "bf16"), gpu) == []
+
+
+def test_tune_dry_run_tells_which_family_it_fell_back_from(capsys, tmp_path, monkeypatch):
+    from gemmgen.cli import main
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    assert main(["tune", "300", "200", "100", "--gpu", "h100", "--dry-run", "--top-k", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "family sm90_wgmma cannot run this problem" in err

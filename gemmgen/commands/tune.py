@@ -150,6 +150,15 @@ class Progress:
             self.bar = None
 
 
+def say_fallbacks(problem, gpu) -> None:
+    """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
+    such problems fall back to the sm80 family)."""
+    from ..space import excluded_families
+
+    for family, rule in excluded_families(problem, gpu):
+        print(f"note: family {family.value} cannot run this problem ({rule}); searching the others", file=sys.stderr)
+
+
 def run(args) -> int:
     from ..search import dry_run, tune
 
@@ -159,11 +168,13 @@ def run(args) -> int:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         options = options_from_args(args)
+        say_fallbacks(problem, gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
         print_dry_run(result)
         return 0 if result.pick is not None else 1
     options = options_from_args(args)
     gpu, measurer, device = measurer_for(args, args.gpu)
+    say_fallbacks(problem, gpu)
     progress = Progress(not args.no_progress)
     try:
         with sigterm_as_interrupt():
