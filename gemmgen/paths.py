@@ -2,13 +2,27 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent
-TEMPLATES = ROOT / "templates"
-SEARCH_SPACES = ROOT / "search_spaces"
-RESULTS = Path(os.environ.get("GEMMGEN_RESULTS", ROOT / "results"))
+
+
+def _data_dir(name: str) -> Path:
+    """The repository's folder (a checkout or an editable install), else the copy a wheel installed under
+    <prefix>/share/gemmgen."""
+    beside = ROOT / name
+    if beside.is_dir():
+        return beside
+    installed = Path(sys.prefix) / "share" / "gemmgen" / name
+    return installed if installed.is_dir() else beside
+
+
+TEMPLATES = _data_dir("templates")
+SEARCH_SPACES = _data_dir("search_spaces")
+# The tuning database: the repository's results/ in a checkout, ./results for an installed wheel.
+RESULTS = Path(os.environ.get("GEMMGEN_RESULTS") or (ROOT / "results" if (ROOT / "results").is_dir() else "results"))
 
 
 def cache_dir() -> Path:
