@@ -31,8 +31,10 @@ from .tiles import DecompKind, Family, Kernel, RasterOrder, Schedule, Shape3, Ti
 # measured 3-11% above the prediction; 0.90 centres them.
 TENSOR_EFFICIENCY_HOPPER = {Family.SM80_MMA: 0.65, Family.SM90_WGMMA: 0.90}
 # TMA boxes over rows that do not start on 128-byte boundaries (e.g. ld = 3000 bf16 = 6000 B) ran
-# 1.5-1.75x slower on the H100 (docs/perf-notes.md, odd3000): the sm90 main loop's rate is divided by this.
-TMA_UNALIGNED_SLOWDOWN = 1.6
+# 1.28x (128x256) and 1.50x (128x128) slower than at ld 3008 on the H100 with the tensor maps' 128B L2
+# promotion (1.45-1.74x with the former 256B; docs/perf-notes.md, odd3000): the sm90 main loop's rate
+# is divided by this.
+TMA_UNALIGNED_SLOWDOWN = 1.4
 # Clocks from a TMA load's issue to its data in shared memory, under load. The stages ahead of the one
 # being consumed must cover it, or the tensor cores wait. Ping-pong consumers each see about half the
 # ring. Set so that 128x128x64 ping-pong needs 6 stages, as measured on the H100 (4 stages: 0.94x

@@ -12,6 +12,10 @@ from .errors import CudaError, InvalidInput
 
 TENSORMAP_BYTES = 128
 _ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+# CU_TENSOR_MAP_L2_PROMOTION_* by the spec's "l2_promotion" ("none" and "NONE" alike). Manifests written
+# before the key existed were encoded with 256B and keep it; new ones say 128B (families/sm90.L2_PROMOTION).
+L2_PROMOTIONS = ("NONE", "64B", "128B", "256B")
+LEGACY_L2_PROMOTION = "256B"
 
 
 def _driver():
@@ -52,6 +56,8 @@ def validate_spec(spec: dict) -> None:
         raise InvalidInput("tensormap box extents must be 1..256 with the inner one a multiple of 16 bytes", box)
     if spec.get("swizzle", "128B") == "128B" and box[0] * elt > 128:
         raise InvalidInput("with the 128B swizzle the inner box is at most 128 bytes", box[0] * elt)
+    if str(spec.get("l2_promotion", LEGACY_L2_PROMOTION)).upper() not in L2_PROMOTIONS:
+        raise InvalidInput(f"tensormap l2_promotion must be one of {list(L2_PROMOTIONS)}", spec.get("l2_promotion"))
 
 
 def encode(spec: dict, base_ptr: int) -> bytes:
@@ -67,6 +73,9 @@ def encode(spec: dict, base_ptr: int) -> bytes:
                "64B": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
                "32B": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
                "none": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}[spec.get("swizzle", "128B")]
+    promotion = getattr(driver.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" + {
+        "NONE": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}[
+        str(spec.get("l2_promotion", LEGACY_L2_PROMOTION)).upper()])
     tensor_map = check("cuTensorMapEncodeTiled", driver.cuTensorMapEncodeTiled(
         dtype, 2, base_ptr,
         [driver.cuuint64_t(int(d)) for d in spec["dims"]],
@@ -75,7 +84,7 @@ def encode(spec: dict, base_ptr: int) -> bytes:
         [driver.cuuint32_t(1), driver.cuuint32_t(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         swizzle,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        promotion,
         # Out-of-bounds elements read as zero, so partial tiles in M, N and K add nothing to the sum.
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
     raw = b"".join(int(word).to_bytes(8, "little") for word in tensor_map.opaque)
@@ -172,5 +181,5 @@ def launch_sm90(function, launch: dict, values: dict, stream=0) -> None:
     del holders  # the driver copied the arguments at launch
 
 
-__all__ = ["encode", "validate_spec", "pack_params", "prepare_function", "launch_sm90", "max_active_clusters",
+__all__ = ["encode", "validate_spec", "L2_PROMOTIONS", "LEGACY_L2_PROMOTION", "pack_params", "prepare_function", "launch_sm90", "max_active_clusters",
            "check", "TENSORMAP_BYTES"]

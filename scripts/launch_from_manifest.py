@@ -28,11 +28,15 @@ def tensor_map(spec, ptr):
     dtypes = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
               "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
     swizzle = getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + spec.get("swizzle", "128B").upper())
+    # Manifests without "l2_promotion" predate the key and were encoded with 256B.
+    promotion = spec.get("l2_promotion", "256B").upper()
+    promotion = getattr(cu.CUtensorMapL2promotion,
+                        "CU_TENSOR_MAP_L2_PROMOTION_" + (promotion if promotion == "NONE" else "L2_" + promotion))
     tmap = check(cu.cuTensorMapEncodeTiled(
         dtypes[spec["dtype"]], len(spec["dims"]), ptr, [cu.cuuint64_t(d) for d in spec["dims"]],
         [cu.cuuint64_t(s) for s in spec["strides_bytes"]], [cu.cuuint32_t(b) for b in spec["box"]],
         [cu.cuuint32_t(1)] * len(spec["dims"]), cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        promotion,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
     return b"".join(int(w).to_bytes(8, "little") for w in tmap.opaque)
 

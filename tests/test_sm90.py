@@ -125,6 +125,46 @@ def test_manifest_launch_is_persistent_and_clustered():
                      "alpha", "beta"]
 
 
+def _encode_with_fake_driver(monkeypatch, spec):
+    """tma.encode against a stand-in driver: the L2 promotion it passed to cuTensorMapEncodeTiled."""
+    from types import SimpleNamespace
+    seen = []
+    enum = lambda *names: SimpleNamespace(**{n: n for n in names})  # noqa: E731
+
+    def encode_tiled(*args):
+        seen.append(args[9])
+        return "ok", SimpleNamespace(opaque=[0] * 16)
+    fake = SimpleNamespace(
+        CUresult=SimpleNamespace(CUDA_SUCCESS="ok"), cuTensorMapEncodeTiled=encode_tiled,
+        cuuint64_t=int, cuuint32_t=int,
+        CUtensorMapDataType=enum("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+                                 "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"),
+        CUtensorMapSwizzle=enum("CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_SWIZZLE_64B",
+                                "CU_TENSOR_MAP_SWIZZLE_32B", "CU_TENSOR_MAP_SWIZZLE_NONE"),
+        CUtensorMapL2promotion=enum("CU_TENSOR_MAP_L2_PROMOTION_NONE", "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+                                    "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"),
+        CUtensorMapInterleave=enum("CU_TENSOR_MAP_INTERLEAVE_NONE"),
+        CUtensorMapFloatOOBfill=enum("CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"))
+    monkeypatch.setattr(tma, "_driver", lambda: fake)
+    assert len(tma.encode(spec, 1 << 20)) == tma.TENSORMAP_BYTES
+    return seen[0]
+
+
+def test_tensormap_specs_record_the_l2_promotion_and_encode_uses_it(monkeypatch):
+    problem = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, hopper_config())
+    for spec in sm90.tensormap_specs(kernel, problem):
+        assert spec["l2_promotion"] == sm90.L2_PROMOTION == "128B"
+        assert _encode_with_fake_driver(monkeypatch, spec) == "CU_TENSOR_MAP_L2_PROMOTION_L2_128B"
+    # A manifest written before the key existed keeps the promotion it was encoded with.
+    legacy = {k: v for k, v in spec.items() if k != "l2_promotion"}
+    assert _encode_with_fake_driver(monkeypatch, legacy) == "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"
+    assert _encode_with_fake_driver(monkeypatch, dict(legacy, l2_promotion="none")) == \
+        "CU_TENSOR_MAP_L2_PROMOTION_NONE"
+    with pytest.raises(InvalidInput, match="l2_promotion"):
+        tma.validate_spec(dict(legacy, l2_promotion="512B"))
+
+
 def test_tma_spec_with_unaligned_stride_is_refused():
     spec = {"name": "tmA", "dtype": "bf16", "dims": [4097, 1000], "strides_bytes": [4097 * 2], "box": [64, 128],
             "swizzle": "128B"}

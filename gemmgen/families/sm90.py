@@ -21,6 +21,10 @@ REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.RE
 PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
 BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
+# The tensor maps' L2 promotion, recorded in each manifest spec ("l2_promotion") so every launcher encodes
+# the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
+# 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
+L2_PROMOTION = "128B"
 
 
 def a_is_kmajor(operands: Operands) -> bool:
@@ -84,11 +88,13 @@ def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
     tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "A", "dtype": ops.a_dtype.value,
             "dims": [problem.k, problem.m] if a_k else [problem.m, problem.k],
             "strides_bytes": [problem.lda * elt],
-            "box": [BK_ELEMENTS, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B"}
+            "box": [BK_ELEMENTS, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B",
+            "l2_promotion": L2_PROMOTION}
     tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "B", "dtype": ops.b_dtype.value,
             "dims": [problem.k, problem.n] if b_k else [problem.n, problem.k],
             "strides_bytes": [problem.ldb * elt],
-            "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B"}
+            "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
+            "l2_promotion": L2_PROMOTION}
     return tm_a, tm_b
 
 
