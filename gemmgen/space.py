@@ -198,22 +198,19 @@ def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> Ti
     if not candidates:
         raise InvalidInput("no configuration of the search spaces fits this problem and GPU",
                            f"{problem.label} on {gpu.key} for {arch.value}")
-    try:
-        from .intensity import predict
-    except ImportError:  # TODO(lead): remove once gemmgen/intensity.py is always present
-        predict = None
-    if predict is not None:
-        ranked = []
-        for config in candidates:
-            try:
-                # The model ties on axes it does not price (stages, layout, rasterization): the
-                # heuristic breaks those ties, then the name, so the pick is deterministic.
-                ranked.append((predict(problem, config, gpu).time_s, heuristic_time(problem, config, gpu),
-                               config.tag, config))
-            except UserError:
-                continue  # the model may know a limit the space check does not; skip, never fail
-        if ranked:
-            return min(ranked, key=lambda r: r[:3])[3]
+    from .intensity import predict
+
+    ranked = []
+    for config in candidates:
+        try:
+            # The model ties on axes it does not price (layout, rasterization): the heuristic breaks
+            # those ties, then the name, so the pick is deterministic.
+            ranked.append((predict(problem, config, gpu).time_s, heuristic_time(problem, config, gpu),
+                           config.tag, config))
+        except UserError:
+            continue  # the model may know a limit the space check does not; skip, never fail
+    if ranked:
+        return min(ranked, key=lambda r: r[:3])[3]
     return min(candidates, key=lambda c: (heuristic_time(problem, c, gpu), c.tag))
 
 
