@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from cuda.bindings import nvrtc
 
@@ -249,14 +250,25 @@ def _compile_or_error(kernel: Kernel) -> "Compiled | CompileError":
         return exc
 
 
-def compile_many(kernels: "list[Kernel]", jobs: "int | None" = None) -> "list[Compiled | CompileError]":
-    """Compile every kernel over a process pool, in order; a failure is returned, not raised."""
+def compile_many(kernels: "list[Kernel]", jobs: "int | None" = None,
+                 on_done: "Callable[[int, int], None] | None" = None) -> "list[Compiled | CompileError]":
+    """Compile every kernel over a process pool, in order; a failure is returned, not raised.
+    `on_done(done, total)` is called as each one finishes, for progress."""
     kernels = list(kernels)
     jobs = max(1, jobs or os.cpu_count() or 1)
+    results = []
     if jobs == 1 or len(kernels) <= 1:
-        return [_compile_or_error(k) for k in kernels]
+        for kernel in kernels:
+            results.append(_compile_or_error(kernel))
+            if on_done:
+                on_done(len(results), len(kernels))
+        return results
     with ProcessPoolExecutor(max_workers=min(jobs, len(kernels))) as pool:
-        return list(pool.map(_compile_or_error, kernels, chunksize=1))
+        for result in pool.map(_compile_or_error, kernels, chunksize=1):
+            results.append(result)
+            if on_done:
+                on_done(len(results), len(kernels))
+    return results
 
 
 __all__ = ["Compiled", "NvrtcCallError", "Resources", "cache_key", "compile_kernel", "compile_many",

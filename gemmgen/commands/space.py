@@ -1,6 +1,8 @@
 """`gemmgen space [--arch] [--dtype] [--a] [--b] [--gpu] [--compile] [--jobs N]`: the valid configurations."""
 from __future__ import annotations
 
+import sys
+
 from ..arch import Arch
 from ..problem import Layout, Operands
 from ..arch import DType
@@ -48,7 +50,12 @@ def run(args) -> int:
     from ..errors import CompileError
     from ..nvrtc import compile_many
 
-    results = compile_many(kernels, args.jobs)
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty() or done == total:
+            end = "\n" if done == total else ""
+            print(f"\rcompiled {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    results = compile_many(kernels, args.jobs, on_done=progress)
     failures = [r for r in results if isinstance(r, CompileError)]
     rows = []
     for kernel, result in zip(kernels, results):
