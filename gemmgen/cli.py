@@ -12,7 +12,8 @@ import sys
 from .errors import GemmgenError, UserError
 
 # Order here is the order in `gemmgen --help`.
-COMMANDS = ("tune", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "gpus")
+COMMANDS = ("tune", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "calibrate",
+            "gpus")
 
 
 class _Parser(argparse.ArgumentParser):

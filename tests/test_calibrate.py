@@ -1,0 +1,53 @@
+"""The calibration report: rank correlation and measured/predicted ratios from stored tunes."""
+import json
+
+import pytest
+
+from gemmgen.arch import lookup_gpu
+from gemmgen.calibrate import calibrate, ranks, spearman
+from gemmgen.intensity import predict
+from gemmgen.problem import Problem
+from gemmgen.space import enumerate_space
+from gemmgen.tiles import Family
+
+GPU = lookup_gpu("h100")
+
+
+def test_ranks_share_ties_and_spearman_is_one_for_any_monotone_relation():
+    assert ranks([3.0, 1.0, 3.0]) == [2.5, 1.0, 2.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None  # too few points to rank
+
+
+def _record(problem, configs, slowdown):
+    trials = [{"state": "COMPLETE", "config": c.to_dict(), "time_s": predict(problem, c, GPU).time_s * slowdown(i)}
+              for i, c in enumerate(configs)]
+    trials.append({"state": "FAIL", "config": configs[0].to_dict(), "time_s": None})  # ignored
+    return {"problem": problem.to_dict(), "trials": trials}
+
+
+def test_a_model_that_is_right_up_to_a_constant_gets_rho_one_and_that_constant_as_ratio():
+    problem = Problem.create(4096, 4096, 4096)
+    configs = enumerate_space(Family.SM90_WGMMA, GPU, problem=problem)[:8]
+    tunes, families = calibrate([_record(problem, configs, lambda i: 1.25)], GPU)
+    [tune] = tunes
+    assert tune.trials == len(configs) and tune.median_ratio == pytest.approx(1.25)
+    [fam] = families
+    assert fam.family is Family.SM90_WGMMA and fam.efficiency_suggested == pytest.approx(fam.efficiency_now / 1.25)
+    if tune.spearman is not None:  # predictions may tie; where they do not, the order is exact
+        assert tune.spearman == pytest.approx(1.0)
+
+
+def test_simulated_tunes_are_left_out_and_the_cli_says_when_nothing_is_stored(tmp_path, monkeypatch, capsys):
+    problem = Problem.create(1024, 1024, 1024)
+    configs = enumerate_space(Family.SM90_WGMMA, GPU, problem=problem)[:4]
+    record = dict(_record(problem, configs, lambda i: 1.0), simulated=True)
+    assert calibrate([record], GPU) == ([], [])
+
+    from gemmgen.cli import main
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path))  # read at call time: an empty database
+    assert main(["calibrate", "--gpu", "h100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "calibration needs measured tunes" in err[0]
