@@ -3,8 +3,8 @@
 
     python3 scripts/refresh_readme.py [--check]
 
-Only commands that need no GPU are re-run (intensity, roofline, gpus, render, space, compile, lookup, and
-tune --dry-run); outputs of GPU runs stay as they were recorded, with their dates. `| head -N` is honoured.
+Only commands that need no GPU are re-run (intensity, roofline, gpus, render, space, compile, lookup,
+calibrate and tune --dry-run); outputs of GPU runs stay as they were recorded, with their dates. `| head -N` is honoured.
 --check exits 1 if the README would change.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_COMMANDS = ("intensity", "roofline", "gpus", "render", "space", "compile", "lookup")
+CPU_COMMANDS = ("intensity", "roofline", "gpus", "render", "space", "compile", "lookup", "calibrate")
 
 
 def is_cpu_only(argv: "list[str]") -> bool:
@@ -27,14 +27,17 @@ def is_cpu_only(argv: "list[str]") -> bool:
 
 def run(command: str) -> str:
     head = None
-    match = re.search(r"\|\s*head\s+-(\d+)\s*$", command)
+    tail = None
+    match = re.search(r"\|\s*(head|tail)\s+-(\d+)\s*$", command)
     if match:
-        head = int(match.group(1))
+        head, tail = (int(match.group(2)), None) if match.group(1) == "head" else (None, int(match.group(2)))
         command = command[:match.start()].strip()
     argv = shlex.split(command)
     proc = subprocess.run([sys.executable, "-m", "gemmgen", *argv[1:]], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     lines = proc.stdout.rstrip("\n").split("\n")
+    if tail:
+        lines = lines[-tail:]
     return "\n".join(lines[:head] if head else lines)
 
 
