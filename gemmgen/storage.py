@@ -69,6 +69,23 @@ def storage_errors(url: str):
         raise _translate(exc, url) from None
 
 
+def check_url(url: str) -> None:
+    """Raise StorageError unless `url` is an SQLAlchemy URL naming a database SQLAlchemy knows (no I/O)."""
+    import sqlalchemy.exc as sa_exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(url).get_dialect()
+    except (sa_exc.ArgumentError, ValueError):
+        raise StorageError("--storage must be an SQLAlchemy URL such as sqlite:///studies.db or "
+                           "postgresql://user@host/db", url) from None
+    except sa_exc.NoSuchModuleError:
+        raise StorageError("--storage must name a database SQLAlchemy knows (sqlite, postgresql, mysql, ...)",
+                           safe_url(url)) from None
+    except ImportError:
+        pass  # a known dialect whose driver is missing: open_storage says so when a tune needs it
+
+
 def open_storage(url: str):
     """Optuna RDB storage for `url`, or a StorageError that says what is wrong with it."""
     import optuna

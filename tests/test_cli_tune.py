@@ -263,3 +263,15 @@ def test_suite_only_must_name_shapes_of_the_file(capsys, tmp_path):
     shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
     line = one_line_error(capsys, ["suite", str(shapes), "--gpu", "h100", "--dry-run", "--only", "tiny,huge"])
     assert "--only must name shapes of the file (tiny)" in line and "huge" in line
+
+
+def test_a_dry_run_still_rejects_a_malformed_storage_url_without_creating_anything(capsys, tmp_path):
+    from gemmgen.cli import main
+
+    assert main(["tune", "64", "64", "64", "--gpu", "h100", "--dry-run", "--storage", "notaurl"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SQLAlchemy URL" in err[0]
+    ok = tmp_path / "s.db"
+    assert main(["tune", "64", "64", "64", "--gpu", "h100", "--dry-run", "--top-k", "1",
+                 "--storage", f"sqlite:///{ok}"]) == 0
+    assert not ok.exists()

@@ -168,6 +168,11 @@ def run(args) -> int:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         options = options_from_args(args)
+        if args.storage:
+            from ..storage import check_url
+
+            check_url(args.storage)  # a bad URL is an error even where a dry run will not open it
+            print("note: a dry run measures nothing, so --storage is not opened", file=sys.stderr)
         say_fallbacks(problem, gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
         print_dry_run(result)
