@@ -33,6 +33,7 @@ from pathlib import Path
 from .arch import Arch, Gpu
 from .constraints import check
 from .errors import CompileError, InvalidInput
+from .intensity import roofline
 from .problem import Problem
 from .results import fingerprint, now, problem_key, record_path, write_json_atomic
 from .tiles import Kernel, TileConfig
@@ -139,7 +140,7 @@ class Finalist:
                 "max_time_s": max(self.times_s) if self.times_s else None,
                 "q1_time_s": q1, "q3_time_s": q3, "tflops": self.tflops if self.times_s else None,
                 "predicted_time_s": self.predicted_time_s,
-                "pct_of_roofline": 100.0 * self.predicted_time_s / self.median_s if self.times_s else None,
+                "pct_of_prediction": 100.0 * self.predicted_time_s / self.median_s if self.times_s else None,
                 "rel_error": self.rel_error, "failed": self.failed or None}
 
 
@@ -150,8 +151,9 @@ class Row:
     kernel: str
     tag: str
     tflops: float
-    predicted_tflops: float
-    pct_of_roofline: float
+    predicted_tflops: float  # the model's prediction for this configuration
+    pct_of_prediction: float
+    pct_of_roofline: float  # of the problem's hard roofline: min(peak, minimum-traffic intensity x bandwidth)
     vs_cublas: "float | None"
     remeasured: bool
 
@@ -641,6 +643,7 @@ class _Search:
 
     def top_rows(self, n: int = 5) -> "list[Row]":
         remeasured = {f.config.tag: f for f in self.finalists if f.times_s and not f.failed}
+        roof_tflops = roofline(self.problem, self.gpu).attainable_flops / 1e12
         rows = []
         for s in self.best.values():
             f = remeasured.get(s.tag)
@@ -649,7 +652,8 @@ class _Search:
             if not tflops or ranked is None:
                 continue
             vs = (self.cublas_time_s * tflops * 1e12 / self.problem.flops) if self.cublas_time_s else None
-            rows.append(Row(s.kernel or "", s.tag, tflops, ranked.tflops, 100.0 * tflops / ranked.tflops, vs,
+            rows.append(Row(s.kernel or "", s.tag, tflops, ranked.tflops, 100.0 * tflops / ranked.tflops,
+                            100.0 * tflops / roof_tflops, vs,
                             f is not None))
         # Finalists first, by their re-measured medians: a single search measurement of another config
         # is an optimistic draw (the finalists were chosen on theirs, then regressed on re-measurement),

@@ -229,9 +229,11 @@ def print_result(result) -> None:
         print("cuBLAS: not measured (neither torch nor cupy importable in the worker)")
     if result.top:
         rows = [[str(i + 1), r.tag, f"{r.tflops:.1f}" + ("" if r.remeasured else "*"), f"{r.predicted_tflops:.1f}",
-                 f"{r.pct_of_roofline:.0f}%" + (" (above the model's bound!)" if r.pct_of_roofline > 105 else ""),
+                 f"{r.pct_of_prediction:.0f}%",
+                 f"{r.pct_of_roofline:.0f}%" + (" (above the roofline: a measurement error?)"
+                                                 if r.pct_of_roofline > 100 else ""),
                  f"{r.vs_cublas:.2f}x" if r.vs_cublas else "-"] for i, r in enumerate(result.top)]
-        print(table(rows, ["#", "config", "TFLOP/s", "roofline TFLOP/s", "% of roofline", "vs cuBLAS"]))
+        print(table(rows, ["#", "config", "TFLOP/s", "model TFLOP/s", "% of model", "% of roofline", "vs cuBLAS"]))
         print("* single search measurement; the others are medians of the interleaved re-measurement")
     for f in result.finalists:
         if f.failed:
