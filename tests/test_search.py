@@ -546,3 +546,14 @@ def test_the_top_table_lists_remeasured_finalists_before_single_search_measureme
     flags = [row.remeasured for row in result.top]
     assert flags[:2] == [True, True] and not any(flags[2:])
     assert result.top[0].tag == result.winner.config.tag
+
+
+def test_the_top_table_measures_against_the_hard_roofline_and_the_model_separately(tmp_path):
+    from gemmgen.intensity import roofline
+    from gemmgen.search import tune
+
+    result = tune(PROBLEM, GPU, Recorded(), options(tmp_path, trials=6, finalists=2, rounds=1), engines=engines())
+    hard = roofline(PROBLEM, GPU).attainable_flops / 1e12
+    for row in result.top:
+        assert row.pct_of_roofline == pytest.approx(100 * row.tflops / hard)
+        assert row.pct_of_prediction == pytest.approx(100 * row.tflops / row.predicted_tflops)
