@@ -55,8 +55,10 @@ def problem_key(problem: Problem) -> str:
     return key + ("_beta" if problem.epilogue.beta != 0 else "")
 
 
-def record_path(gpu: "Gpu | str", problem: Problem) -> Path:
-    return gpu_dir(gpu) / "tunes" / f"{problem_key(problem)}.json"
+def record_path(gpu: "Gpu | str", problem: Problem, simulated: bool = False) -> Path:
+    """results/<gpu>/tunes/<problem>.json; replayed tunes go to tunes-replay/, which lookup, suite and
+    calibrate never read, so a simulation cannot overwrite or pass for a GPU measurement."""
+    return gpu_dir(gpu) / ("tunes-replay" if simulated else "tunes") / f"{problem_key(problem)}.json"
 
 
 def now() -> str:
@@ -112,15 +114,22 @@ class Answer:
 
 
 def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
-    """Every readable tuning record held for this GPU (unreadable files are skipped, not fatal)."""
-    folder = gpu_dir(gpu) / "tunes"
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and record.get("format") == RECORD_FORMAT and record.get("winner"):
+    """Every readable tuning record held for this GPU (unreadable files are skipped, not fatal). Replayed
+    (simulated) records count only for problems with no GPU-measured record."""
+    out, measured = [], set()
+    for folder in ("tunes", "tunes-replay"):
+        root = gpu_dir(gpu) / folder
+        for path in sorted(root.glob("*.json")) if root.is_dir() else ():
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not (isinstance(record, dict) and record.get("format") == RECORD_FORMAT and record.get("winner")):
+                continue
+            if folder == "tunes":
+                measured.add(path.name)
+            elif path.name in measured:
+                continue
             out.append((path, record))
     return out
 

@@ -243,7 +243,7 @@ class _Search:
         self.space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
         self.ranking = rank_configs(self.space.configs, problem, gpu, engines.predict, engines.tiebreak)
         self.by_tag = {r.config.tag: r for r in self.ranking}
-        self.storage_url = options.storage or default_storage_url(gpu)
+        self.storage_url = options.storage or default_storage_url(gpu, simulated=bool(options.replay))
         self.name = study_name(gpu, problem, self.space)
         self.summaries: "dict[int, TrialSummary]" = {}
         self.best: "dict[str, TrialSummary]" = {}  # config tag -> its best measured trial
@@ -691,7 +691,7 @@ class _Search:
         }
 
     def _write_record(self, status: str = "running", force: bool = False, bundle=None) -> Path:
-        path = record_path(self.gpu, self.problem)
+        path = record_path(self.gpu, self.problem, simulated=bool(self.options.replay))
         if force or time.monotonic() - self._last_write >= 1.0:
             write_json_atomic(path, self.record(status, bundle))
             self._last_write = time.monotonic()

@@ -26,8 +26,11 @@ class StorageError(UserError):
 # --- the search space as per-axis categorical parameters ----------------------------------------
 
 
-def default_storage_url(gpu: Gpu) -> str:
-    return f"sqlite:///{(gpu_dir(gpu) / 'studies.db').resolve()}"
+def default_storage_url(gpu: Gpu, simulated: bool = False) -> str:
+    """results/<gpu>/studies.db; replayed (simulated) tunes get their own file, so their trials never count
+    as measurements of the GPU."""
+    name = "replay-studies.db" if simulated else "studies.db"
+    return f"sqlite:///{(gpu_dir(gpu) / name).resolve()}"
 
 
 def _lock_timeout() -> float:

@@ -251,6 +251,8 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
     for shape in shapes:
         for dtype in dtypes:
             path = record_path(gpu, shape.problem(dtype))
+            if not path.is_file():  # no GPU measurement: a replayed tune, if any, marked as simulated
+                path = record_path(gpu, shape.problem(dtype), simulated=True)
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):

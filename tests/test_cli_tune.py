@@ -275,3 +275,25 @@ def test_a_dry_run_still_rejects_a_malformed_storage_url_without_creating_anythi
     assert main(["tune", "64", "64", "64", "--gpu", "h100", "--dry-run", "--top-k", "1",
                  "--storage", f"sqlite:///{ok}"]) == 0
     assert not ok.exists()
+
+
+def test_a_replayed_tune_never_overwrites_a_gpu_record_nor_joins_its_study(capsys, tmp_path):
+    """Regression (2026-11-22): a `--replay` run wrote its record over the H100 record of the same problem.
+    Simulated tunes now keep their own records (tunes-replay/) and default study file."""
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    from gemmgen.arch import lookup_gpu
+    from gemmgen.problem import Problem
+    from gemmgen.results import record_path
+
+    gpu, problem = lookup_gpu("h100"), Problem.create(256, 256, 256)
+    real = record_path(gpu, problem)
+    real.parent.mkdir(parents=True)
+    real.write_text('{"a GPU measurement": true}')
+    assert main(["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay_file(tmp_path)),
+                 "--trials", "2", "--top-k", "2", "--finalists", "1", "--rounds", "1", "--jobs", "2",
+                 "--no-progress"]) == 0
+    assert real.read_text() == '{"a GPU measurement": true}'
+    assert record_path(gpu, problem, simulated=True).is_file()
+    assert not (real.parent.parent / "studies.db").exists()
+    assert (real.parent.parent / "replay-studies.db").exists()
