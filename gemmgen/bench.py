@@ -267,6 +267,10 @@ class GpuBenchmark:
                 first = self._sets_for(problem, 1)[0]
                 self._refill(first, problem)  # fresh inputs for every check
                 dev.poison(first.buffers["D"], problem.c_dtype)
+                if workspace is not None:
+                    # Partials a kernel reads before writing would pass on a previous run's values; NaN
+                    # shows them. Binding re-zeroes whatever prefix the manifest's workspace_zero names.
+                    dev.poison(workspace, "f32")
                 dev.launch(manifest, module, first.pointers.as_dict(), workspace)
                 dev.synchronize(f"after {manifest.get('name', 'the kernel')}")
                 from .reference import compare

@@ -16,7 +16,7 @@ from .tiles import DecompKind, Family, Kernel, Schedule, SmemLayout, TileConfig
 # What each template implements. A configuration asking for more is rejected here, not by NVRTC.
 FAMILY_DECOMPOSITIONS = {
     Family.SM80_MMA: {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K},
-    Family.SM90_WGMMA: {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K},
+    Family.SM90_WGMMA: {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K},
 }
 FAMILY_DTYPES = {
     Family.SM80_MMA: {DType.BF16, DType.F16},
@@ -194,6 +194,14 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
             rule(decomp.kind is DecompKind.DATA_PARALLEL, "ping-pong is implemented for data-parallel tiles only",
                  decomp.kind.value, DecompKind.DATA_PARALLEL.value)
             rule(config.cluster.size == 1, "ping-pong is implemented without clusters", str(config.cluster), "1x1")
+        if decomp.kind is DecompKind.STREAM_K:
+            # Iteration ranges are per CTA, and an owner waits for later CTAs' partials: every CTA of the
+            # grid must be resident at once, which only the persistent launch guarantees.
+            rule(config.persistent, "Stream-K needs the persistent tile loop (all CTAs resident)",
+                 config.persistent, True)
+            rule(config.cluster.size == 1, "Stream-K is implemented without clusters", str(config.cluster), "1x1")
+            rule(config.schedule is Schedule.COOPERATIVE, "Stream-K is implemented for the cooperative schedule",
+                 config.schedule.value, Schedule.COOPERATIVE.value)
         if operands is not None:
             # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled).
             min_align = 16 // _ab_bytes(operands)

@@ -308,16 +308,19 @@ class _PreparedLaunch:
 
 
 class LaunchSequence:
-    """A manifest's launches bound to buffers: run() zeroes the workspace and enqueues them in order."""
+    """A manifest's launches bound to buffers: run() zeroes what the manifest's workspace_zero asks for
+    before every run, and enqueues the launches in order."""
 
-    def __init__(self, launches: "list[_PreparedLaunch]", workspace: "Buffer | None", name: str):
+    def __init__(self, launches: "list[_PreparedLaunch]", workspace: "Buffer | None", name: str,
+                 zero_each_run: "int | None" = None):
         self.launches, self.workspace, self.name = launches, workspace, name
+        self.zero_each_run = workspace.nbytes if workspace is not None and zero_each_run is None else (zero_each_run or 0)
 
     def run(self, stream: int = 0) -> None:
         driver = _driver_module()
-        if self.workspace is not None and self.workspace.nbytes:
-            # Split-K partial sums accumulate into the workspace: the contract is that it starts at zero.
-            check("cuMemsetD8Async", driver.cuMemsetD8Async(self.workspace.ptr, 0, self.workspace.nbytes, stream),
+        if self.workspace is not None and self.zero_each_run:
+            # sm80 split-K accumulates into the workspace: its contract is that it starts at zero.
+            check("cuMemsetD8Async", driver.cuMemsetD8Async(self.workspace.ptr, 0, self.zero_each_run, stream),
                   f"zeroing the workspace of {self.name}")
         for launch in self.launches:
             _enqueue(driver, launch, stream)
@@ -474,7 +477,19 @@ class Device:
             prepared.append(_PreparedLaunch(function, _dims(launch.get("grid"), "grid"),
                                             _dims(launch.get("block"), "block"),
                                             _dims(launch.get("cluster"), "cluster"), smem, params))
-        return LaunchSequence(prepared, workspace, str(manifest.get("name", "kernel")))
+        from .manifest import workspace_zero
+
+        driver = _driver_module()
+        name = str(manifest.get("name", "kernel"))
+        rule = workspace_zero(manifest)
+        if workspace is not None and rule["bytes"] > workspace.nbytes:
+            raise InvalidInput(f"{name}: the workspace is smaller than the manifest's zeroed prefix",
+                               workspace.nbytes, rule["bytes"])
+        if workspace is not None and rule["when"] == "bind" and rule["bytes"]:
+            # Stream-K flags: zero once here; every complete run leaves them zero again.
+            check("cuMemsetD8", driver.cuMemsetD8(workspace.ptr, 0, rule["bytes"]), f"zeroing the flags of {name}")
+        each_run = rule["bytes"] if rule["when"] == "run" else 0
+        return LaunchSequence(prepared, workspace, name, each_run)
 
     def launch(self, manifest: dict, module: Module, pointers: "dict[str, int]",
                workspace: "Buffer | None" = None, stream: int = 0) -> None:

@@ -1,8 +1,13 @@
 """Launch manifests (docs/architecture.md, "Launch manifest"): everything a launcher needs, per family.
 
 Each kernel family registers a builder in BUILDERS (Family -> function(kernel, problem) -> launches,
-workspace_bytes); make_manifest wraps the launches with the problem, configuration, resources and
-NVRTC version. The Hopper family adds its own builder with `register(Family.SM90_WGMMA)`.
+workspace_bytes[, workspace_zero]); make_manifest wraps the launches with the problem, configuration,
+resources and NVRTC version. The Hopper family adds its own builder with `register(Family.SM90_WGMMA)`.
+
+`workspace_zero` says what a launcher must zero: {"bytes": N, "when": "run"} zeroes the workspace's first
+N bytes before every run of the launches; "when": "bind" zeroes them once, when the workspace is first
+bound to the kernel (Stream-K flags, which every run leaves zero again). A manifest without the key
+means the whole workspace before every run (format 1's contract, which sm80 split-K relies on).
 """
 from __future__ import annotations
 
@@ -75,11 +80,21 @@ def sm80_launches(kernel: Kernel, problem: Problem) -> "tuple[list[dict], int]":
     return [main, reduce], splits * problem.m * problem.n * 4
 
 
+def workspace_zero(manifest: "dict | None", workspace_bytes: "int | None" = None) -> dict:
+    """The manifest's workspace zeroing rule, with format 1's default (all of it, before every run)."""
+    nbytes = int((manifest or {}).get("workspace_bytes", 0) or 0) if workspace_bytes is None else workspace_bytes
+    rule = (manifest or {}).get("workspace_zero") or {"bytes": nbytes, "when": "run"}
+    when = rule.get("when", "run")
+    if when not in ("run", "bind"):
+        raise InvalidInput("workspace_zero.when must be 'run' or 'bind'", when)
+    return {"bytes": min(int(rule.get("bytes", nbytes)), nbytes), "when": when}
+
+
 def _builder(family: Family) -> Builder:
     if family not in BUILDERS and family is Family.SM90_WGMMA:
         from .families import sm90  # the Hopper family's launch (TMA descriptors, clusters)
 
-        BUILDERS[family] = sm90.launches  # one launch, or split-K's partial-sum kernel and its reduction
+        BUILDERS[family] = sm90.manifest_launches  # one launch, or split-K's partial-sum kernel and its reduction
     builder = BUILDERS.get(family)
     if builder is None:
         raise InvalidInput("no launch manifest builder for this kernel family", family.value)
@@ -112,7 +127,9 @@ def operands_dict(ops: Operands) -> dict:
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     """The launch manifest of `kernel` run on `problem` (compiled: nvrtc.Compiled, for resources)."""
     _check_match(kernel, problem)
-    launches, workspace = _builder(kernel.config.family)(kernel, problem)
+    built = _builder(kernel.config.family)(kernel, problem)
+    launches, workspace = built[0], built[1]
+    zero = built[2] if len(built) > 2 else workspace_zero(None, workspace)
     resources = {"registers": 0, "spill_bytes": 0, "stack_bytes": 0, "smem_static": 0}
     nvrtc_version = None
     if compiled is not None:
@@ -129,6 +146,7 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
         "config": kernel.config.to_dict(),
         "operands": operands_dict(kernel.operands),
         "workspace_bytes": workspace,
+        "workspace_zero": zero,
         "launches": launches,
         "resources": resources,
         "nvrtc_version": nvrtc_version,
@@ -137,4 +155,4 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     }
 
 
-__all__ = ["BUILDERS", "FORMAT", "make_manifest", "operands_dict", "register", "scalar_params", "sm80_params", "tensor_param"]
+__all__ = ["BUILDERS", "FORMAT", "make_manifest", "workspace_zero", "operands_dict", "register", "scalar_params", "sm80_params", "tensor_param"]

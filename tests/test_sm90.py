@@ -253,7 +253,7 @@ def test_split_k_slices_cover_every_k_tile_once():
             assert sum(sizes) == tiles and max(sizes) - min(sizes) <= 1
             assert min(sizes) >= 1 or splits > tiles
     source = render(Kernel(Arch.SM90A, ops(), splitk_config(4)))
-    assert "(long long)z * k_tiles_all / SPLITS" in source
+    assert "(long long)w.z * k_tiles / SPLITS" in source
 
 
 def test_split_k_kernel_compiles_with_reduce_entry_and_no_local_memory():

@@ -25,6 +25,9 @@ BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
 # 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
 L2_PROMOTION = "128B"
+# A Stream-K CTA's iteration range is at least this many K tiles: a shorter one costs its fp32 partial's
+# round trip and its pipeline fill for too little MMA work.
+MIN_SK_ITERATIONS = 4
 
 
 def a_is_kmajor(operands: Operands) -> bool:
@@ -69,7 +72,18 @@ def template_params(kernel: Kernel) -> dict:
         "setmaxnreg": consumers == 2,
         "producer_regs": PRODUCER_REGS, "consumer_regs": CONSUMER_REGS,
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
+        "streamk": is_streamk(kernel),
     }
+
+
+def is_streamk(kernel: Kernel) -> bool:
+    return kernel.config.decomposition.kind is DecompKind.STREAM_K
+
+
+def streamk_flag_words(grid: int) -> int:
+    """u32 flags at the head of a Stream-K workspace: one per CTA, padded to 64 (256 bytes), as the kernel's
+    sk_slot computes from gridDim.x."""
+    return (grid + 63) // 64 * 64
 
 
 def splits(kernel: Kernel) -> int:
@@ -119,7 +133,13 @@ def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "in
     clusters = work_units(kernel, problem)
     if cfg.persistent:
         resident = max_clusters or max(1, sm_count // cfg.cluster.size)
-        clusters = min(clusters, resident)
+        if is_streamk(kernel):
+            # Stream-K spreads K-tile iterations over the whole resident grid, so it uses every slot even
+            # with fewer tiles than SMs, but not more CTAs than MIN_SK_ITERATIONS-long ranges.
+            iterations = clusters * math.ceil(problem.k / cfg.cta.k)
+            clusters = max(1, min(resident, iterations // MIN_SK_ITERATIONS))
+        else:
+            clusters = min(clusters, resident)
     return clusters * cfg.cluster.size
 
 
@@ -149,8 +169,11 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
              max_clusters: "int | None" = None) -> "tuple[list[dict], int]":
     """The manifest's launches and workspace bytes: the GEMM alone, or for split-K the partial-sum kernel
     then `<name>_reduce` over the same parameters (the sm80 family's reduce ABI and grid), with an fp32
-    workspace[splits][M][N]."""
+    workspace[splits][M][N]; for Stream-K the GEMM alone over [flags][one BM x BN fp32 partial per CTA]."""
     main = launch(kernel, problem, sm_count, max_clusters)
+    if is_streamk(kernel):
+        grid = main["grid"][0]
+        return [main], streamk_flag_words(grid) * 4 + grid * kernel.config.cta.m * kernel.config.cta.n * 4
     s = splits(kernel)
     if s == 1:
         return [main], 0
@@ -160,11 +183,21 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     return [main, reduce], s * problem.m * problem.n * 4
 
 
+def manifest_launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+                      max_clusters: "int | None" = None) -> "tuple[list[dict], int, dict]":
+    """launches() plus the workspace's zeroing rule (manifest 'workspace_zero'): Stream-K's flag words once
+    when bound (the kernel leaves them zero); split-K writes every partial before reading it, so nothing."""
+    runs, workspace = launches(kernel, problem, sm_count, max_clusters)
+    if is_streamk(kernel):
+        return runs, workspace, {"bytes": streamk_flag_words(runs[0]["grid"][0]) * 4, "when": "bind"}
+    return runs, workspace, {"bytes": 0, "when": "run"}
+
+
 def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     """Bind a configuration to `problem`'s operands for sm_90a."""
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["template_params", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["template_params", "manifest_launches", "is_streamk", "streamk_flag_words", "MIN_SK_ITERATIONS", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor"]
