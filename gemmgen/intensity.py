@@ -56,6 +56,8 @@ OVERLAP_PENALTY = 0.15
 DRAM_LATENCY_S = 1.0e-6
 # Fraction of L2 that holds reusable operand panels (H100's L2 is two partitions that may duplicate).
 L2_USABLE_FRACTION = 0.5
+# Stream-K cuts a remainder tile into at most this many K slices (families/sm90.SK_MAX_SLICES).
+SK_MAX_SLICES = 16
 # CTAs of one wave drift apart along K; the live set in L2 spans this many K tiles of each panel.
 L2_SKEW_K_TILES = 8
 # Fraction of the ideal TMA-multicast saving our sm90 kernel realises. Measured on the H100
@@ -344,8 +346,17 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     units = tiles * splits
     per_sm = _ctas_per_sm(config, gpu, ops)
     slots = per_sm * gpu.sm_count
+    sk_rem, sk_slices = 0, 1
     if decomp.kind is DecompKind.STREAM_K:
-        waves, wave_eff = tiles / slots, 1.0  # iterations are spread evenly over the grid
+        # The template's scheme: full waves data-parallel, the last partial wave's `rem` tiles cut into
+        # S = min(slots // rem, K tiles, 16) K slices, so that wave takes 1/S of a tile's time.
+        sk_rem = tiles % slots
+        if sk_rem:
+            sk_slices = max(1, min(slots // sk_rem, k_tiles, SK_MAX_SLICES))
+    if sk_slices > 1:
+        units = tiles - sk_rem + sk_rem * sk_slices
+        waves = tiles / slots
+        wave_eff = waves / (tiles // slots + 1.0 / sk_slices)
     else:
         waves = units / slots
         wave_eff = units / (math.ceil(units / slots) * slots)
@@ -389,8 +400,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     partials = 0.0
     if splits > 1:
         partials = 2.0 * splits * m * n * ACC_BYTES  # fp32 partials written, then read by the reduction
-    elif decomp.kind is DecompKind.STREAM_K:
-        partials = 2.0 * min(active_ctas, tiles) * cta.m * cta.n * ACC_BYTES  # one fix-up tile per CTA at most
+    elif sk_slices > 1:
+        partials = 2.0 * sk_rem * (sk_slices - 1) * cta.m * cta.n * ACC_BYTES  # slices 1.. written, then read
     tiled_bytes = a_tiled + b_tiled + out + partials
     dram_bytes = a_dram + b_dram + out + partials
 
@@ -406,6 +417,10 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     overhead = LAUNCH_OVERHEAD_S
     if splits > 1:
         overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
+    if sk_slices > 1:
+        # A remainder tile's owner reads the other slices' partials one after another, from L2.
+        overhead += (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (
+            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
     epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
     if not config.persistent:
         overhead += math.ceil(max(waves, 1e-9)) * (DRAM_LATENCY_S + epilogue) / max(1, per_sm)

@@ -25,9 +25,9 @@ BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
 # 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
 L2_PROMOTION = "128B"
-# A Stream-K CTA's iteration range is at least this many K tiles: a shorter one costs its fp32 partial's
-# round trip and its pipeline fill for too little MMA work.
-MIN_SK_ITERATIONS = 4
+# Stream-K cuts each tile of the last partial wave into at most this many K slices (the template's
+# SK_MAX_SLICES): the owner adds the others' partials one after another.
+SK_MAX_SLICES = 16
 
 
 def a_is_kmajor(operands: Operands) -> bool:
@@ -86,6 +86,15 @@ def streamk_flag_words(grid: int) -> int:
     return (grid + 63) // 64 * 64
 
 
+def streamk_slices(kernel: Kernel, problem: Problem, grid: int) -> "tuple[int, int]":
+    """(data-parallel tiles, K slices per remainder tile) of a Stream-K launch on `grid` CTAs, as the
+    template's Walk computes them (1 slice: the remainder runs as an ordinary partial wave)."""
+    tiles = cluster_tiles(kernel, problem)
+    rem = tiles % grid
+    slices = 1 if rem == 0 else min(grid // rem, math.ceil(problem.k / kernel.config.cta.k), SK_MAX_SLICES)
+    return (tiles - rem if slices > 1 else tiles), max(1, slices)
+
+
 def splits(kernel: Kernel) -> int:
     """K slices per output tile: the split-K factor, 1 for data-parallel."""
     decomp = kernel.config.decomposition
@@ -134,10 +143,10 @@ def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "in
     if cfg.persistent:
         resident = max_clusters or max(1, sm_count // cfg.cluster.size)
         if is_streamk(kernel):
-            # Stream-K spreads K-tile iterations over the whole resident grid, so it uses every slot even
-            # with fewer tiles than SMs, but not more CTAs than MIN_SK_ITERATIONS-long ranges.
-            iterations = clusters * math.ceil(problem.k / cfg.cta.k)
-            clusters = max(1, min(resident, iterations // MIN_SK_ITERATIONS))
+            # Stream-K cuts the tiles of the last partial wave into K slices to fill it, so it uses every
+            # resident slot even with fewer tiles than SMs (up to SK_MAX_SLICES slices per tile).
+            slices = min(SK_MAX_SLICES, math.ceil(problem.k / cfg.cta.k))
+            clusters = max(1, min(resident, clusters * slices))
         else:
             clusters = min(clusters, resident)
     return clusters * cfg.cluster.size
@@ -198,6 +207,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["template_params", "manifest_launches", "is_streamk", "streamk_flag_words", "MIN_SK_ITERATIONS", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["template_params", "manifest_launches", "is_streamk", "streamk_flag_words", "SK_MAX_SLICES", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor"]
