@@ -181,6 +181,11 @@ class Function:
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check("cuFuncSetAttribute", driver.cuFuncSetAttribute(self.handle, attr, int(nbytes)),
               f"{self.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}")
+        # Ask for the largest shared-memory carveout: the driver otherwise may pick a split of the L1/shared
+        # array that holds fewer CTAs than fit (two 97 KB sm80 CTAs need 194 KB of the SM's 228 KB).
+        carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        check("cuFuncSetAttribute", driver.cuFuncSetAttribute(self.handle, carveout, 100),
+              f"{self.name}: PREFERRED_SHARED_MEMORY_CARVEOUT=100")
         self._smem_limit = nbytes
 
     def attribute(self, name: str) -> int:
