@@ -348,3 +348,117 @@ def test_pingpong_compiles_to_hgmma_and_tma_without_local_memory(cta, stages, dt
     assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0
     assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and compiled.resources.spill_bytes == 0
     assert count(counts, "BAR") >= 2, "the mainloop turn barriers (bar.sync / bar.arrive) are missing"
+
+
+# --- Stream-K (data-parallel waves + K-split remainder, fixed up in-kernel) ------------------------------
+def streamk_config(cta="128x256x64", warp="64x256x64", stages=4, **changes) -> TileConfig:
+    from dataclasses import replace
+    from gemmgen.tiles import DecompKind, Decomposition
+    return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.STREAM_K), **changes)
+
+
+def walk(tiles: int, grid: int, k_tiles: int):
+    """Python transcription of the template's Stream-K Walk: every CTA's units as (tile, z, kt0, kcount)."""
+    rem = tiles % grid
+    slices = 1 if rem == 0 else min(grid // rem, k_tiles, 16)
+    if slices == 1:
+        rem = 0
+    dp = tiles - rem
+    per_cta = []
+    for g in range(grid):
+        units, u = [], g
+        while u < dp + rem * slices:
+            if u < dp:
+                units.append((u, 0, 0, k_tiles))
+            else:
+                v = u - dp
+                z = v // rem
+                kt0 = z * k_tiles // slices
+                units.append((dp + v - z * rem, z, kt0, (z + 1) * k_tiles // slices - kt0))
+            u += grid
+        per_cta.append(units)
+    return per_cta, dp, rem, slices
+
+
+@pytest.mark.parametrize("tiles,grid,k_tiles", [(288, 132, 47), (64, 132, 16), (32, 132, 1024), (132, 132, 16),
+                                                (1, 132, 1), (3584, 132, 64), (8192, 132, 64), (20, 132, 3)])
+def test_streamk_walk_covers_every_k_tile_of_every_tile_once_and_each_cta_owes_at_most_one_partial(
+        tiles, grid, k_tiles):
+    per_cta, dp, rem, slices = walk(tiles, grid, k_tiles)
+    covered = {}
+    for units in per_cta:
+        assert sum(1 for t, z, _, _ in units if t >= dp) <= 1  # at most one remainder unit per CTA: no waits on itself
+        for t, z, kt0, kc in units:
+            assert kc >= 1
+            for kt in range(kt0, kt0 + kc):
+                covered[(t, kt)] = covered.get((t, kt), 0) + 1
+    assert covered == {(t, kt): 1 for t in range(tiles) for kt in range(k_tiles)}
+    # The host's grid and the model's slice count agree with the kernel's.
+    assert slices <= 16 and (rem == 0 or rem * slices <= grid)
+
+
+def test_streamk_manifest_sizes_flags_and_partials_and_zeroes_the_flags_once():
+    from gemmgen.manifest import make_manifest
+    problem = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, streamk_config())
+    manifest = make_manifest(kernel, problem)
+    (main,) = manifest["launches"]
+    assert main["grid"] == [132, 1, 1] and main["cluster"] == [1, 1, 1]
+    assert manifest["workspace_bytes"] == 192 * 4 + 132 * 128 * 256 * 4   # 132 flags padded to 192, one tile each
+    assert manifest["workspace_zero"] == {"bytes": 192 * 4, "when": "bind"}
+    assert sm90.streamk_slices(kernel, problem, 132) == (264, 5)   # 288 tiles: 2 waves + 24 tiles x 5 slices
+    # Fewer tiles than SMs: the grid is still every SM, the tiles cut into slices.
+    small = Problem.create(1024, 1024, 1024, "bf16", "row", "row")
+    k128 = Kernel(Arch.SM90A, small.operands, streamk_config("128x128x64", "64x128x64"))
+    assert make_manifest(k128, small)["launches"][0]["grid"] == [128, 1, 1]   # 64 tiles x 2 slices
+    assert sm90.streamk_slices(k128, small, 128) == (0, 2)
+
+
+def test_split_k_and_dp_manifests_say_their_workspace_needs_no_zeroing_but_sm80_split_k_does():
+    from gemmgen.manifest import make_manifest, workspace_zero
+    problem = Problem.create(1024, 1024, 65536, "bf16", "row", "row")
+    split = make_manifest(Kernel(Arch.SM90A, problem.operands, splitk_config(4)), problem)
+    assert split["workspace_zero"] == {"bytes": 0, "when": "run"}
+    sm80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                 "stages": 3, "decomposition": {"kind": "splitk", "splits": 4}})
+    m80 = make_manifest(Kernel(Arch.SM80, problem.operands, sm80), problem)
+    assert m80["workspace_zero"] == {"bytes": m80["workspace_bytes"], "when": "run"}
+    # A manifest from before the key existed keeps format 1's contract: all of it, before every run.
+    assert workspace_zero({"workspace_bytes": 64}) == {"bytes": 64, "when": "run"}
+    with pytest.raises(InvalidInput):
+        workspace_zero({"workspace_bytes": 64, "workspace_zero": {"bytes": 8, "when": "sometimes"}})
+
+
+@pytest.mark.parametrize("changes,rule", [
+    ({"persistent": False}, "Stream-K needs the persistent tile loop"),
+    ({"cluster": Cluster(2, 1)}, "Stream-K is implemented without clusters"),
+])
+def test_streamk_rejects_what_the_template_does_not_implement(changes, rule):
+    config = streamk_config(**changes)
+    assert any(rule in v.rule for v in constraints.check(config, H100, Arch.SM90A, operands=ops()))
+    assert not constraints.check(streamk_config(), H100, Arch.SM90A, operands=ops())
+
+
+def test_streamk_kernel_compiles_without_local_memory_and_renders_the_fixup():
+    kernel = Kernel(Arch.SM90A, ops(b="row"), streamk_config())
+    source = render(kernel)
+    assert "constexpr bool STREAM_K = true;" in source and "sk_wait(flags + v + z * walk.rem, leader)" in source
+    assert "ld.acquire.gpu.global.u32" in source and "fence.acq_rel.gpu;" in source
+    assert "STREAM_K = false" in render(Kernel(Arch.SM90A, ops(), hopper_config()))
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0 and "C7514" not in compiled.log
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0
+
+
+def test_model_prices_streamk_by_its_remainder_slices():
+    from gemmgen.intensity import predict
+    odd = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
+    sk, dp = predict(odd, streamk_config(), H100), predict(odd, hopper_config(), H100)
+    assert sk.wave_efficiency > 0.95 > dp.wave_efficiency   # 2 waves + 1/5 of one vs 3 waves for 2.18
+    assert sk.time_s < dp.time_s
+    # A last wave more than half full gets one slice: the same waves as data-parallel.
+    square = Problem.create(4096, 4096, 4096, "bf16", "row", "row")
+    assert predict(square, streamk_config(), H100).wave_efficiency == pytest.approx(
+        predict(square, hopper_config(), H100).wave_efficiency)

@@ -145,8 +145,8 @@ def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "in
         if is_streamk(kernel):
             # Stream-K cuts the tiles of the last partial wave into K slices to fill it, so it uses every
             # resident slot even with fewer tiles than SMs (up to SK_MAX_SLICES slices per tile).
-            slices = min(SK_MAX_SLICES, math.ceil(problem.k / cfg.cta.k))
-            clusters = max(1, min(resident, clusters * slices))
+            dp, slices = streamk_slices(kernel, problem, resident)
+            clusters = max(1, min(resident, dp + (clusters - dp) * slices))
         else:
             clusters = min(clusters, resident)
     return clusters * cfg.cluster.size
