@@ -58,6 +58,10 @@ DRAM_LATENCY_S = 1.0e-6
 L2_USABLE_FRACTION = 0.5
 # Stream-K cuts a remainder tile into at most this many K slices (families/sm90.SK_MAX_SLICES).
 SK_MAX_SLICES = 16
+# The in-kernel fix-up's fixed cost (a gpu-scope fence after the partial stores, the flag's trip through L2,
+# the owner's wait): 128x128 Stream-K took ~16 us at 1024^3 where data-parallel 64x128 with the same MMA work
+# per CTA took 10.4 us, ~5 us more (docs/perf-notes.md, Stream-K; one data point, refit when there are more).
+SK_FIXUP_S = 5.0e-6
 # CTAs of one wave drift apart along K; the live set in L2 spans this many K tiles of each panel.
 L2_SKEW_K_TILES = 8
 # Fraction of the ideal TMA-multicast saving our sm90 kernel realises. Measured on the H100
@@ -419,7 +423,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
         overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
     if sk_slices > 1:
         # A remainder tile's owner reads the other slices' partials one after another, from L2.
-        overhead += (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (
+        overhead += SK_FIXUP_S + (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (
             L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
     epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
     if not config.persistent:
