@@ -25,6 +25,8 @@ BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
 # 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
 L2_PROMOTION = "128B"
+# prefetch.tensormap of both maps at kernel start (scripts/ab_lab.py measures it against False).
+PREFETCH_TENSORMAPS = True
 # Stream-K cuts each tile of the last partial wave into at most this many K slices (the template's
 # SK_MAX_SLICES): the owner adds the others' partials one after another.
 SK_MAX_SLICES = 16
@@ -73,6 +75,7 @@ def template_params(kernel: Kernel) -> dict:
         "producer_regs": PRODUCER_REGS, "consumer_regs": CONSUMER_REGS,
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
         "streamk": is_streamk(kernel),
+        "prefetch_tensormaps": PREFETCH_TENSORMAPS,
     }
 
 

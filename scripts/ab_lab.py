@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""A/B one sm90_wgmma template parameter on the H100: the same configurations rendered with the parameter
+as gemmgen sets it (A) and overridden (B), verified, then timed interleaved with cuBLAS.
+
+    PYTHONPATH=$PWD python3 scripts/ab_lab.py --set prefetch_tensormaps=false --out $OUT [--rounds 5]
+
+Cases: the stored winner (results/h100-sxm/tunes) of each suite shape named by --shapes (bf16, A and B
+row-major), sm90 winners only. Every variant is verified first (gemmgen.bench: fresh inputs, D and workspace
+NaN-poisoned, fp32 cuBLAS reference) inside a watchdog worker; timing uses gemmgen.bench (events behind a
+stream-holding kernel, rotated inputs, median) with A, B and cuBLAS measured in every round, the order
+reversed every other round. Prints a short table last and writes ab_lab.json to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gemmgen.arch import Arch  # noqa: E402
+from gemmgen.families import sm90  # noqa: E402
+from gemmgen.manifest import make_manifest  # noqa: E402
+from gemmgen.problem import Problem  # noqa: E402
+from gemmgen.tiles import Family, Kernel, TileConfig  # noqa: E402
+
+SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (4096, 4096, 4096),
+         "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096), "llm_up": (4096, 28672, 4096),
+         "llm_down": (4096, 4096, 14336), "skinny_m16": (16, 4096, 4096), "skinny_m128": (128, 8192, 8192),
+         "largek": (1024, 1024, 65536), "odd3000": (3000, 3000, 3000)}
+
+
+def parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
+    """Render with template_params(kernel) updated by `override`, compile with gemmgen's options."""
+    import jinja2
+
+    from gemmgen import paths
+    from gemmgen.nvrtc import Compiled, compile_source, options_for, parse_ptxas_log
+
+    params = sm90.template_params(kernel)
+    unknown = set(override) - set(params)
+    if unknown:
+        raise SystemExit(f"ab_lab: the template has no parameter {sorted(unknown)}")
+    params.update(override)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    if override:
+        source = env.get_template(kernel.config.family.template).render(**params)
+    else:
+        from gemmgen.render import render
+
+        source = render(kernel)   # variant A is exactly what gemmgen ships
+    options = options_for(kernel)
+    cubin, log = compile_source(kernel.name, source, options)
+    return source, (cubin, log, parse_ptxas_log(log))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", required=True, help="NAME=VALUE: the template parameter of variant B")
+    ap.add_argument("--shapes", default="sq1024,sq2048,skinny_m16,skinny_m128,sq4096,largek")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    name, value = args.set.split("=", 1)
+    override = {name: parse_value(value)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    cases = []
+    for shape in args.shapes.split(","):
+        m, n, k = SUITE[shape]
+        path = ROOT / "results" / "h100-sxm" / "tunes" / f"{m}x{n}x{k}_bf16_rr_bf16_linear.json"
+        config = TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"])
+        if config.family is not Family.SM90_WGMMA:
+            print(f"skip {shape}: its winner is {config.family.value}")
+            continue
+        problem = Problem.create(m, n, k, "bf16")
+        kernel = Kernel(Arch.SM90A, problem.operands, config)
+        for label, ov in (("A", {}), ("B", override)):
+            _, (cubin, log, resources) = build(kernel, ov)
+            manifest = make_manifest(kernel, problem)
+            cases.append({"shape": shape, "variant": label, "problem": problem, "manifest": manifest,
+                          "cubin": cubin, "config": config.tag})
+    print(f"{len(cases)} variants built; B sets {override}", flush=True)
+
+    from gemmgen.worker import WorkerBenchmark
+
+    worker = WorkerBenchmark()
+    worker.start()
+    for c in cases:
+        o = worker.measure(c["manifest"], c["cubin"], c["problem"])
+        c["verified"], c["rel_error"], c["reason"] = o.ok, o.rel_error, o.reason[:200]
+        print(f"  verify {c['shape']:12s} {c['variant']} {'ok' if o.ok else 'FAIL ' + o.reason[:120]} "
+              f"rel {o.rel_error}", flush=True)
+    worker.close()
+
+    from gemmgen.bench import GpuBenchmark
+
+    bench = GpuBenchmark(verify=False)
+    times, cublas = {}, {}
+    t0 = time.time()
+    for r in range(args.rounds):
+        bench._cublas.clear()  # cuBLAS re-timed in every round, next to both variants
+        order = cases if r % 2 == 0 else list(reversed(cases))
+        for c in order:
+            if not c["verified"]:
+                continue
+            meas = bench.measure(c["manifest"], c["cubin"], c["problem"])
+            if meas.ok:
+                times.setdefault((c["shape"], c["variant"]), []).append(meas.time_s)
+                cublas.setdefault((c["shape"], c["variant"]), []).append(bench.cublas_time(c["problem"]))
+        print(f"round {r + 1}/{args.rounds} at {time.time() - t0:.0f}s", flush=True)
+    rows = []
+    for shape in dict.fromkeys(c["shape"] for c in cases):
+        a, b = times.get((shape, "A")), times.get((shape, "B"))
+        if not a or not b:
+            rows.append({"shape": shape, "missing": True})
+            continue
+        ca = cublas[(shape, "A")]
+        paired = statistics.median(tb / ta for ta, tb in zip(a, b))
+        rows.append({"shape": shape, "A_us": statistics.median(a) * 1e6, "B_us": statistics.median(b) * 1e6,
+                     "cublas_us": statistics.median(ca) * 1e6, "B_over_A_paired": paired,
+                     "A_ratio": statistics.median(ca) / statistics.median(a),
+                     "B_ratio": statistics.median(ca) / statistics.median(b)})
+    report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "override": override,
+              "device": bench.device.props.to_dict(), "rows": rows,
+              "cases": [{k: v for k, v in c.items() if k in ("shape", "variant", "config", "verified", "rel_error",
+                                                             "reason")} for c in cases]}
+    (out / "ab_lab.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nA = as gemmgen renders; B = {override}; device {bench.device.props.name}")
+    print(f"{'shape':12s} {'A us':>8s} {'B us':>8s} {'cuBLAS':>8s} {'B/A':>6s} {'A ratio':>8s} {'B ratio':>8s}")
+    for row in rows:
+        if row.get("missing"):
+            print(f"{row['shape']:12s} (a variant failed)")
+            continue
+        print(f"{row['shape']:12s} {row['A_us']:8.2f} {row['B_us']:8.2f} {row['cublas_us']:8.2f} "
+              f"{row['B_over_A_paired']:6.3f} {row['A_ratio']:8.3f} {row['B_ratio']:8.3f}")
+    bench.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
