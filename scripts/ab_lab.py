@@ -75,6 +75,10 @@ def main() -> int:
     ap.add_argument("--set", required=True, help="NAME=VALUE: the template parameter of variant B")
     ap.add_argument("--shapes", default="sq1024,sq2048,skinny_m16,skinny_m128,sq4096,largek")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--config", action="append", default=[],
+                    help="a config YAML/JSON to run on every shape besides its stored winner (repeatable)")
+    ap.add_argument("--verify", action="append", default=[],
+                    help="MxNxK:ab (e.g. 4097x1000x3000:rc) extra problems on which every B variant is verified")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     name, value = args.set.split("=", 1)
@@ -91,12 +95,26 @@ def main() -> int:
             print(f"skip {shape}: its winner is {config.family.value}")
             continue
         problem = Problem.create(m, n, k, "bf16")
-        kernel = Kernel(Arch.SM90A, problem.operands, config)
-        for label, ov in (("A", {}), ("B", override)):
-            _, (cubin, log, resources) = build(kernel, ov)
-            manifest = make_manifest(kernel, problem)
-            cases.append({"shape": shape, "variant": label, "problem": problem, "manifest": manifest,
-                          "cubin": cubin, "config": config.tag})
+        import yaml
+
+        extra = [TileConfig.from_dict(yaml.safe_load(Path(f).read_text())) for f in args.config]
+        for j, cfg in enumerate([config] + extra):
+            key = shape if j == 0 else f"{shape}/{cfg.tag}"
+            kernel = Kernel(Arch.SM90A, problem.operands, cfg)
+            for label, ov in (("A", {}), ("B", override)):
+                _, (cubin, log, resources) = build(kernel, ov)
+                manifest = make_manifest(kernel, problem)
+                cases.append({"shape": key, "variant": label, "problem": problem, "manifest": manifest,
+                              "cubin": cubin, "config": cfg.tag, "timed": True})
+            for spec in args.verify:
+                dims, lay = spec.split(":")
+                vm, vn, vk = (int(x) for x in dims.split("x"))
+                vp = Problem.create(vm, vn, vk, "bf16", {"r": "row", "c": "col"}[lay[0]], {"r": "row", "c": "col"}[lay[1]])
+                vkernel = Kernel(Arch.SM90A, vp.operands, cfg)
+                _, (vcubin, _, _) = build(vkernel, override)
+                cases.append({"shape": f"verify {spec} {cfg.tag}", "variant": "B", "problem": vp,
+                              "manifest": make_manifest(vkernel, vp), "cubin": vcubin, "config": cfg.tag,
+                              "timed": False})
     print(f"{len(cases)} variants built; B sets {override}", flush=True)
 
     from gemmgen.worker import WorkerBenchmark
@@ -119,7 +137,7 @@ def main() -> int:
         bench._cublas.clear()  # cuBLAS re-timed in every round, next to both variants
         order = cases if r % 2 == 0 else list(reversed(cases))
         for c in order:
-            if not c["verified"]:
+            if not c["verified"] or not c["timed"]:
                 continue
             meas = bench.measure(c["manifest"], c["cubin"], c["problem"])
             if meas.ok:
@@ -127,7 +145,7 @@ def main() -> int:
                 cublas.setdefault((c["shape"], c["variant"]), []).append(bench.cublas_time(c["problem"]))
         print(f"round {r + 1}/{args.rounds} at {time.time() - t0:.0f}s", flush=True)
     rows = []
-    for shape in dict.fromkeys(c["shape"] for c in cases):
+    for shape in dict.fromkeys(c["shape"] for c in cases if c["timed"]):
         a, b = times.get((shape, "A")), times.get((shape, "B"))
         if not a or not b:
             rows.append({"shape": shape, "missing": True})
@@ -143,7 +161,8 @@ def main() -> int:
               "cases": [{k: v for k, v in c.items() if k in ("shape", "variant", "config", "verified", "rel_error",
                                                              "reason")} for c in cases]}
     (out / "ab_lab.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"\nA = as gemmgen renders; B = {override}; device {bench.device.props.name}")
+    print(f"\nverified {sum(c['verified'] for c in cases)}/{len(cases)}")
+    print(f"A = as gemmgen renders; B = {override}; device {bench.device.props.name}")
     print(f"{'shape':12s} {'A us':>8s} {'B us':>8s} {'cuBLAS':>8s} {'B/A':>6s} {'A ratio':>8s} {'B ratio':>8s}")
     for row in rows:
         if row.get("missing"):

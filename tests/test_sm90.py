@@ -121,7 +121,7 @@ def test_manifest_launch_is_persistent_and_clustered():
     one_shot = Kernel(Arch.SM90A, problem.operands, hopper_config(persistent=False))
     assert sm90.launch(one_shot, problem, sm_count=132)["grid"] == [32 * 16, 1, 1]
     names = [p["name"] for p in entry["params"]]
-    assert names == ["tmA", "tmB", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb", "ldc", "ldd",
+    assert names == ["tmA", "tmB", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb", "ldc", "ldd",
                      "alpha", "beta"]
 
 
@@ -174,11 +174,11 @@ def test_tma_spec_with_unaligned_stride_is_refused():
 
 def test_kernel_params_pack_tensormaps_by_value():
     entry = sm90.launch(Kernel(Arch.SM90A, ops(), hopper_config()), Problem.create(256, 256, 64), sm_count=132)
-    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "C": 0, "D": 0x1000, "bias": 0, "workspace": 0}
+    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "B": 0x800, "C": 0, "D": 0x1000, "bias": 0, "workspace": 0}
     pointers, holders = tma.pack_params(entry["params"], values)
     assert len(pointers) == len(entry["params"]) == len(holders)
     assert bytes(holders[0].data) == bytes(range(128))
-    assert holders[3].value == 0x1000 and holders[6].value == 256
+    assert holders[2].value == 0x800 and holders[4].value == 0x1000 and holders[7].value == 256
 
 
 # --- NVRTC and SASS -------------------------------------------------------------------------------
@@ -442,9 +442,9 @@ def test_streamk_rejects_what_the_template_does_not_implement(changes, rule):
 def test_streamk_kernel_compiles_without_local_memory_and_renders_the_fixup():
     kernel = Kernel(Arch.SM90A, ops(b="row"), streamk_config())
     source = render(kernel)
-    assert "constexpr bool STREAM_K = true;" in source and "sk_wait(flags + v + z * walk.rem, leader)" in source
+    assert "struct Walk {\n    int u, rem, slices;" in source and "sk_wait(flags + v + z * walk.rem, leader)" in source
     assert "ld.acquire.gpu.global.u32" in source and "fence.acq_rel.gpu;" in source
-    assert "STREAM_K = false" in render(Kernel(Arch.SM90A, ops(), hopper_config()))
+    assert "sk_wait" not in render(Kernel(Arch.SM90A, ops(), hopper_config()))
     compiled = compile_sm90(kernel)
     assert compiled.spill_bytes == 0 and "C7514" not in compiled.log
     counts = sass_counts(compiled.cubin)

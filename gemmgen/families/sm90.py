@@ -76,6 +76,7 @@ def template_params(kernel: Kernel) -> dict:
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
+        "b_cpasync": False,
     }
 
 
@@ -165,6 +166,7 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     scalars = [("M", problem.m), ("N", problem.n), ("K", problem.k), ("lda", problem.lda), ("ldb", problem.ldb),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     params = [tm_a, tm_b,
+              {"name": "B", "ctype": ctype, "kind": "tensor", "tensor": "B"},   # read only by a cp.async B
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
               {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
               {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"},
