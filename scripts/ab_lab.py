@@ -72,7 +72,8 @@ def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", required=True, help="NAME=VALUE: the template parameter of variant B")
+    ap.add_argument("--set", required=True, action="append",
+                    help="NAME=VALUE: a template parameter of variant B (repeatable)")
     ap.add_argument("--shapes", default="sq1024,sq2048,skinny_m16,skinny_m128,sq4096,largek")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--config", action="append", default=[],
@@ -81,8 +82,10 @@ def main() -> int:
                     help="MxNxK:ab (e.g. 4097x1000x3000:rc) extra problems on which every B variant is verified")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    name, value = args.set.split("=", 1)
-    override = {name: parse_value(value)}
+    override = {}
+    for item in args.set:
+        name, value = item.split("=", 1)
+        override[name] = parse_value(value)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
