@@ -462,3 +462,21 @@ def test_model_prices_streamk_by_its_remainder_slices():
     square = Problem.create(4096, 4096, 4096, "bf16", "row", "row")
     assert predict(square, streamk_config(), H100).wave_efficiency == pytest.approx(
         predict(square, hopper_config(), H100).wave_efficiency)
+
+
+def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():
+    # Not in the search space (1.3-2.5x slower on the H100, docs/perf-notes.md); kept compiling for the next try.
+    import jinja2
+    from gemmgen import paths
+    from gemmgen.nvrtc import compile_source, options_for
+    kernel = Kernel(Arch.SM90A, ops(b="row"), hopper_config())
+    params = dict(sm90.template_params(kernel), b_cpasync=True)
+    assert sm90.template_params(kernel)["b_cpasync"] is False
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    source = env.get_template(kernel.config.family.template).render(**params)
+    assert "cp.async.mbarrier.arrive.noinc" in source and "fence.proxy.async.shared::cta" in source
+    cubin, log = compile_source(kernel.name, source, options_for(kernel))
+    assert "0 bytes spill stores" in log
+    counts = sass_counts(cubin)
+    assert count(counts, "LDGSTS") > 0 and count(counts, "UTMALDG") > 0 and count(counts, "HGMMA") > 0
