@@ -76,7 +76,7 @@ def template_params(kernel: Kernel) -> dict:
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
-        "b_cpasync": False,
+        "b_cpasync": False, "cpasync_producer_fence": False,
     }
 
 
