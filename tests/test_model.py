@@ -169,7 +169,9 @@ def test_the_strategy_reaches_accepted_configurations_of_both_families():
     """Guards the property tests above against vacuity: each family has accepted draws."""
     found = set()
 
-    @settings(max_examples=200, deadline=None)
+    # Derandomized and long enough to be deterministic: an sm90 draw passes only on the 3 Hopper GPUs of the
+    # catalogue (about 1 draw in 60), so 200 random examples missed it about 3% of the time on a fresh database.
+    @settings(max_examples=1500, deadline=None, derandomize=True, database=None)
     @given(config=any_config, gpu=st.sampled_from(GPUS))
     def collect(config, gpu):
         if not check(config, gpu):
