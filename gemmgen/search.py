@@ -388,6 +388,12 @@ class _Search:
         self.pick_source = f"model top-{k}"
         self.pending = deque(r for r in self.model_picks() if r.config.tag not in self.tried | queued)
 
+    def _new_model_picks_due(self, inflight) -> bool:
+        """Model picks never measured (a grown search space, or a better model) are measured on a re-run even
+        when trials from earlier runs already fill --trials: up to --trials of them in this run."""
+        this_run = self.counts["measured"] + self.counts["failed"] + len(inflight)
+        return bool(self.pending or self.waiting) and this_run < self.options.trials
+
     def _next_pick(self) -> None:
         """Enqueue the next model pick if no enqueued trial is waiting (ask() takes waiting ones first)."""
         while self.pending and self.waiting == 0:
@@ -435,7 +441,7 @@ class _Search:
         idle = 0
         while True:
             while not self.stop_reason and len(inflight) < lookahead:
-                if self.measured_total + len(inflight) >= opts.trials:
+                if self.measured_total + len(inflight) >= opts.trials and not self._new_model_picks_due(inflight):
                     break
                 if self._time_up():
                     self.stop_reason = f"timeout ({opts.timeout_s:g}s)"

@@ -248,6 +248,26 @@ def test_stops_at_the_trial_budget(tmp_path):
     assert len(bench.calls) == 10 + 2 * 2  # the search, then 2 finalists x 2 interleaved rounds
 
 
+def test_a_rerun_measures_model_picks_that_earlier_runs_never_tried_even_with_the_budget_spent(tmp_path):
+    # e.g. configurations added to the search space: trials carried from earlier runs fill --trials, yet the
+    # model's new picks must still be measured, or a grown space is never explored.
+    from gemmgen.search import model_top, tune
+
+    first = Recorded()
+    tune(PROBLEM, GPU, first, options(tmp_path, trials=4, top_k=4, rounds=2, finalists=1), engines=engines())
+    assert len(first.calls) == 4 + 2
+    second = Recorded()
+    result = tune(PROBLEM, GPU, second, options(tmp_path, trials=4, top_k=8, rounds=2, finalists=1),
+                  engines=engines())
+    new_picks = [r.config.tag for r in model_top(ranking(), 8) if r.config.tag not in first.calls[:4]]
+    assert second.calls[:len(new_picks)] == new_picks[:4] and len(second.calls) == min(4, len(new_picks)) + 2
+    assert result.counts["measured"] == min(4, len(new_picks))
+    # A third run with nothing new to measure stops at the budget at once.
+    third = Recorded()
+    tune(PROBLEM, GPU, third, options(tmp_path, trials=4, top_k=4, rounds=2, finalists=1), engines=engines())
+    assert len(third.calls) == 2
+
+
 def test_stops_after_patience_trials_without_improvement(tmp_path):
     from gemmgen.search import tune
 
