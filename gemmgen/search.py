@@ -13,7 +13,8 @@ How one tune runs:
      current one, in a worker process that owns the CUDA context (worker.py). A failure (CUDA
      error, hang, crash, wrong result, compile error) FAILs that trial with its reason, and the
      kernel is quarantined in the same storage so it is never tried again.
-  5. Stop at --trials (measured trials in the study), --timeout, or --patience trials without
+  5. Stop at --trials (measured trials in the study; model picks no run has tried are still measured, up to
+     --trials of them per run), --timeout, or --patience trials of this run without
      improvement. Then the top few are re-measured interleaved and the winner is the best median.
 
 Only this module and the storage helpers here import Optuna; the model never does.
@@ -354,7 +355,10 @@ class _Search:
                 self.best_tflops = max(self.best_tflops, s.tflops)
             else:
                 self.counts["failed"] += 0 if resumed else 1
-            self.since_improvement = 0 if improved else self.since_improvement + 1
+            if not resumed:
+                # --patience counts this run's trials: with trials from earlier runs (or carried from an older
+                # space) in the window, a re-run would stop before measuring anything new.
+                self.since_improvement = 0 if improved else self.since_improvement + 1
         elif s.state == "COMPLETE" and s.tag and s.tflops and s.tag not in self.best:
             self.best[s.tag] = s  # carried over from an earlier space version
             self.tried.add(s.tag)
