@@ -163,8 +163,11 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
              config.smem_layout.value, "swizzle")
         rule(cta.k * _ab_bytes(operands) == 128, "CTA tile K must span one 128-byte swizzle atom",
              cta.k * _ab_bytes(operands), 128)
-        rule(1 <= config.warps_m * config.warps_n <= 2, "consumer warpgroups must be 1 or 2",
-             config.warps_m * config.warps_n, "1..2")
+        rule(1 <= config.warps_m * config.warps_n <= 3, "consumer warpgroups must be 1, 2 or 3",
+             config.warps_m * config.warps_n, "1..3")
+        if config.warps_m * config.warps_n == 3:
+            rule(config.warps_n == 1, "three consumer warpgroups are stacked in M (warpgroup tile N = CTA tile N)",
+                 f"{config.warps_m}x{config.warps_n}", "3x1")
         rule(2 <= config.stages <= 8, "pipeline stages must be 2..8", config.stages, "2..8")
         rule(config.cluster.m in (1, 2) and config.cluster.n in (1, 2) and config.cluster.size <= 2,
              "cluster must be 1x1, 2x1 or 1x2", str(config.cluster), "size<=2")

@@ -32,6 +32,14 @@ PREFETCH_TENSORMAPS = True
 SK_MAX_SLICES = 16
 
 
+def consumer_regs(consumers: int) -> int:
+    """Registers per consumer thread after setmaxnreg: what the producer warpgroup's release leaves of the
+    65536-register file, in setmaxnreg's steps of 8 (232 for two consumer warpgroups, 152 for three)."""
+    if consumers == 2:
+        return CONSUMER_REGS
+    return (65536 - 128 * PRODUCER_REGS) // (128 * max(1, consumers)) // 8 * 8
+
+
 def a_is_kmajor(operands: Operands) -> bool:
     """A (M x K) row-major keeps K contiguous: K-major in shared memory."""
     return operands.a_layout is Layout.ROW
@@ -70,9 +78,10 @@ def template_params(kernel: Kernel) -> dict:
         "raster_order": cfg.raster.order.value, "raster_group": cfg.raster.group,
         "bias": ops.bias, "activation": ops.activation.value,
         "align_c": ops.align_c,
-        # setmaxnreg only pays (and is only safe) when the launch allocation is the 384-thread cap of 168.
-        "setmaxnreg": consumers == 2,
-        "producer_regs": PRODUCER_REGS, "consumer_regs": CONSUMER_REGS,
+        # setmaxnreg only pays with two or three consumer warpgroups (384 or 512 threads launched at 168 or 128
+        # registers); one consumer warpgroup (256 threads) already gets the most a thread may have.
+        "setmaxnreg": consumers >= 2,
+        "producer_regs": PRODUCER_REGS, "consumer_regs": consumer_regs(consumers),
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
