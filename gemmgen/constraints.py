@@ -186,8 +186,14 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
             rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
                  "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
         if config.cluster.n > 1:
-            rule(cta.m % (64 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
-                 "into 64-wide slices per CTA", cta.m, 64 * config.cluster.size)
+            if operands is not None and operands.a_layout.value == "row":
+                # K-major A: each CTA's slice is a box of M rows of 128 bytes, whole 8-row swizzle groups.
+                rule(cta.m % (8 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
+                     "into 8-row slices per CTA (K-major A)", cta.m, 8 * config.cluster.size)
+            else:
+                # MN-major A is stored as 64-wide column blocks, one TMA box each: slices are whole blocks.
+                rule(cta.m % (64 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
+                     "into 64-wide slices per CTA", cta.m, 64 * config.cluster.size)
         if config.schedule is Schedule.PINGPONG:
             # Two consumer warpgroups own whole alternate tiles of the persistent loop, in the ring's order.
             rule(warp.m == cta.m and warp.n == cta.n, "ping-pong: the warpgroup tile must equal the CTA tile "
