@@ -480,3 +480,15 @@ def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():
     assert "0 bytes spill stores" in log
     counts = sass_counts(cubin)
     assert count(counts, "LDGSTS") > 0 and count(counts, "UTMALDG") > 0 and count(counts, "HGMMA") > 0
+
+
+def test_a_1x2_cluster_multicasts_a_k_major_a_in_96_row_slices_but_mn_major_a_only_in_64_wide_blocks():
+    config = hopper_config("192x192x64", "64x192x64", stages=3, cluster=(1, 2))
+    assert not constraints.check(config, H100, Arch.SM90A, operands=ops(a="row", b="row"))
+    violations = constraints.check(config, H100, Arch.SM90A, operands=ops(a="col", b="row"))
+    assert any("64-wide slices" in v.rule for v in violations)
+    problem = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
+    tm_a, tm_b = sm90.tensormap_specs(Kernel(Arch.SM90A, problem.operands, config), problem)
+    assert tm_a["box"] == [64, 96] and tm_b["box"] == [64, 64]   # each CTA loads and multicasts 96 of A's rows
+    assert sm90.template_params(Kernel(Arch.SM90A, problem.operands, config))["consumers"] == 3
+    assert sm90.template_params(Kernel(Arch.SM90A, problem.operands, config))["consumer_regs"] == 152
