@@ -212,11 +212,13 @@ class GpuBenchmark:
         cubin = getattr(cubin, "cubin", cubin)
         return self._guarded(problem, lambda: self._measure(manifest, bytes(cubin), problem, timing=False))
 
-    def cublas_time(self, problem: Problem) -> "float | None":
+    def cublas_time(self, problem: Problem, fresh: bool = False) -> "float | None":
         """Median seconds of cuBLAS on this problem (torch.matmul, or addmm with C/bias; the activation is
-        not included), or None where neither torch nor cupy (f16 only) is importable."""
+        not included), or None where neither torch nor cupy (f16 only) is importable. Remembered per problem;
+        `fresh` measures again (the tuner's finalist rounds time cuBLAS beside each round of its kernels, since
+        the card's clocks drift with its power draw from one minute to the next)."""
         key = _storage_key(problem)
-        if key in self._cublas:
+        if key in self._cublas and not fresh:
             return self._cublas[key]
         try:
             result = self._time_cublas(problem)

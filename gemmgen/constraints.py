@@ -227,6 +227,11 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
     # Decomposition.
     rule(decomp.kind in FAMILY_DECOMPOSITIONS[fam], f"family {fam.value} supports decompositions", decomp.kind.value,
          sorted(d.value for d in FAMILY_DECOMPOSITIONS[fam]))
+    if decomp.fused:
+        rule(decomp.kind is DecompKind.SPLIT_K, "a fused reduction is a split-K option", decomp.kind.value,
+             DecompKind.SPLIT_K.value)
+        rule(fam is Family.SM90_WGMMA, "the fused split-K reduction is implemented in sm90_wgmma only", fam.value,
+             Family.SM90_WGMMA.value)
     if decomp.kind is DecompKind.SPLIT_K:
         rule(2 <= decomp.splits <= 16, "split-K factor must be 2..16", decomp.splits, "2..16")
         if problem is not None:

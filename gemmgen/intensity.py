@@ -69,6 +69,9 @@ L2_SKEW_K_TILES = 8
 # model credits none until a kernel shows the gain; refit from tuning data.
 MULTICAST_REALIZED = 0.0
 ACC_BYTES = 4  # fp32 accumulators and split-K partials
+# Fused split-K's arrival (a gpu-scope fence after the partial stores, one atomic through L2, a CTA barrier):
+# a guess of one loaded memory round trip, until measured (docs/perf-notes.md, fused split-K).
+FUSED_ARRIVE_S = 1.0e-6
 
 # The seed note's inputs (../shared/seeds/003_*.txt): its warp shapes, with m16n8k16.
 SEED_MMA = Shape3(16, 8, 16)
@@ -419,7 +422,13 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     # persistent kernel both consumer warpgroups store together while the tensor cores idle; only the
     # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
     overhead = LAUNCH_OVERHEAD_S
-    if splits > 1:
+    if splits > 1 and decomp.fused:
+        # No second launch: each tile's last slice reads every slice's partial of its tile back from L2, after
+        # the others have arrived; the last wave's tiles put that read on the critical path.
+        tile_rows, tile_cols = min(cta.m, m), min(cta.n, n)
+        overhead += FUSED_ARRIVE_S + math.ceil(tiles / slots) * splits * tile_rows * tile_cols * ACC_BYTES / (
+            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
+    elif splits > 1:
         overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
     if sk_slices > 1:
         # A remainder tile's owner reads the other slices' partials one after another, from L2.

@@ -31,8 +31,12 @@ def axis_values(config: TileConfig) -> dict:
 
 
 def _decomposition(tag: str) -> Decomposition:
+    """Inverse of Decomposition.tag: dp, streamk, splitk<S>, splitk<S>f (fused reduction)."""
+    fused = tag.startswith("splitk") and tag.endswith("f")
+    if fused:
+        tag = tag[:-1]
     if tag.startswith("splitk"):
-        return Decomposition(DecompKind.SPLIT_K, int(tag[len("splitk"):]))
+        return Decomposition(DecompKind.SPLIT_K, int(tag[len("splitk"):]), fused)
     return Decomposition(DecompKind(tag), 1)
 
 

@@ -255,6 +255,7 @@ class _Search:
         self.counts = {"measured": 0, "failed": 0, "pruned": 0, "duplicates": 0, "cancelled": 0, "resumed": 0,
                        "carried": 0, "requeued": 0}
         self.cublas_time_s = None
+        self.cublas_times_s: "tuple[float, ...]" = ()
         self.systemic = 0  # measurements failed in a row for reasons that are not the kernel's
         self.current = None  # the in-flight entry being measured
         self.finalists: "list[Finalist]" = []
@@ -640,10 +641,13 @@ class _Search:
                     failed[config.tag] = f"failed on re-measurement: {outcome.reason}"
                     if outcome.kind in QUARANTINED_KINDS:
                         self.quarantine.add(kernel.name, failed[config.tag], outcome.kind, self.problem)
-            t = self.measurer.cublas_time(self.problem)
+            # cuBLAS again in every round, beside the finalists: a figure taken minutes earlier, at other
+            # clocks (the H100 slows as it heats towards its power limit), would skew the ratio either way.
+            t = self.measurer.cublas_time(self.problem, fresh=True)
             if t:
                 cublas.append(t)
         self.cublas_time_s = statistics.median(cublas) if cublas else None
+        self.cublas_times_s = tuple(cublas)
         for s, config, kernel, compiled, manifest in entries:
             self.finalists.append(Finalist(kernel.name, config, tuple(times[config.tag]),
                                            self.by_tag[config.tag].time_s, self.problem.flops,
@@ -676,12 +680,17 @@ class _Search:
         env = fingerprint(self.gpu, self.device, self.engines.nvrtc_version())
         cublas = None
         if self.cublas_time_s:
-            cublas = {"time_s": self.cublas_time_s, "tflops": self.problem.flops / self.cublas_time_s / 1e12}
+            cublas = {"time_s": self.cublas_time_s, "tflops": self.problem.flops / self.cublas_time_s / 1e12,
+                      "times_s": list(self.cublas_times_s)}
         winner = None
         if self.winner is not None:
             winner = self.winner.to_dict()
             if cublas:
                 winner["vs_cublas"] = cublas["time_s"] / self.winner.median_s
+                if len(self.cublas_times_s) == len(self.winner.times_s):
+                    # Round by round (each round times the winner, then cuBLAS): the median of the ratios.
+                    winner["vs_cublas_paired"] = statistics.median(
+                        c / t for c, t in zip(self.cublas_times_s, self.winner.times_s))
             if bundle is not None:
                 winner["bundle"] = str(bundle.manifest_path)
         return {

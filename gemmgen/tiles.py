@@ -104,14 +104,24 @@ class Decomposition:
 
     kind: DecompKind = DecompKind.DATA_PARALLEL
     splits: int = 1
+    # Split-K only: the slices' fp32 partials are summed inside the GEMM launch by the last CTA to finish a
+    # tile (a per-tile arrival counter), instead of by a second, reduction launch. Tag suffix "f".
+    fused: bool = False
 
     @property
     def tag(self) -> str:
         # The factor is named whenever it is not 1, so no two decompositions share a tag (a dp config
         # with splits=2 is infeasible, but its name must still differ from splits=1).
+        suffix = "f" if self.fused else ""
         if self.kind is DecompKind.SPLIT_K or self.splits != 1:
-            return f"{self.kind.value}{self.splits}"
-        return self.kind.value
+            return f"{self.kind.value}{self.splits}{suffix}"
+        return self.kind.value + suffix
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind.value, "splits": self.splits}
+        if self.fused:  # omitted when false, so records written before the field existed stay identical
+            out["fused"] = True
+        return out
 
 
 class Schedule(str, Enum):
@@ -207,7 +217,7 @@ class TileConfig:
             "stages": self.stages,
             "smem_layout": self.smem_layout.value,
             "raster": {"order": self.raster.order.value, "group": self.raster.group},
-            "decomposition": {"kind": self.decomposition.kind.value, "splits": self.decomposition.splits},
+            "decomposition": self.decomposition.to_dict(),
             "cluster": str(self.cluster.m) + "x" + str(self.cluster.n),
             "warp_specialized": self.warp_specialized,
             "persistent": self.persistent,
@@ -243,7 +253,8 @@ class TileConfig:
             raster=Raster(_enum(RasterOrder, "raster.order", raster.get("order", "row")),
                           _int("raster.group", raster.get("group", 1))),
             decomposition=Decomposition(_enum(DecompKind, "decomposition.kind", decomp.get("kind", "dp")),
-                                        _int("decomposition.splits", decomp.get("splits", 1))),
+                                        _int("decomposition.splits", decomp.get("splits", 1)),
+                                        _bool("decomposition.fused", decomp.get("fused", False))),
             cluster=_cluster(cluster),
             warp_specialized=bool(d.get("warp_specialized", False)),
             persistent=bool(d.get("persistent", False)),
@@ -289,6 +300,12 @@ def _int(what: str, value) -> int:
             return int(value)
         raise InvalidInput(f"{what} must be an integer", value)
     return value
+
+
+def _bool(what: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise InvalidInput(f"{what} must be true or false", value)
 
 
 def _enum(enum_cls, what: str, value):

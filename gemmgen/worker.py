@@ -124,7 +124,7 @@ def _serve(conn, factory: Callable[[], object]) -> None:
                 _, manifest, cubin, problem = request
                 answer = as_outcome(_call_measure(bench, manifest, cubin, problem))
             elif op == "cublas":
-                answer = bench.cublas_time(request[1])
+                answer = bench.cublas_time(request[1], *request[2:])
             else:
                 raise ValueError(f"unknown request {op!r}")
             conn.send(("ok", answer))
@@ -192,8 +192,8 @@ class WorkerBenchmark:
             self._replace()
         return answer
 
-    def cublas_time(self, problem) -> "float | None":
-        answer = self._request(("cublas", problem), "timing cuBLAS")
+    def cublas_time(self, problem, fresh: bool = False) -> "float | None":
+        answer = self._request(("cublas", problem, fresh), "timing cuBLAS")
         return answer if isinstance(answer, (int, float)) and not isinstance(answer, bool) else None
 
     def _request(self, request: tuple, what: str):
@@ -317,7 +317,7 @@ class ReplayBenchmark:
         time_s = times[count % len(times)]
         return Outcome(True, time_s, (time_s,), 0.0, "", "ok", problem.flops / time_s / 1e12)
 
-    def cublas_time(self, problem) -> "float | None":
+    def cublas_time(self, problem, fresh: bool = False) -> "float | None":
         return float(self.cublas_s) if self.cublas_s else None
 
 

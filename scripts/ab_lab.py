@@ -72,8 +72,11 @@ def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", required=True, action="append",
+    ap.add_argument("--set", action="append", default=[],
                     help="NAME=VALUE: a template parameter of variant B (repeatable)")
+    ap.add_argument("--config-set", action="append", default=[],
+                    help="FIELD=VALUE: a configuration field of variant B, dotted for nested ones "
+                         "(e.g. decomposition.fused=true; repeatable)")
     ap.add_argument("--shapes", default="sq1024,sq2048,skinny_m16,skinny_m128,sq4096,largek")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--config", action="append", default=[],
@@ -86,6 +89,19 @@ def main() -> int:
     for item in args.set:
         name, value = item.split("=", 1)
         override[name] = parse_value(value)
+    config_override = [item.split("=", 1) for item in args.config_set]
+    if not override and not config_override:
+        raise SystemExit("ab_lab: give variant B a --set or a --config-set")
+
+    def b_config(cfg: TileConfig) -> TileConfig:
+        d = json.loads(json.dumps(cfg.to_dict()))
+        for field, value in config_override:
+            *parents, leaf = field.split(".")
+            node = d
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = parse_value(value)
+        return TileConfig.from_dict(d)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -103,22 +119,22 @@ def main() -> int:
         extra = [TileConfig.from_dict(yaml.safe_load(Path(f).read_text())) for f in args.config]
         for j, cfg in enumerate([config] + extra):
             key = shape if j == 0 else f"{shape}/{cfg.tag}"
-            kernel = Kernel(Arch.SM90A, problem.operands, cfg)
-            for label, ov in (("A", {}), ("B", override)):
+            for label, ov, vcfg in (("A", {}, cfg), ("B", override, b_config(cfg))):
+                kernel = Kernel(Arch.SM90A, problem.operands, vcfg)
                 _, (cubin, log, resources) = build(kernel, ov)
                 manifest = make_manifest(kernel, problem)
                 cases.append({"shape": key, "variant": label, "problem": problem, "manifest": manifest,
-                              "cubin": cubin, "config": cfg.tag, "timed": True})
+                              "cubin": cubin, "config": vcfg.tag, "timed": True})
             for spec in args.verify:
                 dims, lay = spec.split(":")
                 vm, vn, vk = (int(x) for x in dims.split("x"))
                 vp = Problem.create(vm, vn, vk, "bf16", {"r": "row", "c": "col"}[lay[0]], {"r": "row", "c": "col"}[lay[1]])
-                vkernel = Kernel(Arch.SM90A, vp.operands, cfg)
+                vkernel = Kernel(Arch.SM90A, vp.operands, b_config(cfg))
                 _, (vcubin, _, _) = build(vkernel, override)
                 cases.append({"shape": f"verify {spec} {cfg.tag}", "variant": "B", "problem": vp,
                               "manifest": make_manifest(vkernel, vp), "cubin": vcubin, "config": cfg.tag,
                               "timed": False})
-    print(f"{len(cases)} variants built; B sets {override}", flush=True)
+    print(f"{len(cases)} variants built; B sets {override} {config_override}", flush=True)
 
     from gemmgen.worker import WorkerBenchmark
 
@@ -145,7 +161,7 @@ def main() -> int:
             meas = bench.measure(c["manifest"], c["cubin"], c["problem"])
             if meas.ok:
                 times.setdefault((c["shape"], c["variant"]), []).append(meas.time_s)
-                cublas.setdefault((c["shape"], c["variant"]), []).append(bench.cublas_time(c["problem"]))
+                cublas.setdefault((c["shape"], c["variant"]), []).append(bench.cublas_time(c["problem"], fresh=True))
         print(f"round {r + 1}/{args.rounds} at {time.time() - t0:.0f}s", flush=True)
     rows = []
     for shape in dict.fromkeys(c["shape"] for c in cases if c["timed"]):

@@ -221,7 +221,7 @@ def main() -> int:
             if manifest is None:
                 continue
             m = bench.measure(manifest, cubin, problem)
-            cub = bench.cublas_time(problem)
+            cub = bench.cublas_time(problem, fresh=True)
             row = rows.setdefault(key, {"shape": shape, "config": label, "times": [], "cublas": [], "fail": ""})
             if m.ok:
                 row["times"].append(m.time_s)

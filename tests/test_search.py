@@ -106,6 +106,7 @@ class Recorded:
         self.replay = ReplayBenchmark(path)
         self.replay.timings = dict(self.replay.timings, **(overrides or {}))
         self.calls: "list[str]" = []
+        self.cublas_calls: "list[bool]" = []
         self.delay_s = delay_s
 
     def measure(self, manifest, cubin, problem):
@@ -114,7 +115,8 @@ class Recorded:
             time.sleep(self.delay_s)
         return self.replay.measure(manifest, cubin, problem)
 
-    def cublas_time(self, problem):
+    def cublas_time(self, problem, fresh=False):
+        self.cublas_calls.append(fresh)
         return self.replay.cublas_time(problem)
 
     def close(self):

@@ -492,3 +492,128 @@ def test_a_1x2_cluster_multicasts_a_k_major_a_in_96_row_slices_but_mn_major_a_on
     assert tm_a["box"] == [64, 96] and tm_b["box"] == [64, 64]   # each CTA loads and multicasts 96 of A's rows
     assert sm90.template_params(Kernel(Arch.SM90A, problem.operands, config))["consumers"] == 3
     assert sm90.template_params(Kernel(Arch.SM90A, problem.operands, config))["consumer_regs"] == 152
+
+
+# --- fused split-K (the reduction inside the GEMM launch) ---------------------------------------------
+def fused_config(splits: int, cta="64x128x64", warp="64x128x64", stages=6) -> TileConfig:
+    from dataclasses import replace
+    from gemmgen.tiles import DecompKind, Decomposition
+    return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.SPLIT_K, splits, True))
+
+
+def test_fused_split_k_is_named_round_trips_and_leaves_unfused_records_unchanged():
+    from gemmgen.ranking import axis_values, config_from_axes
+    fused = fused_config(8)
+    assert fused.decomposition.tag == "splitk8f" and "_splitk8f_" in fused.tag
+    assert fused.to_dict()["decomposition"] == {"kind": "splitk", "splits": 8, "fused": True}
+    assert TileConfig.from_dict(fused.to_dict()) == fused
+    assert config_from_axes("sm90_wgmma", axis_values(fused)) == fused
+    plain = splitk_config(8)
+    assert plain.to_dict()["decomposition"] == {"kind": "splitk", "splits": 8}   # as before the field existed
+    assert plain.decomposition.tag == "splitk8"
+    with pytest.raises(InvalidInput):
+        TileConfig.from_dict(dict(fused.to_dict(), decomposition={"kind": "splitk", "splits": 8, "fused": "yes"}))
+
+
+def test_fused_reduction_is_a_split_k_option_of_the_sm90_family_only():
+    from dataclasses import replace
+    from gemmgen.tiles import DecompKind, Decomposition
+    assert not constraints.check(fused_config(8), H100, Arch.SM90A, operands=ops())
+    dp = replace(hopper_config(), decomposition=Decomposition(DecompKind.DATA_PARALLEL, 1, True))
+    assert any("a fused reduction is a split-K option" in v.rule
+               for v in constraints.check(dp, H100, Arch.SM90A, operands=ops()))
+    sm80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                 "stages": 3, "decomposition": {"kind": "splitk", "splits": 4, "fused": True}})
+    assert any("fused split-K reduction is implemented in sm90_wgmma only" in v.rule
+               for v in constraints.check(sm80, H100, Arch.SM90A, operands=ops()))
+
+
+def test_fused_split_k_manifest_is_one_launch_with_counters_zeroed_once_then_partials():
+    from gemmgen.manifest import make_manifest
+    problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, fused_config(8))
+    manifest = make_manifest(kernel, problem)
+    (main,) = manifest["launches"]
+    # 1 x 32 tiles of 64x128: 32 counters padded to 64 words, then 8 slices of 16 x 4096 fp32 partials.
+    assert manifest["workspace_bytes"] == 64 * 4 + 8 * 16 * 4096 * 4
+    assert manifest["workspace_zero"] == {"bytes": 64 * 4, "when": "bind"}
+    assert main["grid"] == [132, 1, 1]                       # 256 units on the persistent grid
+    assert sm90.fused_counter_words(kernel, problem) == 64
+
+
+def test_fused_split_k_renders_the_arrival_and_no_reduce_entry_and_compiles_without_local_memory():
+    kernel = Kernel(Arch.SM90A, ops(b="row"), fused_config(4, "128x256x64", "64x256x64", 4))
+    source = render(kernel)
+    assert "atom.add.acq_rel.gpu.global.u32" in source and "fused_reduce_tile(partials" in source
+    assert "_reduce(" not in source.replace("fused_reduce_tile(", "")
+    assert "atom.add" not in render(Kernel(Arch.SM90A, ops(b="row"), splitk_config(4)))
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0 and "C7514" not in compiled.log
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "HGMMA") > 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    assert count(counts, "ATOMG") + count(counts, "RED") > 0
+
+
+def test_the_model_charges_fused_split_k_no_second_launch():
+    from gemmgen.intensity import predict
+    problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
+    fused = predict(problem, fused_config(8), H100)
+    plain = predict(problem, splitk_config(8, "64x128x64", "64x128x64", 6), H100)
+    assert fused.time_s < plain.time_s and fused.overhead_s < plain.overhead_s
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,a,b,dtype,splits", [
+    (16, 4096, 4096, "row", "row", "bf16", 8),
+    (1000, 1096, 3000, "col", "row", "f16", 4),
+    (65, 201, 1104, "row", "col", "bf16", 16),
+])
+def test_fused_split_k_gives_the_separate_reductions_bits_and_leaves_its_counters_zero(m, n, k, a, b, dtype, splits):
+    """Same inputs through split-K with the reduction launch and with the fused reduction, three runs each
+    (the counters must come back to zero between runs): bitwise the same D, finite, and close to float64."""
+    import numpy as np
+    from gemmgen import device
+    from gemmgen.manifest import make_manifest
+    from gemmgen.nvrtc import compile_kernel
+
+    problem = Problem.create(m, n, k, dtype, a, b)
+    sizes = {"A": m * k, "B": k * n, "D": m * n}
+    outs = []
+    with device.Device() as dev:
+        bufs = {name: dev.alloc(count * 2) for name, count in sizes.items()}
+        dev.fill_uniform(bufs["A"], dtype, sizes["A"], seed=21)
+        dev.fill_uniform(bufs["B"], dtype, sizes["B"], seed=22)
+        for fused in (False, True):
+            from dataclasses import replace
+            config = fused_config(splits)
+            config = replace(config, decomposition=replace(config.decomposition, fused=fused))
+            kernel = Kernel(Arch.SM90A, problem.operands, config)
+            manifest = make_manifest(kernel, problem)
+            module = dev.load(compile_kernel(kernel).cubin)
+            workspace = dev.alloc(manifest["workspace_bytes"])
+            dev.poison(workspace, "f32")                      # binding zeroes the counters, nothing else
+            seq = dev.prepare(manifest, module, {name: buf.ptr for name, buf in bufs.items()}, workspace)
+            runs = []
+            for _ in range(3):
+                dev.poison(bufs["D"], dtype)
+                seq.run(0)
+                dev.synchronize(kernel.name)
+                runs.append(dev.copy_to_host(bufs["D"], np.uint16, sizes["D"]))
+            if fused:
+                words = sm90.fused_counter_words(kernel, problem)
+                assert not dev.copy_to_host(workspace, np.uint32, words).any()   # every counter reset
+            assert all(np.array_equal(runs[0], r) for r in runs[1:])
+            outs.append(runs[0])
+            dev.free(workspace)
+            dev.unload(module)
+        raw = {name: dev.copy_to_host(buf, np.uint16, sizes[name]) for name, buf in bufs.items()}
+        for buf in bufs.values():
+            dev.free(buf)
+    assert np.array_equal(outs[0], outs[1])
+    to64 = lambda name: device.to_float32(raw[name], dtype).astype(np.float64)
+    av = to64("A").reshape(m, k) if a == "row" else to64("A").reshape(k, m).T
+    bv = to64("B").reshape(k, n) if b == "row" else to64("B").reshape(n, k).T
+    got = device.to_float32(outs[1], dtype).reshape(m, n)
+    ref = av @ bv
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2

@@ -83,6 +83,7 @@ def template_params(kernel: Kernel) -> dict:
         "setmaxnreg": consumers >= 2,
         "producer_regs": PRODUCER_REGS, "consumer_regs": consumer_regs(consumers),
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
+        "splitk_fused": is_fused(kernel),
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "b_cpasync": False, "cpasync_producer_fence": False,
@@ -91,6 +92,18 @@ def template_params(kernel: Kernel) -> dict:
 
 def is_streamk(kernel: Kernel) -> bool:
     return kernel.config.decomposition.kind is DecompKind.STREAM_K
+
+
+def is_fused(kernel: Kernel) -> bool:
+    """Split-K whose partials are summed in the GEMM launch by each tile's last CTA (no reduction launch)."""
+    decomp = kernel.config.decomposition
+    return decomp.kind is DecompKind.SPLIT_K and decomp.fused and decomp.splits > 1
+
+
+def fused_counter_words(kernel: Kernel, problem: Problem) -> int:
+    """u32 arrival counters at the head of a fused split-K workspace: one per CTA tile (cluster tiles times the
+    cluster size), padded to 64 (256 bytes) as the template's fused_partials() computes it."""
+    return (cluster_tiles(kernel, problem) * kernel.config.cluster.size + 63) // 64 * 64
 
 
 def streamk_flag_words(grid: int) -> int:
@@ -200,6 +213,8 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     s = splits(kernel)
     if s == 1:
         return [main], 0
+    if is_fused(kernel):
+        return [main], fused_counter_words(kernel, problem) * 4 + s * problem.m * problem.n * 4
     pairs = problem.m * math.ceil(problem.n / 2)  # one reduction thread per two columns
     reduce = {"entry": f"{kernel.name}_reduce", "grid": [math.ceil(pairs / REDUCE_THREADS), 1, 1],
               "block": [REDUCE_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": main["params"]}
@@ -213,6 +228,9 @@ def manifest_launches(kernel: Kernel, problem: Problem, sm_count: "int | None" =
     runs, workspace = launches(kernel, problem, sm_count, max_clusters)
     if is_streamk(kernel):
         return runs, workspace, {"bytes": streamk_flag_words(runs[0]["grid"][0]) * 4, "when": "bind"}
+    if is_fused(kernel):
+        # The last CTA of each tile resets its counter, so the counters are zeroed once, when bound.
+        return runs, workspace, {"bytes": fused_counter_words(kernel, problem) * 4, "when": "bind"}
     return runs, workspace, {"bytes": 0, "when": "run"}
 
 
@@ -221,6 +239,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["template_params", "manifest_launches", "is_streamk", "streamk_flag_words", "SK_MAX_SLICES", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["template_params", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "SK_MAX_SLICES", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor"]
