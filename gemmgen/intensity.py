@@ -69,9 +69,13 @@ L2_SKEW_K_TILES = 8
 # model credits none until a kernel shows the gain; refit from tuning data.
 MULTICAST_REALIZED = 0.0
 ACC_BYTES = 4  # fp32 accumulators and split-K partials
-# Fused split-K's arrival (a gpu-scope fence after the partial stores, one atomic through L2, a CTA barrier):
-# a guess of one loaded memory round trip, until measured (docs/perf-notes.md, fused split-K).
-FUSED_ARRIVE_S = 1.0e-6
+# Fused split-K (docs/perf-notes.md, "Fused split-K"): a fixed cost (the arrival's fence, atomic and barriers,
+# and a last slice that starts its reduction only after the others) plus the last slice's read of its tile's
+# partials at a per-SM rate far below L2's: one SM reduces each tile. Both fitted to the two shapes measured on
+# the H100 (16x4096x4096 split 8 with 64x128 tiles: +1.95 us over the reduction launch; 1024x1024x65536 split 4
+# with 128x256 tiles: +12.4 us), so they reproduce those two and are not yet validated beyond them.
+FUSED_ARRIVE_S = 3.5e-6
+FUSED_REDUCE_BYTES_PER_S_PER_SM = 29e9
 
 # The seed note's inputs (../shared/seeds/003_*.txt): its warp shapes, with m16n8k16.
 SEED_MMA = Shape3(16, 8, 16)
@@ -423,11 +427,11 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
     overhead = LAUNCH_OVERHEAD_S
     if splits > 1 and decomp.fused:
-        # No second launch: each tile's last slice reads every slice's partial of its tile back from L2, after
-        # the others have arrived; the last wave's tiles put that read on the critical path.
+        # No second launch, but each tile's last slice reads every slice's partial of its tile back after the
+        # others have arrived, on one SM; the last wave's tiles put that read on the critical path.
         tile_rows, tile_cols = min(cta.m, m), min(cta.n, n)
-        overhead += FUSED_ARRIVE_S + math.ceil(tiles / slots) * splits * tile_rows * tile_cols * ACC_BYTES / (
-            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
+        overhead += FUSED_ARRIVE_S + math.ceil(tiles / slots) * splits * tile_rows * tile_cols * ACC_BYTES / \
+            FUSED_REDUCE_BYTES_PER_S_PER_SM
     elif splits > 1:
         overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
     if sk_slices > 1:

@@ -554,12 +554,13 @@ def test_fused_split_k_renders_the_arrival_and_no_reduce_entry_and_compiles_with
     assert count(counts, "ATOMG") + count(counts, "RED") > 0
 
 
-def test_the_model_charges_fused_split_k_no_second_launch():
+def test_the_model_prices_fused_split_k_above_the_reduction_launch_where_it_measured_slower():
     from gemmgen.intensity import predict
     problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
     fused = predict(problem, fused_config(8), H100)
     plain = predict(problem, splitk_config(8, "64x128x64", "64x128x64", 6), H100)
-    assert fused.time_s < plain.time_s and fused.overhead_s < plain.overhead_s
+    # Fitted to the H100: one SM reducing each tile cost more than the second launch saved (1.10x at 16x4096x4096).
+    assert fused.time_s > plain.time_s
 
 
 @pytest.mark.gpu
