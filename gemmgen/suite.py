@@ -186,11 +186,23 @@ def run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, measurer, op
     own = engines is None
     engines = engines or default_engines(options.jobs)
     rows = []
+    done: "dict[str, SuiteRow]" = {}   # problem key -> the row of the first shape that tuned it
     try:
         for shape in shapes:
             for dtype in dtypes:
                 problem = shape.problem(dtype)
-                shape_out = str(Path(out) / problem_key(problem)) if out else None
+                key = problem_key(problem)
+                if key in done:
+                    # The same product under another name (llm_o is sq4096): its one record and one measurement
+                    # stand for both, so the table never shows one kernel at two speeds from two re-measurements.
+                    first = done[key]
+                    row = replace(first, name=shape.name, tuning_s=0.0,
+                                  note=(f"same problem as {first.name}; " + first.note).rstrip("; "))
+                    rows.append(row)
+                    if on_row:
+                        on_row(row)
+                    continue
+                shape_out = str(Path(out) / key) if out else None
                 t0 = time.monotonic()
                 try:
                     result = tune(problem, gpu, measurer, replace(options, out=shape_out), engines=engines,
@@ -209,6 +221,7 @@ def run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, measurer, op
                                    w.kernel if w else "", w.predicted_time_s and problem.flops / w.predicted_time_s / 1e12
                                    if w else None, "" if w else "no configuration ran correctly")
                 rows.append(row)
+                done[key] = row
                 if on_row:
                     on_row(row)
     finally:

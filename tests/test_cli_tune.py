@@ -233,7 +233,8 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
         pytest.skip("NVRTC unavailable")
     replay = replay_file(tmp_path)
     shapes = tmp_path / "shapes.yaml"
-    shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
+    # "twin" is tiny's product under another name (as llm_o is sq4096): tuned once, one row each.
+    shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n  - {name: twin, M: 256, N: 256, K: 256}\n")
     assert main(["suite", str(shapes), "--gpu", "h100", "--replay", str(replay), "--dtypes", "bf16",
                  "--trials", "2", "--top-k", "2", "--finalists", "1", "--rounds", "1", "--jobs", "2",
                  "--no-progress", "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]) == 0
@@ -241,13 +242,16 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
     assert "tiny" in printed and "geomean ratio to cuBLAS" in printed
     [js] = (tmp_path / "results" / "h100-sxm").glob("suite-*.json")
     report = json.loads(js.read_text())
-    [row] = report["rows"]
+    row, twin = report["rows"]
     assert row["tflops"] and row["cublas_tflops"] and row["ratio"] == pytest.approx(row["tflops"] / row["cublas_tflops"])
     assert report["geomean_ratio"]["all"] == pytest.approx(row["ratio"])
     assert js.with_suffix(".md").read_text().count("| tiny |") == 1
+    assert twin["name"] == "twin" and twin["note"] == "same problem as tiny" and twin["tuning_s"] == 0
+    assert (twin["tflops"], twin["cublas_tflops"], twin["kernel"]) == (row["tflops"], row["cublas_tflops"], row["kernel"])
 
     # A suite tuned in parts: the table is rebuilt from the stored records, and lookup answers each shape.
     js.unlink()
+    shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
     assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16,f16", "--from-results"]) == 0
     [js] = (tmp_path / "results" / "h100-sxm").glob("suite-*.json")
     bf16, f16 = json.loads(js.read_text())["rows"]

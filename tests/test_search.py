@@ -248,6 +248,10 @@ def test_stops_at_the_trial_budget(tmp_path):
     result = tune(PROBLEM, GPU, bench, options(tmp_path, trials=10, rounds=2), engines=engines())
     assert "--trials 10" in result.stop_reason
     assert len(bench.calls) == 10 + 2 * 2  # the search, then 2 finalists x 2 interleaved rounds
+    # cuBLAS is timed afresh beside each round, not once: the card's clocks drift between rounds.
+    assert bench.cublas_calls.count(True) == 2
+    record = json.loads(result.record_path.read_text())
+    assert len(record["cublas"]["times_s"]) == 2 and "vs_cublas_paired" in record["winner"]
 
 
 def test_a_rerun_measures_model_picks_that_earlier_runs_never_tried_even_with_the_budget_spent(tmp_path):
