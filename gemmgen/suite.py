@@ -261,6 +261,7 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
     import json
 
     rows, device = [], ""
+    first_name: "dict[str, str]" = {}
     for shape in shapes:
         for dtype in dtypes:
             path = record_path(gpu, shape.problem(dtype))
@@ -279,6 +280,10 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
             cublas = (record.get("cublas") or {}).get("tflops")
             pred = w.get("predicted_time_s")
             note = "simulated (replayed timings)" if record.get("simulated") else ""
+            key = problem_key(shape.problem(dtype))
+            if key in first_name:   # one record serves every name of the same product (llm_o is sq4096)
+                note = f"same problem as {first_name[key]}" + (f"; {note}" if note else "")
+            first_name.setdefault(key, shape.name)
             rows.append(SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, w["tflops"], cublas,
                                  w["tflops"] / cublas if cublas else None, float(record.get("elapsed_s", 0.0)),
                                  w["kernel"], shape.problem(dtype).flops / pred / 1e12 if pred else None, note))
