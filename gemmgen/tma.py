@@ -54,8 +54,12 @@ def validate_spec(spec: dict) -> None:
                            "leading dimensions that are not 16-byte multiples cannot use TMA")
     if not all(1 <= b <= 256 for b in box) or (box[0] * elt) % 16:
         raise InvalidInput("tensormap box extents must be 1..256 with the inner one a multiple of 16 bytes", box)
-    if spec.get("swizzle", "128B") == "128B" and box[0] * elt > 128:
-        raise InvalidInput("with the 128B swizzle the inner box is at most 128 bytes", box[0] * elt)
+    swizzle = spec.get("swizzle", "128B")
+    if swizzle not in ("128B", "64B", "32B", "none"):
+        raise InvalidInput("tensormap swizzle must be one of 128B, 64B, 32B, none", swizzle)
+    span = {"128B": 128, "64B": 64, "32B": 32}.get(swizzle)
+    if span and box[0] * elt > span:
+        raise InvalidInput(f"with the {swizzle} swizzle the inner box is at most {span} bytes", box[0] * elt)
     if str(spec.get("l2_promotion", LEGACY_L2_PROMOTION)).upper() not in L2_PROMOTIONS:
         raise InvalidInput(f"tensormap l2_promotion must be one of {list(L2_PROMOTIONS)}", spec.get("l2_promotion"))
 

@@ -70,6 +70,26 @@ def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     return source, (cubin, log, parse_ptxas_log(log))
 
 
+def unicast_boxes(manifest: dict, kernel: Kernel) -> None:
+    """With multicast=false every CTA of a cluster loads its whole tiles: K-major boxes span the full tile rows
+    (MN-major boxes are 64 x 64 either way)."""
+    cfg = kernel.config
+    kmajor = {"A": sm90.a_is_kmajor(kernel.operands), "B": sm90.b_is_kmajor(kernel.operands)}
+    for launch in manifest["launches"]:
+        for p in launch["params"]:
+            if p.get("kind") == "tensormap" and kmajor[p["tensor"]]:
+                p["box"][1] = cfg.cta.m if p["tensor"] == "A" else cfg.cta.n
+
+
+def adjust_manifest(manifest: dict, kernel: Kernel, override: dict) -> None:
+    """The launch parameters a template override changes: unicast boxes, and no D tensor map without TMA stores."""
+    if override.get("multicast") is False:
+        unicast_boxes(manifest, kernel)
+    if override.get("tma_store") is False:
+        for launch in manifest["launches"]:
+            launch["params"] = [p for p in launch["params"] if p.get("name") != "tmD"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[],
@@ -123,6 +143,7 @@ def main() -> int:
                 kernel = Kernel(Arch.SM90A, problem.operands, vcfg)
                 _, (cubin, log, resources) = build(kernel, ov)
                 manifest = make_manifest(kernel, problem)
+                adjust_manifest(manifest, kernel, ov)
                 cases.append({"shape": key, "variant": label, "problem": problem, "manifest": manifest,
                               "cubin": cubin, "config": vcfg.tag, "timed": True})
             for spec in args.verify:
@@ -131,8 +152,10 @@ def main() -> int:
                 vp = Problem.create(vm, vn, vk, "bf16", {"r": "row", "c": "col"}[lay[0]], {"r": "row", "c": "col"}[lay[1]])
                 vkernel = Kernel(Arch.SM90A, vp.operands, b_config(cfg))
                 _, (vcubin, _, _) = build(vkernel, override)
+                vmanifest = make_manifest(vkernel, vp)
+                adjust_manifest(vmanifest, vkernel, override)
                 cases.append({"shape": f"verify {spec} {cfg.tag}", "variant": "B", "problem": vp,
-                              "manifest": make_manifest(vkernel, vp), "cubin": vcubin, "config": cfg.tag,
+                              "manifest": vmanifest, "cubin": vcubin, "config": cfg.tag,
                               "timed": False})
     print(f"{len(cases)} variants built; B sets {override} {config_override}", flush=True)
 
@@ -141,6 +164,11 @@ def main() -> int:
     worker = WorkerBenchmark()
     worker.start()
     for c in cases:
+        if c["variant"] == "B" and override.get("skip_epilogue", 0):
+            # Writes no D by design: timed only (the A variant is the same kernel with its epilogue, verified).
+            c["verified"], c["rel_error"], c["reason"] = True, None, "not verifiable: skip_epilogue writes no D"
+            print(f"  verify {c['shape']:12s} B skipped (skip_epilogue writes no D)", flush=True)
+            continue
         o = worker.measure(c["manifest"], c["cubin"], c["problem"])
         c["verified"], c["rel_error"], c["reason"] = o.ok, o.rel_error, o.reason[:200]
         print(f"  verify {c['shape']:12s} {c['variant']} {'ok' if o.ok else 'FAIL ' + o.reason[:120]} "

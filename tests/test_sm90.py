@@ -121,7 +121,7 @@ def test_manifest_launch_is_persistent_and_clustered():
     one_shot = Kernel(Arch.SM90A, problem.operands, hopper_config(persistent=False))
     assert sm90.launch(one_shot, problem, sm_count=132)["grid"] == [32 * 16, 1, 1]
     names = [p["name"] for p in entry["params"]]
-    assert names == ["tmA", "tmB", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb", "ldc", "ldd",
+    assert names == ["tmA", "tmB", "tmD", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb", "ldc", "ldd",
                      "alpha", "beta"]
 
 
@@ -174,11 +174,45 @@ def test_tma_spec_with_unaligned_stride_is_refused():
 
 def test_kernel_params_pack_tensormaps_by_value():
     entry = sm90.launch(Kernel(Arch.SM90A, ops(), hopper_config()), Problem.create(256, 256, 64), sm_count=132)
-    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "B": 0x800, "C": 0, "D": 0x1000, "bias": 0, "workspace": 0}
+    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "tmD": bytes(128), "B": 0x800, "C": 0, "D": 0x1000,
+              "bias": 0, "workspace": 0}
     pointers, holders = tma.pack_params(entry["params"], values)
     assert len(pointers) == len(entry["params"]) == len(holders)
     assert bytes(holders[0].data) == bytes(range(128))
-    assert holders[2].value == 0x800 and holders[4].value == 0x1000 and holders[7].value == 256
+    assert holders[3].value == 0x800 and holders[5].value == 0x1000 and holders[8].value == 256
+
+
+def test_aligned_d_leaves_through_a_tma_store_map_matching_the_template_box():
+    problem = Problem.create(1000, 3000, 200)
+    kernel = Kernel(Arch.SM90A, problem.operands, hopper_config())
+    params = sm90.launch(kernel, problem, sm_count=132)["params"]
+    tm_d = next(p for p in params if p["name"] == "tmD")
+    assert [p["name"] for p in params][:4] == ["tmA", "tmB", "tmD", "B"]
+    assert tm_d["tensor"] == "D" and tm_d["dims"] == [3000, 1000] and tm_d["strides_bytes"] == [6000]
+    assert tm_d["box"] == [32, 16] and tm_d["swizzle"] == "64B"
+    tma.validate_spec(tm_d)
+    source = render(kernel)
+    assert "TmaDesc tmD" in source and "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in source
+    assert "constexpr u32 EPI_BOX_BYTES = 16 * 32 * 2;" in source   # the box the map describes
+
+
+@pytest.mark.parametrize("problem,config", [
+    (Problem.create(1000, 3001, 200, "bf16", "row", "col"), hopper_config()),   # ldc 3001: D rows unaligned
+    (Problem.create(1024, 1024, 65536), None),                          # split-K: D comes from the reduction
+])
+def test_d_without_tma_store_has_no_d_map(problem, config):
+    config = config or splitk_config(4)
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    assert not sm90.uses_tma_store(kernel)
+    assert all(p["name"] != "tmD" for p in sm90.launch(kernel, problem, sm_count=132)["params"])
+    assert "TmaDesc tmD" not in render(kernel)
+
+
+def test_swizzled_tma_box_must_fit_the_swizzle_span():
+    spec = {"name": "tmD", "dtype": "bf16", "dims": [64, 64], "strides_bytes": [128], "box": [64, 16],
+            "swizzle": "64B"}
+    with pytest.raises(InvalidInput, match="64B swizzle"):
+        tma.validate_spec(spec)
 
 
 # --- NVRTC and SASS -------------------------------------------------------------------------------
@@ -190,6 +224,7 @@ def test_default_kernels_compile_to_hgmma_and_tma_without_local_memory(dtype, a,
     counts = sass_counts(compiled.cubin)
     assert count(counts, "HGMMA") > 0, "wgmma did not become HGMMA"
     assert count(counts, "UTMALDG") > 0, "cp.async.bulk.tensor did not become UTMALDG"
+    assert count(counts, "UTMASTG") > 0, "the TMA-store epilogue did not become UTMASTG"
     assert count(counts, "LDL") == 0 and count(counts, "STL") == 0, "local memory (spills or dynamic indexing)"
     assert compiled.resources.spill_bytes == 0
 
@@ -323,10 +358,10 @@ def test_pingpong_rejects_split_k_and_the_sm80_family():
 def test_pingpong_render_orders_mainloops_with_named_barriers():
     source = render(Kernel(Arch.SM90A, ops(), pingpong_config()))
     assert "bar.sync %0, %1;" in source and "bar.arrive %0, %1;" in source
-    assert "mbar_init(empty_bar + 8 * s, 4 * CL_SIZE);" in source  # one warpgroup releases each stage
+    assert "mbar_init(empty_bar + 8 * s, 4 * RING_CTAS);" in source  # one warpgroup releases each stage
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in source
     cooperative = render(Kernel(Arch.SM90A, ops(), hopper_config()))
-    assert "named_bar" not in cooperative and "CONSUMERS * 4 * CL_SIZE" in cooperative
+    assert "named_bar" not in cooperative and "CONSUMERS * 4 * RING_CTAS" in cooperative
 
 
 def test_pingpong_space_configs_survive_the_tuner_encoding():

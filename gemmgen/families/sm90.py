@@ -27,6 +27,12 @@ BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 L2_PROMOTION = "128B"
 # prefetch.tensormap of both maps at kernel start (scripts/ab_lab.py measures it against False).
 PREFETCH_TENSORMAPS = True
+# D through TMA stores where its rows allow (uses_tma_store). Measured against the vectorized st.global
+# epilogue on six suite winners: a tie (0.99-1.01x, docs/perf-notes.md "Where the epilogue's time goes"); kept
+# because the consumers issue a quarter of the instructions and never wait on D's writes.
+TMA_STORE = True
+# The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES).
+EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
 # Stream-K cuts each tile of the last partial wave into at most this many K slices (the template's
 # SK_MAX_SLICES): the owner adds the others' partials one after another.
 SK_MAX_SLICES = 16
@@ -86,8 +92,20 @@ def template_params(kernel: Kernel) -> dict:
         "splitk_fused": is_fused(kernel),
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
+        "tma_store": uses_tma_store(kernel),
+        "d_evict_first": False,
         "b_cpasync": False, "cpasync_producer_fence": False,
+        "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
+        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D).
+        "skip_epilogue": 0,
     }
+
+
+def uses_tma_store(kernel: Kernel) -> bool:
+    """D leaves through TMA stores (a third tensor map) when its rows start on 16-byte boundaries (align_c 8,
+    TMA's rule) and the kernel writes D itself: split-K's partials are fp32 plain stores and its D comes from
+    the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global."""
+    return TMA_STORE and kernel.operands.align_c >= 8 and splits(kernel) == 1
 
 
 def is_streamk(kernel: Kernel) -> bool:
@@ -147,6 +165,15 @@ def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
     return tm_a, tm_b
 
 
+def tensormap_d(kernel: Kernel, problem: Problem) -> dict:
+    """The tensor map the TMA-store epilogue writes D through: boxes of 16 rows x 32 columns with the 64B
+    swizzle, matching the template's per-warp store boxes."""
+    ops = kernel.operands
+    return {"name": "tmD", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "D", "dtype": ops.c_dtype.value,
+            "dims": [problem.n, problem.m], "strides_bytes": [problem.ldc * ops.c_dtype.bytes],
+            "box": [EPI_BOX_COLS, EPI_BOX_ROWS], "swizzle": "64B", "l2_promotion": "NONE"}
+
+
 def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
     """Output tiles counted in clusters."""
     cfg = kernel.config
@@ -187,7 +214,7 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     tm_a, tm_b = tensormap_specs(kernel, problem)
     scalars = [("M", problem.m), ("N", problem.n), ("K", problem.k), ("lda", problem.lda), ("ldb", problem.ldb),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
-    params = [tm_a, tm_b,
+    params = [tm_a, tm_b] + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
               {"name": "B", "ctype": ctype, "kind": "tensor", "tensor": "B"},   # read only by a cp.async B
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
               {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
