@@ -150,8 +150,16 @@ def _launch_config(launch: dict, stream=None):
     attr = driver.CUlaunchAttribute()
     attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.get("cluster", [1, 1, 1])
-    config.attrs = [attr]
-    config.numAttrs = 1
+    attrs = [attr]
+    policy = launch.get("cluster_policy")   # optional, for experiments (scripts/ab_lab.py --b-cluster-policy)
+    if policy:
+        extra = driver.CUlaunchAttribute()
+        extra.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        extra.value.clusterSchedulingPolicyPreference = getattr(
+            driver.CUclusterSchedulingPolicy, "CU_CLUSTER_SCHEDULING_POLICY_" + str(policy).upper())
+        attrs.append(extra)
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
     return config
 
 

@@ -35,6 +35,10 @@ SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (
          "largek": (1024, 1024, 65536), "odd3000": (3000, 3000, 3000)}
 
 
+# --set keys that change the launch (adjust_manifest), not the template.
+LAUNCH_ONLY = ("launch_cluster", "cluster_policy")
+
+
 def parse_value(text: str):
     low = text.lower()
     if low in ("true", "false"):
@@ -53,6 +57,7 @@ def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     from gemmgen.nvrtc import Compiled, compile_source, options_for, parse_ptxas_log
 
     params = sm90.template_params(kernel)
+    override = {k: v for k, v in override.items() if k not in LAUNCH_ONLY}
     unknown = set(override) - set(params)
     if unknown:
         raise SystemExit(f"ab_lab: the template has no parameter {sorted(unknown)}")
@@ -85,6 +90,15 @@ def adjust_manifest(manifest: dict, kernel: Kernel, override: dict) -> None:
     """The launch parameters a template override changes: unicast boxes, and no D tensor map without TMA stores."""
     if override.get("multicast") is False:
         unicast_boxes(manifest, kernel)
+    if override.get("launch_cluster"):
+        # The same kernel launched as clusters of this many CTAs along x: placement alone, no cluster code.
+        for launch in manifest["launches"]:
+            size = int(override["launch_cluster"])
+            launch["cluster"] = [size, 1, 1]
+            launch["grid"][0] = max(size, launch["grid"][0] // size * size)
+    if override.get("cluster_policy"):
+        for launch in manifest["launches"]:
+            launch["cluster_policy"] = override["cluster_policy"]
     if override.get("tma_store") is False:
         for launch in manifest["launches"]:
             launch["params"] = [p for p in launch["params"] if p.get("name") != "tmD"]
