@@ -82,7 +82,7 @@ def unicast_boxes(manifest: dict, kernel: Kernel) -> None:
     kmajor = {"A": sm90.a_is_kmajor(kernel.operands), "B": sm90.b_is_kmajor(kernel.operands)}
     for launch in manifest["launches"]:
         for p in launch["params"]:
-            if p.get("kind") == "tensormap" and kmajor[p["tensor"]]:
+            if p.get("kind") == "tensormap" and kmajor.get(p["tensor"]):
                 p["box"][1] = cfg.cta.m if p["tensor"] == "A" else cfg.cta.n
 
 

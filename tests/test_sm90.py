@@ -653,3 +653,13 @@ def test_fused_split_k_gives_the_separate_reductions_bits_and_leaves_its_counter
     ref = av @ bv
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_cluster_kernels_exit_after_the_producer_saw_every_stage_released_not_through_a_cluster_barrier():
+    source = render(Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1))))
+    # One cluster barrier, at the start (barrier initialisation must be visible before any multicast).
+    assert source.count("if (CLUSTER_BARRIERS) cluster_sync();") == 1
+    tail = source[source.index("if (RING_CTAS > 1 && threadIdx.x == 0)"):]
+    assert "for (int i = 0; i < STAGES; ++i)" in tail[:800] and "mbar_wait(empty_bar + 8 * s, phase ^ 1);" in tail[:800]
+    # The TMA-store epilogue only waits for its boxes to be read before the CTA's shared memory goes.
+    assert "cp.async.bulk.wait_group.read 0;" in source and "cp.async.bulk.wait_group 0;" not in source

@@ -94,6 +94,8 @@ def template_params(kernel: Kernel) -> dict:
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
         "d_evict_first": False,
+        "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
+        "exit_cluster_barrier": False,   # True only in scripts/ab_lab.py: the exit barrier the producer's wait replaced
         "b_cpasync": False, "cpasync_producer_fence": False,
         "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
         # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D).
