@@ -93,7 +93,9 @@ def template_params(kernel: Kernel) -> dict:
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
+        "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
         "d_evict_first": False,
+        "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
         "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
         "exit_cluster_barrier": False,   # True only in scripts/ab_lab.py: the exit barrier the producer's wait replaced
         "b_cpasync": False, "cpasync_producer_fence": False,
