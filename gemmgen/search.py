@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import Arch, Gpu
+from .codeversion import kernel_code_digest
 from .constraints import check
 from .errors import CompileError, InvalidInput
 from .intensity import roofline
@@ -47,6 +48,8 @@ from .storage import Quarantine, StorageError, default_storage_url, open_storage
 SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
 SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the tune
 FALLBACK_AFTER = 3  # sampler proposals in a row that give nothing new before the model's next pick is queued
+# Configurations re-measured first when the study's earlier trials timed older kernel code (the best by old time).
+REMEASURE_STALE = 8
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -178,8 +181,15 @@ class TuneResult:
 
 
 def study_name(gpu: Gpu, problem: Problem, space: SearchSpace) -> str:
-    """Deterministic, so the same command finds (and resumes) the same study."""
-    return f"gemmgen/{gpu.key}/{problem_key(problem)}/space-{space.version}"
+    """Deterministic, so the same command finds (and resumes) the same study: one per search space and per
+    version of the kernel code (templates and family modules), whose timings are the study's values."""
+    return f"gemmgen/{gpu.key}/{problem_key(problem)}/space-{space.version}/code-{kernel_code_digest()}"
+
+
+def study_code(name: str) -> "str | None":
+    """The kernel-code digest a study's name carries (None for studies named before the digest existed)."""
+    tail = name.rsplit("/", 1)[-1]
+    return tail[len("code-"):] if tail.startswith("code-") else None
 
 
 def make_sampler(name: str, seed: "int | None"):
@@ -259,6 +269,7 @@ class _Search:
         self.systemic = 0  # measurements failed in a row for reasons that are not the kernel's
         self.current = None  # the in-flight entry being measured
         self.finalists: "list[Finalist]" = []
+        self.remeasure: "list[Ranked]" = []  # best configurations of trials that timed older kernel code
         self.winner = None
         self.stop_reason = ""
         self._last_write = 0.0
@@ -287,15 +298,25 @@ class _Search:
             self._enqueue_model_picks()
 
     def _carry_over(self) -> None:
-        """Measured trials of this problem under an earlier space version stay valid: copy them in."""
+        """Measured trials of this problem under an earlier space version stay valid when the kernel code is the
+        same: copy them in. Trials that timed older kernel code are not copied (their times describe kernels
+        that are no longer built); their best configurations are measured again first, ahead of the model's
+        picks (self.remeasure)."""
         optuna = self.optuna
         prefix = self.name.rsplit("/space-", 1)[0] + "/space-"
+        code = study_code(self.name)
+        stale: "dict[str, float]" = {}
         for summary in optuna.study.get_all_study_summaries(self.storage):
             if not summary.study_name.startswith(prefix) or summary.study_name == self.name:
                 continue
             old = optuna.load_study(study_name=summary.study_name, storage=self.storage)
+            same_code = study_code(summary.study_name) == code
             for t in old.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
                 if not t.user_attrs.get("measured") or t.user_attrs.get("config_tag") not in self.by_tag:
+                    continue
+                if not same_code:
+                    tag = t.user_attrs["config_tag"]
+                    stale[tag] = max(stale.get(tag, 0.0), t.value or 0.0)
                     continue
                 ranked = self.by_tag[t.user_attrs["config_tag"]]
                 attrs = dict(t.user_attrs, carried_from=f"{summary.study_name}#{t.number}",
@@ -304,6 +325,8 @@ class _Search:
                     params=self.space.params(ranked.config), distributions=self.space.distributions(
                         ranked.config.family.value), value=t.value, user_attrs=attrs))
                 self.counts["carried"] += 1
+        best_stale = sorted(stale, key=lambda tag: -stale[tag])[:REMEASURE_STALE]
+        self.study.set_user_attr("remeasure", best_stale)
 
     def _recover_interrupted(self) -> None:
         """Trials left RUNNING by a tuner that died: FAIL them; re-queue, or quarantine a repeat offender."""
@@ -391,7 +414,11 @@ class _Search:
                 queued.add(config.tag)
         k = len(self.ranking) if self.options.sampler == "grid" else self.options.top_k
         self.pick_source = f"model top-{k}"
-        self.pending = deque(r for r in self.model_picks() if r.config.tag not in self.tried | queued)
+        skip = self.tried | queued
+        self.remeasure = [self.by_tag[tag] for tag in self.study.user_attrs.get("remeasure", ())
+                          if tag in self.by_tag and tag not in skip]
+        again = {r.config.tag for r in self.remeasure}
+        self.pending = deque(self.remeasure + [r for r in self.model_picks() if r.config.tag not in skip | again])
 
     def _new_model_picks_due(self, inflight) -> bool:
         """Model picks never measured (a grown search space, or a better model) are measured on a re-run even
@@ -405,7 +432,8 @@ class _Search:
             r = self.pending.popleft()
             if r.config.tag in self.tried:
                 continue
-            self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": self.pick_source})
+            source = "re-measure: timed with older kernel code" if r in self.remeasure else self.pick_source
+            self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": source})
             self.waiting += 1
 
     # -- the loop --------------------------------------------------------------------------

@@ -583,3 +583,27 @@ def test_the_top_table_measures_against_the_hard_roofline_and_the_model_separate
     for row in result.top:
         assert row.pct_of_roofline == pytest.approx(100 * row.tflops / hard)
         assert row.pct_of_prediction == pytest.approx(100 * row.tflops / row.predicted_tflops)
+
+
+def test_trials_that_timed_older_kernel_code_are_remeasured_first_not_carried(tmp_path, monkeypatch):
+    from gemmgen import search
+
+    first = Recorded()
+    r1 = search.tune(PROBLEM, GPU, first, options(tmp_path, trials=6, top_k=6, rounds=1), engines=engines())
+    old_best = sorted((t for t in load_study(tmp_path, r1).trials if t.state.name == "COMPLETE"),
+                      key=lambda t: -t.value)
+    assert search.study_code(r1.study_name) == search.kernel_code_digest()
+
+    # The templates changed: the same command opens a new study, whose values are only this code's timings.
+    monkeypatch.setattr(search, "kernel_code_digest", lambda: "0123456789ab")
+    second = Recorded()
+    r2 = search.tune(PROBLEM, GPU, second, options(tmp_path, trials=8, top_k=6, rounds=1), engines=engines())
+    assert r2.study_name != r1.study_name and r2.study_name.endswith("/code-0123456789ab")
+    assert r2.counts["carried"] == 0
+    study = load_study(tmp_path, r2)
+    measured = [t for t in study.trials if t.user_attrs.get("measured")]
+    # The old study's best configurations are measured again before anything else, best first.
+    again = [t.user_attrs["config_tag"] for t in measured[:len(old_best)]]
+    assert again == [t.user_attrs["config_tag"] for t in old_best]
+    assert all(t.user_attrs.get("source", "").startswith("re-measure") for t in measured[:len(old_best)])
+    assert second.calls[:len(old_best)] == again
