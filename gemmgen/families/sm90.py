@@ -95,12 +95,14 @@ def template_params(kernel: Kernel) -> dict:
         "tma_store": uses_tma_store(kernel),
         "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
         "d_evict_first": False,
+        "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
         "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
         "exit_cluster_barrier": False,   # True only in scripts/ab_lab.py: the exit barrier the producer's wait replaced
         "b_cpasync": False, "cpasync_producer_fence": False,
         "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
-        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D).
+        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
+        # 3 fills the TMA-store boxes but issues no store.
         "skip_epilogue": 0,
     }
 
