@@ -666,3 +666,19 @@ def test_cluster_kernels_exit_after_the_producer_saw_every_stage_released_not_th
     assert "for (int i = 0; i < STAGES; ++i)" in tail[:800] and "mbar_wait(empty_bar + 8 * s, phase ^ 1);" in tail[:800]
     # The TMA-store epilogue only waits for its boxes to be read before the CTA's shared memory goes.
     assert "cp.async.bulk.wait_group.read 0;" in source and "cp.async.bulk.wait_group 0;" not in source
+
+
+def test_lab_fast_epilogue_renders_and_compiles_without_spills():
+    # scripts/ab_lab.py --set epi_fast=true: prepared, not yet measured on the H100 (docs/perf-notes.md).
+    import jinja2
+    from gemmgen import paths
+    from gemmgen.nvrtc import compile_source, options_for
+    kernel = Kernel(Arch.SM90A, ops(bias=True, activation="relu"), hopper_config())
+    params = dict(sm90.template_params(kernel), epi_fast=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    source = env.get_template(kernel.config.family.template).render(**params)
+    assert "finish_fast(" in source and "if (beta == 0.0f && m0 + wm + WM <= M && n0 + wn + WN <= N)" in source
+    assert "finish_fast(" not in render(kernel)   # off in what gemmgen renders
+    cubin, log = compile_source(kernel.name, source, options_for(kernel))
+    assert "0 bytes spill stores" in log
