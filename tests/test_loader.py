@@ -166,3 +166,33 @@ def test_standalone_script_launches_a_bundle_from_its_manifest(tmp_path, splits)
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_from_manifest.py"), str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "-> OK" in result.stdout, result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", ["1x1", "2x1"])
+def test_standalone_script_launches_an_sm90_bundle_with_its_tensor_maps(tmp_path, cluster):
+    # The sm90 ABI: tmA, tmB and (TMA-store epilogue) tmD encoded by the launcher from the manifest's specs.
+    pytest.importorskip("torch")
+    from gemmgen.arch import Arch
+    from gemmgen.device import Device
+    from gemmgen.manifest import make_manifest
+    from gemmgen.nvrtc import compile_kernel
+    from gemmgen.tiles import Kernel, TileConfig
+
+    with Device() as dev:
+        if dev.props.cc != (9, 0):
+            pytest.skip("the sm90_wgmma family needs an sm_90 GPU")
+    problem = Problem.create(1000, 3000, 200, "bf16", "row", "col", beta=0.5, bias=True, activation="relu")
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64",
+                                   "mma": "64x256x16", "stages": 4, "raster": {"order": "row", "group": 8},
+                                   "cluster": cluster, "warp_specialized": True, "persistent": True})
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    compiled = compile_kernel(kernel)
+    manifest = make_manifest(kernel, problem, compiled)
+    assert [p["name"] for p in manifest["launches"][0]["params"]][:3] == ["tmA", "tmB", "tmD"]
+    (tmp_path / manifest["cubin"]).write_bytes(compiled.cubin)
+    path = tmp_path / (manifest["name"] + ".json")
+    path.write_text(json.dumps(manifest))
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_from_manifest.py"), str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "-> OK" in result.stdout, result.stdout + result.stderr[-2000:]
