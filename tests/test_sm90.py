@@ -682,3 +682,18 @@ def test_lab_fast_epilogue_renders_and_compiles_without_spills():
     assert "finish_fast(" not in render(kernel)   # off in what gemmgen renders
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
     assert "0 bytes spill stores" in log
+
+
+def test_lab_timeline_stamps_render_and_compile_without_spills():
+    # scripts/timeline.py: %globaltimer stamps per CTA; prepared, not yet run on the H100.
+    import jinja2
+    from gemmgen import paths
+    from gemmgen.nvrtc import compile_source, options_for
+    kernel = Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1)))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    source = env.get_template(kernel.config.family.template).render(**dict(sm90.template_params(kernel), timeline=True))
+    assert source.count("tl_stamp(workspace, ") == 6 and "%%globaltimer" in source
+    assert "tl_stamp" not in render(kernel)
+    cubin, log = compile_source(kernel.name, source, options_for(kernel))
+    assert "0 bytes spill stores" in log

@@ -96,6 +96,7 @@ def template_params(kernel: Kernel) -> dict:
         "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
         "d_evict_first": False,
         "epi_fast": False,   # True only in scripts/ab_lab.py: a short epilogue for interior tiles with beta == 0
+        "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
         "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
