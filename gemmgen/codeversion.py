@@ -13,7 +13,6 @@ from functools import lru_cache
 from . import paths
 
 
-
 @lru_cache(maxsize=1)
 def kernel_code_digest() -> str:
     """12 hex digits over templates/*.j2, gemmgen/families/*.py and gemmgen/render.py, in a fixed order."""

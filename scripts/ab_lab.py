@@ -37,6 +37,8 @@ SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (
 
 # --set keys that change the launch (adjust_manifest), not the template.
 LAUNCH_ONLY = ("launch_cluster", "cluster_policy")
+# --set keys whose B variant may leave D unwritten or wrong by design: timed, not verified.
+UNVERIFIABLE = ("skip_epilogue", "epi_no_wait", "epi_no_fence")
 
 
 def parse_value(text: str):
@@ -49,12 +51,29 @@ def parse_value(text: str):
         return text
 
 
+def stored_winner(shape: str) -> "tuple[Problem, TileConfig]":
+    """A suite shape's bf16 row-major problem and the configuration stored as its winner (results/h100-sxm/tunes)."""
+    m, n, k = SUITE[shape]
+    path = ROOT / "results" / "h100-sxm" / "tunes" / f"{m}x{n}x{k}_bf16_rr_bf16_linear.json"
+    return Problem.create(m, n, k, "bf16"), TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"])
+
+
+def with_fields(cfg: TileConfig, fields: "list[tuple[str, str]]") -> TileConfig:
+    """`cfg` with configuration fields replaced: (FIELD, VALUE) pairs, dotted for nested fields."""
+    d = json.loads(json.dumps(cfg.to_dict()))
+    for field, value in fields:
+        *parents, leaf = field.split(".")
+        node = d
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = parse_value(value)
+    return TileConfig.from_dict(d)
+
+
 def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     """Render with template_params(kernel) updated by `override`, compile with gemmgen's options."""
-    import jinja2
-
-    from gemmgen import paths
-    from gemmgen.nvrtc import Compiled, compile_source, options_for, parse_ptxas_log
+    from gemmgen.nvrtc import compile_source, options_for, parse_ptxas_log
+    from gemmgen.render import environment, render
 
     params = sm90.template_params(kernel)
     override = {k: v for k, v in override.items() if k not in LAUNCH_ONLY}
@@ -62,13 +81,9 @@ def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     if unknown:
         raise SystemExit(f"ab_lab: the template has no parameter {sorted(unknown)}")
     params.update(override)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     if override:
-        source = env.get_template(kernel.config.family.template).render(**params)
+        source = environment().get_template(kernel.config.family.template).render(**params)
     else:
-        from gemmgen.render import render
-
         source = render(kernel)   # variant A is exactly what gemmgen ships
     options = options_for(kernel)
     cubin, log = compile_source(kernel.name, source, options)
@@ -128,26 +143,16 @@ def main() -> int:
         raise SystemExit("ab_lab: give variant B a --set or a --config-set")
 
     def b_config(cfg: TileConfig) -> TileConfig:
-        d = json.loads(json.dumps(cfg.to_dict()))
-        for field, value in config_override:
-            *parents, leaf = field.split(".")
-            node = d
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = parse_value(value)
-        return TileConfig.from_dict(d)
+        return with_fields(cfg, config_override)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     cases = []
     for shape in args.shapes.split(","):
-        m, n, k = SUITE[shape]
-        path = ROOT / "results" / "h100-sxm" / "tunes" / f"{m}x{n}x{k}_bf16_rr_bf16_linear.json"
-        config = TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"])
+        problem, config = stored_winner(shape)
         if config.family is not Family.SM90_WGMMA:
             print(f"skip {shape}: its winner is {config.family.value}")
             continue
-        problem = Problem.create(m, n, k, "bf16")
         import yaml
 
         extra = [TileConfig.from_dict(yaml.safe_load(Path(f).read_text())) for f in args.config]
@@ -178,11 +183,11 @@ def main() -> int:
     worker = WorkerBenchmark()
     worker.start()
     for c in cases:
-        if c["variant"] == "B" and (override.get("skip_epilogue", 0) or override.get("epi_no_wait")
-                                    or override.get("epi_no_fence")):
-            # Writes no D by design: timed only (the A variant is the same kernel with its epilogue, verified).
-            c["verified"], c["rel_error"], c["reason"] = True, None, "not verifiable: skip_epilogue writes no D"
-            print(f"  verify {c['shape']:12s} B skipped (skip_epilogue writes no D)", flush=True)
+        switches = [name for name in UNVERIFIABLE if override.get(name)]
+        if c["variant"] == "B" and switches:
+            # D unwritten or wrong by design: timed only (the A variant is the same kernel as rendered, verified).
+            c["verified"], c["rel_error"], c["reason"] = True, None, f"not verifiable: {switches}"
+            print(f"  verify {c['shape']:12s} B skipped ({', '.join(switches)}: D not verifiable)", flush=True)
             continue
         o = worker.measure(c["manifest"], c["cubin"], c["problem"])
         c["verified"], c["rel_error"], c["reason"] = o.ok, o.rel_error, o.reason[:200]

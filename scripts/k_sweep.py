@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from ab_lab import SUITE, build, parse_value  # noqa: E402
+from ab_lab import SUITE, build, stored_winner, with_fields  # noqa: E402
 from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.manifest import make_manifest  # noqa: E402
 from gemmgen.problem import Problem  # noqa: E402
@@ -41,18 +41,6 @@ def fit(ks: "list[int]", ts: "list[float]") -> "tuple[float, float]":
     return mt - slope * mk, slope
 
 
-def changed(cfg: TileConfig, sets: "list[str]") -> TileConfig:
-    d = json.loads(json.dumps(cfg.to_dict()))
-    for item in sets:
-        field, value = item.split("=", 1)
-        *parents, leaf = field.split(".")
-        node = d
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = parse_value(value)
-    return TileConfig.from_dict(d)
-
-
 def main() -> int:
     import yaml
 
@@ -64,13 +52,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    m, n, k0 = SUITE[args.shape]
+    m, n, _ = SUITE[args.shape]
     ks = [int(k) for k in args.ks.split(",")]
-    stored = ROOT / "results" / "h100-sxm" / "tunes" / f"{m}x{n}x{k0}_bf16_rr_bf16_linear.json"
-    configs = [TileConfig.from_dict(json.loads(stored.read_text())["winner"]["config"])]
+    configs = [stored_winner(args.shape)[1]]
     configs += [TileConfig.from_dict(yaml.safe_load(Path(f).read_text())) for f in args.config]
     if args.config_set:
-        configs += [changed(c, args.config_set) for c in configs]
+        fields = [item.split("=", 1) for item in args.config_set]
+        configs += [with_fields(c, fields) for c in configs]
     cases = []
     for cfg in configs:
         for k in ks:

@@ -9,7 +9,7 @@ entry and the end of the start barrier; consumer warpgroup 0's first thread stam
 of each tile's main loop and of its epilogue (first 16 tiles), and its exit. The kernel runs once to warm up,
 then --runs times with the stamps read back after each; D is checked against cuBLAS once (gemmgen.bench's
 worker). Prints, per shape, medians over CTAs and runs: launch skew, start-up, first data, main loop per tile,
-epilogue per tile, the gap from a CTA's last exit to the kernel's end; writes timeline.json.
+epilogue per tile, and the first and last CTA exits from the first CTA's entry; writes timeline.json.
 """
 from __future__ import annotations
 
@@ -24,12 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from ab_lab import SUITE, build, parse_value  # noqa: E402
+from ab_lab import build, parse_value, stored_winner  # noqa: E402
 from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.families import sm90  # noqa: E402
 from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import Family, Kernel, TileConfig  # noqa: E402
+from gemmgen.tiles import Family, Kernel  # noqa: E402
 
 TL_TILES = 16                # the template's TL_TILES
 TL_SLOTS = 4 + 2 * TL_TILES  # the template's TL_SLOTS
@@ -83,13 +82,12 @@ def main() -> int:
 
     report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "override": override,
               "shapes": {}}
+    built = {}   # shape -> (problem, manifest, cubin), timed here and verified below
     with Device() as dev:
         report["device"] = dev.props.to_dict()
         for shape in args.shapes.split(","):
-            m, n, k = SUITE[shape]
-            path = ROOT / "results" / "h100-sxm" / "tunes" / f"{m}x{n}x{k}_bf16_rr_bf16_linear.json"
-            cfg = TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"])
-            problem = Problem.create(m, n, k, "bf16")
+            problem, cfg = stored_winner(shape)
+            m, n, k = problem.m, problem.n, problem.k
             kernel = Kernel(Arch.SM90A, problem.operands, cfg)
             if cfg.family is not Family.SM90_WGMMA or sm90.splits(kernel) > 1 or sm90.is_streamk(kernel):
                 print(f"skip {shape}: its winner {cfg.tag} is not a data-parallel sm90 kernel")
@@ -98,6 +96,7 @@ def main() -> int:
             manifest = make_manifest(kernel, problem)
             grid = manifest["launches"][0]["grid"][0]
             manifest["workspace_bytes"] = grid * TL_SLOTS * 8
+            built[shape] = (problem, manifest, cubin)
             module = dev.load(cubin)
             bufs = {name: dev.alloc(rows * cols * 2) for name, rows, cols in (("A", m, k), ("B", k, n), ("D", m, n))}
             dev.fill_uniform(bufs["A"], "bf16", m * k, seed=1)
@@ -124,14 +123,7 @@ def main() -> int:
     # The stamps must not change the answer: the same kernel verified once against cuBLAS (gemmgen.bench).
     bench = GpuBenchmark(verify=True)
     for shape, row in report["shapes"].items():
-        m, n, k = SUITE[shape]
-        problem = Problem.create(m, n, k, "bf16")
-        cfg = TileConfig.from_dict(json.loads((ROOT / "results" / "h100-sxm" / "tunes" /
-                                               f"{m}x{n}x{k}_bf16_rr_bf16_linear.json").read_text())["winner"]["config"])
-        kernel = Kernel(Arch.SM90A, problem.operands, cfg)
-        _, (cubin, _, _) = build(kernel, override)
-        manifest = make_manifest(kernel, problem)
-        manifest["workspace_bytes"] = row["grid"] * TL_SLOTS * 8
+        problem, manifest, cubin = built[shape]
         meas = bench.measure(manifest, cubin, problem)
         row["verified"], row["time_us"] = meas.ok, (meas.time_s or 0) * 1e6
         row["cublas_us"] = bench.cublas_time(problem, fresh=True) * 1e6

@@ -41,6 +41,13 @@ def sass_counts(cubin: bytes):
     return instruction_counts(dump_sass(cubin))
 
 
+def render_lab(kernel: Kernel, **switches) -> str:
+    """The sm90 template rendered with lab switches changed (what scripts/ab_lab.py builds)."""
+    from gemmgen.render import environment
+    return environment().get_template(kernel.config.family.template).render(
+        **dict(sm90.template_params(kernel), **switches))
+
+
 def count(counts, prefix: str) -> int:
     return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
 
@@ -502,17 +509,12 @@ def test_model_prices_streamk_by_its_remainder_slices():
 
 def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():
     # Not in the search space (1.3-2.5x slower on the H100, docs/perf-notes.md); kept compiling for the next try.
-    import jinja2
-    from gemmgen import paths
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(b="row"), hopper_config())
+    assert sm90.template_params(kernel)["b_cpasync"] is False
     # With the stmatrix epilogue this experimental path needs 8 bytes of stack (ptxas, 2026-11-22): it keeps the
     # 4-byte st.shared fill of the store boxes.
-    params = dict(sm90.template_params(kernel), b_cpasync=True, stmatrix=False)
-    assert sm90.template_params(kernel)["b_cpasync"] is False
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    source = env.get_template(kernel.config.family.template).render(**params)
+    source = render_lab(kernel, b_cpasync=True, stmatrix=False)
     assert "cp.async.mbarrier.arrive.noinc" in source and "fence.proxy.async.shared::cta" in source
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
     assert "0 bytes spill stores" in log
@@ -670,14 +672,9 @@ def test_cluster_kernels_exit_after_the_producer_saw_every_stage_released_not_th
 
 def test_lab_fast_epilogue_renders_and_compiles_without_spills():
     # scripts/ab_lab.py --set epi_fast=true: prepared, not yet measured on the H100 (docs/perf-notes.md).
-    import jinja2
-    from gemmgen import paths
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(bias=True, activation="relu"), hopper_config())
-    params = dict(sm90.template_params(kernel), epi_fast=True)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    source = env.get_template(kernel.config.family.template).render(**params)
+    source = render_lab(kernel, epi_fast=True)
     assert "finish_fast(" in source and "if (beta == 0.0f && m0 + wm + WM <= M && n0 + wn + WN <= N)" in source
     assert "finish_fast(" not in render(kernel)   # off in what gemmgen renders
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
@@ -686,13 +683,9 @@ def test_lab_fast_epilogue_renders_and_compiles_without_spills():
 
 def test_lab_timeline_stamps_render_and_compile_without_spills():
     # scripts/timeline.py: %globaltimer stamps per CTA; prepared, not yet run on the H100.
-    import jinja2
-    from gemmgen import paths
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1)))
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    source = env.get_template(kernel.config.family.template).render(**dict(sm90.template_params(kernel), timeline=True))
+    source = render_lab(kernel, timeline=True)
     assert source.count("tl_stamp(workspace, ") == 6 and "%%globaltimer" in source
     assert "tl_stamp" not in render(kernel)
     cubin, log = compile_source(kernel.name, source, options_for(kernel))

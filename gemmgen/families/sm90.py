@@ -94,7 +94,7 @@ def template_params(kernel: Kernel) -> dict:
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
         "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
-        "d_evict_first": False,
+        "d_evict_first": False,   # True only in scripts/ab_lab.py: D stored with an L2 evict-first policy
         "epi_fast": False,   # True only in scripts/ab_lab.py: a short epilogue for interior tiles with beta == 0
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
