@@ -28,6 +28,9 @@ REG_LIMIT = 255
 REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
 BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
 SM90_EPI_WARP_BYTES = 16 * 40 * 4  # sm90 epilogue staging per consumer warp: 16 rows x 40 fp32
+SM90_EPI_BOX_BYTES = 16 * 32 * 2   # one TMA-store box of the sm90 epilogue: 16 rows x 32 16-bit columns
+SM90_SMEM_PER_SM = 233472          # every sm_90 GPU: 228 KB of shared memory per SM, 1 KB reserved per CTA
+SM90_SMEM_OPTIN = 232448           # and at most 227 KB per block
 
 
 def _pow2(value: int) -> bool:
@@ -52,12 +55,43 @@ def smem_bytes(config: TileConfig, operands: "Operands | None" = None) -> int:
         a_stage = cta.m * cta.k * elt + a_rows * pad
         b_stage = cta.n * cta.k * elt + b_rows * pad
         return config.stages * (a_stage + b_stage)
-    # sm90: 1024-byte aligned stages for the 128B swizzle, plus the epilogue's per-warp staging tiles
-    # (16 rows x 40 fp32 each); one BARRIER_BYTES holds the mbarriers, another aligns the ring to 1024 B.
-    stage = (cta.m * cta.k + cta.n * cta.k) * elt
-    stage = math.ceil(stage / 1024) * 1024
-    staging = config.math_threads // 32 * SM90_EPI_WARP_BYTES
-    return config.stages * stage + staging + 2 * BARRIER_BYTES
+    # sm90: 1024-byte aligned stages for the 128B swizzle, plus the epilogue's per-warp staging (sm90_epi_boxes);
+    # one BARRIER_BYTES holds the mbarriers, another aligns the ring to 1024 B.
+    return _sm90_ring_bytes(config, elt) + config.math_threads // 32 * sm90_epi_warp_bytes(config, operands) \
+        + 2 * BARRIER_BYTES
+
+
+def _sm90_ring_bytes(config: TileConfig, elt: int) -> int:
+    stage = (config.cta.m * config.cta.k + config.cta.n * config.cta.k) * elt
+    return config.stages * math.ceil(stage / 1024) * 1024
+
+
+def sm90_epi_boxes(config: TileConfig, operands: "Operands | None" = None) -> int:
+    """TMA-store boxes (16 x 32, 1 KB) each sm90 consumer warp stages D in.
+
+    Two boxes alternate unless shared memory left over by the operand ring holds more: the warp then fills
+    its whole share of the tile (MI x WN/32 boxes) before any store, so it never waits for the TMA unit to
+    read a box mid-epilogue, and hands them over behind one proxy fence. Halving steps from the whole share
+    down to 2 (groups that divide the share), taking the largest that fits without lowering the CTAs resident
+    per SM. Non-TMA-store kernels (split-K, unaligned ldc) get the same region and use 2.5 KB of it."""
+    warps = config.math_threads // 32
+    ring = _sm90_ring_bytes(config, _ab_bytes(operands)) + 2 * BARRIER_BYTES
+    base = ring + warps * SM90_EPI_WARP_BYTES
+    resident = max(1, SM90_SMEM_PER_SM // (base + 1024))
+    budget = min(SM90_SMEM_OPTIN, SM90_SMEM_PER_SM // resident - 1024)
+    share = max(2, (config.warp.m // 64) * (config.warp.n // 32))
+    # The whole share, else two alternating groups of boxes/2 that divide the share evenly.
+    options = [share] + [b for b in (16, 8, 4) if b < share and share % (b // 2) == 0]
+    for boxes in options:
+        if ring + warps * max(SM90_EPI_WARP_BYTES, boxes * SM90_EPI_BOX_BYTES) <= budget:
+            return boxes
+    return 2
+
+
+def sm90_epi_warp_bytes(config: TileConfig, operands: "Operands | None" = None) -> int:
+    """Epilogue staging per sm90 consumer warp: the fp32 tile of the st.global path (16 rows x 40 fp32) or the
+    TMA-store boxes, whichever is larger (both paths use one region)."""
+    return max(SM90_EPI_WARP_BYTES, sm90_epi_boxes(config, operands) * SM90_EPI_BOX_BYTES)
 
 
 def regs_estimate(config: TileConfig) -> int:
