@@ -101,7 +101,7 @@ def unicast_boxes(manifest: dict, kernel: Kernel) -> None:
                 p["box"][1] = cfg.cta.m if p["tensor"] == "A" else cfg.cta.n
 
 
-def adjust_manifest(manifest: dict, kernel: Kernel, override: dict) -> None:
+def adjust_manifest(manifest: dict, kernel: Kernel, override: dict, problem: "Problem | None" = None) -> None:
     """The launch parameters a template override changes: unicast boxes, and no D tensor map without TMA stores."""
     if override.get("multicast") is False:
         unicast_boxes(manifest, kernel)
@@ -114,6 +114,10 @@ def adjust_manifest(manifest: dict, kernel: Kernel, override: dict) -> None:
     if override.get("cluster_policy"):
         for launch in manifest["launches"]:
             launch["cluster_policy"] = override["cluster_policy"]
+    if override.get("epi_box_cols"):
+        for launch in manifest["launches"]:
+            launch["params"] = [sm90.tensormap_d_spec(problem, kernel.operands.c_dtype, int(override["epi_box_cols"]))
+                                if p.get("name") == "tmD" else p for p in launch["params"]]
     if override.get("tma_store") is False:
         for launch in manifest["launches"]:
             launch["params"] = [p for p in launch["params"] if p.get("name") != "tmD"]
@@ -162,7 +166,7 @@ def main() -> int:
                 kernel = Kernel(Arch.SM90A, problem.operands, vcfg)
                 _, (cubin, log, resources) = build(kernel, ov)
                 manifest = make_manifest(kernel, problem)
-                adjust_manifest(manifest, kernel, ov)
+                adjust_manifest(manifest, kernel, ov, problem)
                 cases.append({"shape": key, "variant": label, "problem": problem, "manifest": manifest,
                               "cubin": cubin, "config": vcfg.tag, "timed": True})
             for spec in args.verify:
@@ -172,7 +176,7 @@ def main() -> int:
                 vkernel = Kernel(Arch.SM90A, vp.operands, b_config(cfg))
                 _, (vcubin, _, _) = build(vkernel, override)
                 vmanifest = make_manifest(vkernel, vp)
-                adjust_manifest(vmanifest, vkernel, override)
+                adjust_manifest(vmanifest, vkernel, override, vp)
                 cases.append({"shape": f"verify {spec} {cfg.tag}", "variant": "B", "problem": vp,
                               "manifest": vmanifest, "cubin": vcubin, "config": cfg.tag,
                               "timed": False})

@@ -670,19 +670,52 @@ def test_cluster_kernels_exit_after_the_producer_saw_every_stage_released_not_th
     assert "cp.async.bulk.wait_group.read 0;" in source and "cp.async.bulk.wait_group 0;" not in source
 
 
-def test_lab_fast_epilogue_renders_and_compiles_without_spills():
-    # scripts/ab_lab.py --set epi_fast=true: prepared, not yet measured on the H100 (docs/perf-notes.md).
+def test_fast_epilogue_is_rendered_by_default_and_compiles_without_spills():
+    # Measured on the H100 (docs/perf-notes.md, "epi_fast"): interior tiles with beta == 0 skip C and bounds.
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(bias=True, activation="relu"), hopper_config())
-    source = render_lab(kernel, epi_fast=True)
+    source = render(kernel)
     assert "finish_fast(" in source and "if (beta == 0.0f && m0 + wm + WM <= M && n0 + wn + WN <= N)" in source
-    assert "finish_fast(" not in render(kernel)   # off in what gemmgen renders
+    assert "finish_fast(" not in render_lab(kernel, epi_fast=False)   # the A/B switch turns it off
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
     assert "0 bytes spill stores" in log
 
 
+def test_store_boxes_fill_the_shared_memory_the_ring_leaves():
+    # 128x256 s3 leaves room for each warp's whole share (8 boxes); s4 for half of it; 128x64's share is 2.
+    assert constraints.sm90_epi_boxes(hopper_config(stages=3)) == 8
+    assert constraints.sm90_epi_boxes(hopper_config(stages=4)) == 4
+    small = hopper_config(cta="128x64x64", warp="64x64x64", stages=8)
+    assert constraints.sm90_epi_boxes(small) == 2
+    for config in enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops()):
+        assert constraints.smem_bytes(config, ops()) <= H100.smem_per_block_optin, config.tag
+        boxes = constraints.sm90_epi_boxes(config, ops())
+        share = config.warp.m // 64 * (config.warp.n // 32)
+        assert boxes == share or (boxes % 2 == 0 and share % (boxes // 2) == 0), config.tag
+
+
+def test_whole_share_epilogue_fences_once_and_streamk_keeps_two_boxes():
+    source = render(Kernel(Arch.SM90A, ops(), hopper_config(stages=3)))
+    assert "constexpr int EPI_BOXES = 8 * 32 / EPI_COLS;" in source and "constexpr int EPI_COLS = 32;" in source
+    streamk = TileConfig.from_dict({**hopper_config(stages=4).to_dict(), "decomposition": {"kind": "streamk"}})
+    sk = render(Kernel(Arch.SM90A, ops(), streamk))
+    assert "constexpr int EPI_BOXES = 2 * 32 / EPI_COLS;" in sk and "finish_fast(" not in sk
+
+
+def test_lab_64_column_store_boxes_halve_the_tma_stores():
+    from gemmgen.nvrtc import compile_source, options_for
+    kernel = Kernel(Arch.SM90A, ops(), hopper_config(stages=3))
+    counts = {}
+    for cols in (32, 64):
+        source = render_lab(kernel, epi_box_cols=cols)
+        cubin, log = compile_source(kernel.name, source, options_for(kernel))
+        assert "0 bytes spill stores" in log
+        counts[cols] = count(sass_counts(cubin), "UTMASTG")
+    assert counts[64] * 2 == counts[32] > 0
+
+
 def test_lab_timeline_stamps_render_and_compile_without_spills():
-    # scripts/timeline.py: %globaltimer stamps per CTA; prepared, not yet run on the H100.
+    # scripts/timeline.py: %globaltimer stamps per CTA (run on the H100 2026-11-23, docs/perf-notes.md).
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1)))
     source = render_lab(kernel, timeline=True)

@@ -34,7 +34,8 @@ TMA_STORE = True
 # Interior tiles with beta == 0 skip C and the bounds tests in the TMA-store epilogue (one branch per tile).
 # Measured on the 2026-11-23 H100 run: the 128x256 tile's epilogue 3.7 -> 1.7 us, sq2048 0.93x -> 0.98x cuBLAS.
 EPI_FAST = True
-# The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES).
+# The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
+# (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
 EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
 # Stream-K cuts each tile of the last partial wave into at most this many K slices (the template's
 # SK_MAX_SLICES): the owner adds the others' partials one after another.
@@ -105,6 +106,8 @@ def template_params(kernel: Kernel) -> dict:
         "epi_fast": EPI_FAST and not is_streamk(kernel),
         "epi_boxes": 2 if is_streamk(kernel) else sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
+        "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
+        "epi_alpha_one": False,   # True only in scripts/ab_lab.py: the fast path without alpha's multiplies
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
@@ -186,9 +189,16 @@ def tensormap_d(kernel: Kernel, problem: Problem) -> dict:
     """The tensor map the TMA-store epilogue writes D through: boxes of 16 rows x 32 columns with the 64B
     swizzle, matching the template's per-warp store boxes."""
     ops = kernel.operands
-    return {"name": "tmD", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "D", "dtype": ops.c_dtype.value,
-            "dims": [problem.n, problem.m], "strides_bytes": [problem.ldc * ops.c_dtype.bytes],
-            "box": [EPI_BOX_COLS, EPI_BOX_ROWS], "swizzle": "64B", "l2_promotion": "NONE"}
+    return tensormap_d_spec(problem, ops.c_dtype, EPI_BOX_COLS)
+
+
+def tensormap_d_spec(problem: Problem, dtype, box_cols: int) -> dict:
+    """tmD for store boxes of 16 rows x `box_cols` columns: 64-byte rows take the 64B swizzle, 128-byte rows
+    the 128B one (the template's box_chunk places the chunks the same way)."""
+    return {"name": "tmD", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "D", "dtype": dtype.value,
+            "dims": [problem.n, problem.m], "strides_bytes": [problem.ldc * dtype.bytes],
+            "box": [box_cols, EPI_BOX_ROWS], "swizzle": "64B" if box_cols * dtype.bytes == 64 else "128B",
+            "l2_promotion": "NONE"}
 
 
 def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
