@@ -200,7 +200,7 @@ def test_aligned_d_leaves_through_a_tma_store_map_matching_the_template_box():
     tma.validate_spec(tm_d)
     source = render(kernel)
     assert "TmaDesc tmD" in source and "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in source
-    assert "constexpr u32 EPI_BOX_BYTES = 16 * 32 * 2;" in source   # the box the map describes
+    assert "constexpr int EPI_COLS = 32;" in source and "EPI_BOX_BYTES = 16 * EPI_COLS * 2;" in source   # the map's box
 
 
 @pytest.mark.parametrize("problem,config", [
@@ -335,7 +335,9 @@ def test_pingpong_runs_two_consumer_warpgroups_over_one_warpgroup_tile():
     assert config.warps_m * config.warps_n == 1 and config.threads == 384
     assert constraints.check(config, H100, Arch.SM90A, operands=ops()) == []
     # Two warpgroups' epilogue staging, as the cooperative 128x256 (8 consumer warps).
-    assert constraints.smem_bytes(config, ops()) == 6 * 32768 + 8 * constraints.SM90_EPI_WARP_BYTES + 2048
+    # Six 32 KB stages leave each of the 8 consumer warps 4 store boxes (4 KB) of its 8-box share.
+    assert constraints.sm90_epi_boxes(config, ops()) == 4
+    assert constraints.smem_bytes(config, ops()) == 6 * 32768 + 8 * 4 * constraints.SM90_EPI_BOX_BYTES + 2048
     params = sm90.template_params(Kernel(Arch.SM90A, ops(), config))
     assert params["pingpong"] and params["consumers"] == 2 and params["setmaxnreg"]
     entry = sm90.launch(Kernel(Arch.SM90A, ops(), config), Problem.create(4096, 4096, 4096), sm_count=132)
