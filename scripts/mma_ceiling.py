@@ -23,7 +23,7 @@ CHAINS = 8
 ITERS = 4096
 
 SOURCE = r"""
-extern "C" __global__ void mma_loop(float* out, int iters) {
+extern "C" __global__ void mma_loop(float* out, int iters, const char* src) {
     const unsigned t = threadIdx.x;
     // Operands derived from the thread index, so the compiler cannot fold them (values are irrelevant).
     const unsigned a0 = 0x3f803f80u ^ t, a1 = 0x3f003f00u ^ t, a2 = 0x3e803e80u ^ (t << 1), a3 = 0x3f403f40u ^ t;
@@ -55,18 +55,24 @@ __device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr) {
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 __device__ __forceinline__ void load_frags(unsigned (&a)[4][4], unsigned (&b)[4][4], unsigned base, int step) {
-    const unsigned at = base + (threadIdx.x % 32) * 16 + (step & 7) * 4096;
+    const unsigned at = base + (threadIdx.x % 32) * 16 + (step & 3) * 4096;
 #pragma unroll
     for (int i = 0; i < 4; ++i) ldsm4(a[i], at + i * 512);
 #pragma unroll
     for (int i = 0; i < 4; ++i) ldsm4(b[i], at + 2048 + i * 512);
 }
-extern "C" __global__ void __launch_bounds__(256) ldsm_mma_loop(float* out, int iters) {
-    __shared__ __align__(128) unsigned short tile[8 * 4096 / 2];
-    for (int i = threadIdx.x; i < 8 * 4096 / 2; i += blockDim.x) tile[i] = (unsigned short)(0x3f80 ^ (i & 7));
+// MODE 0: ldmatrix + mma only; 1: plus a __syncthreads every 4 k16 steps (one 64-deep k-tile); 2: plus, per
+// k-tile, the 16 16-byte cp.async per thread of a 128x128x64 CTA's stage (from an L2-resident buffer into a
+// separate 32 KB region) with commit / wait_group 1 before the barrier, as the template pipelines them.
+template <int MODE>
+__device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char* src) {
+    __shared__ __align__(128) unsigned short tile[4 * 4096 / 2];
+    __shared__ __align__(128) unsigned char copies[32768];
+    for (int i = threadIdx.x; i < 4 * 4096 / 2; i += blockDim.x) tile[i] = (unsigned short)(0x3f80 ^ (i & 7));
     __syncthreads();
-    unsigned base;
+    unsigned base, copy_base;
     asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(base) : "l"(tile));
+    asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(copy_base) : "l"(copies));
     float acc[4][8][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -79,6 +85,19 @@ extern "C" __global__ void __launch_bounds__(256) ldsm_mma_loop(float* out, int 
     for (int i = 0; i < iters; i += 2) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+            if (MODE == 2 && h == 0 && (i & 3) == 0) {
+                const int t = threadIdx.x % 128;
+                const char* g = src + (size_t)(((blockIdx.x * 7 + i / 4) & 511) * 32768);
+#pragma unroll
+                for (int c = 0; c < 16; ++c)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                                 :: "r"(copy_base + (c * 128 + t) * 16), "l"(g + (c * 128 + t) * 16) : "memory");
+                asm volatile("cp.async.commit_group;" ::: "memory");
+            }
+            if (MODE >= 1 && h == 1 && (i & 3) == 2) {
+                if (MODE == 2) asm volatile("cp.async.wait_group 1;" ::: "memory");
+                __syncthreads();
+            }
             load_frags(a[h ^ 1], b[h ^ 1], base, i + h + 1);
 #pragma unroll
             for (int m = 0; m < 4; ++m)
@@ -96,7 +115,17 @@ extern "C" __global__ void __launch_bounds__(256) ldsm_mma_loop(float* out, int 
     for (int m = 0; m < 4; ++m)
 #pragma unroll
         for (int n = 0; n < 8; ++n) s += acc[m][n][0] + acc[m][n][1] + acc[m][n][2] + acc[m][n][3];
+    if (MODE == 2) asm volatile("cp.async.wait_group 0;" ::: "memory");
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+extern "C" __global__ void __launch_bounds__(256) ldsm_mma_loop(float* out, int iters, const char* src) {
+    ldsm_mma_body<0>(out, iters, src);
+}
+extern "C" __global__ void __launch_bounds__(256) ldsm_mma_bar(float* out, int iters, const char* src) {
+    ldsm_mma_body<1>(out, iters, src);
+}
+extern "C" __global__ void __launch_bounds__(256) ldsm_mma_copy_bar(float* out, int iters, const char* src) {
+    ldsm_mma_body<2>(out, iters, src);
 }
 """
 
@@ -128,12 +157,15 @@ def main() -> int:
     clock_khz = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev))
     module = check(cu.cuModuleLoadData(cubin))
     out = check(cu.cuMemAlloc(4 * sms * 4 * 256 * 4))
+    src = check(cu.cuMemAlloc(512 * 32768))   # 16 MB: stays in the 50 MB L2, as a GEMM's re-read tiles mostly do
+    check(cu.cuMemsetD8(src, 0x3c, 512 * 32768))
     start, stop = check(cu.cuEventCreate(0)), check(cu.cuEventCreate(0))
 
     def timed(func, grid: int, block: int, iters: int) -> float:
         p_out = np.array([int(out)], dtype=np.uint64)
         p_iters = np.array([iters], dtype=np.int32)
-        params = np.array([p_out.ctypes.data, p_iters.ctypes.data], dtype=np.uint64)
+        p_src = np.array([int(src)], dtype=np.uint64)
+        params = np.array([p_out.ctypes.data, p_iters.ctypes.data, p_src.ctypes.data], dtype=np.uint64)
         times = []
         for rep in range(8):
             check(cu.cuEventRecord(start, 0))
@@ -148,7 +180,8 @@ def main() -> int:
     print(f"{sms} SMs, reported SM clock {clock_khz / 1e6:.2f} GHz; mma.sync.m16n8k16 bf16->f32")
     print(f"{'kernel':>14s} {'CTAs/SM':>7s} {'warps':>5s} {'us':>9s} {'TFLOP/s':>8s} {'FLOP/clk/SM':>12s}")
     # mma_loop: CHAINS mma per iteration per warp; ldsm_mma_loop: 32 mma (one k16 step of a 64x64 warp tile).
-    for name, mmas, iters in ((b"mma_loop", CHAINS, ITERS), (b"ldsm_mma_loop", 32, ITERS // 4)):
+    for name, mmas, iters in ((b"mma_loop", CHAINS, ITERS), (b"ldsm_mma_loop", 32, ITERS // 4),
+                              (b"ldsm_mma_bar", 32, ITERS // 4), (b"ldsm_mma_copy_bar", 32, ITERS // 4)):
         func = check(cu.cuModuleGetFunction(module, name))
         for ctas_per_sm, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
             grid, block = sms * ctas_per_sm, warps * 32
