@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .arch import Arch, DType, Gpu
+from .arch import Arch, DType, Gpu, catalogue
 from .errors import InvalidConfig, Violation
 from .problem import Operands, Problem
 from .tiles import DecompKind, Family, Kernel, Schedule, SmemLayout, TileConfig
@@ -29,8 +29,6 @@ REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 
 BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
 SM90_EPI_WARP_BYTES = 16 * 40 * 4  # sm90 epilogue staging per consumer warp: 16 rows x 40 fp32
 SM90_EPI_BOX_BYTES = 16 * 32 * 2   # one TMA-store box of the sm90 epilogue: 16 rows x 32 16-bit columns
-SM90_SMEM_PER_SM = 233472          # every sm_90 GPU: 228 KB of shared memory per SM, 1 KB reserved per CTA
-SM90_SMEM_OPTIN = 232448           # and at most 227 KB per block
 
 
 def _pow2(value: int) -> bool:
@@ -77,8 +75,9 @@ def sm90_epi_boxes(config: TileConfig, operands: "Operands | None" = None) -> in
     warps = config.math_threads // 32
     ring = _sm90_ring_bytes(config, _ab_bytes(operands)) + 2 * BARRIER_BYTES
     base = ring + warps * SM90_EPI_WARP_BYTES
-    resident = max(1, SM90_SMEM_PER_SM // (base + 1024))
-    budget = min(SM90_SMEM_OPTIN, SM90_SMEM_PER_SM // resident - 1024)
+    per_sm, optin = _sm90_smem()
+    resident = max(1, per_sm // (base + 1024))   # the driver reserves 1 KB per CTA
+    budget = min(optin, per_sm // resident - 1024)
     share = max(2, (config.warp.m // 64) * (config.warp.n // 32))
     # The whole share, else two alternating groups of boxes/2 that divide the share evenly.
     options = [share] + [b for b in (16, 8, 4) if b < share and share % (b // 2) == 0]
@@ -86,6 +85,13 @@ def sm90_epi_boxes(config: TileConfig, operands: "Operands | None" = None) -> in
         if ring + warps * max(SM90_EPI_WARP_BYTES, boxes * SM90_EPI_BOX_BYTES) <= budget:
             return boxes
     return 2
+
+
+def _sm90_smem() -> "tuple[int, int]":
+    """Shared memory per SM and per block on every sm_90a GPU of the catalogue (the smallest, so a kernel's
+    footprint does not depend on which Hopper it is rendered for)."""
+    hoppers = [g for g in catalogue().values() if g.arch is Arch.SM90A]
+    return min(g.smem_per_sm for g in hoppers), min(g.smem_per_block_optin for g in hoppers)
 
 
 def sm90_epi_warp_bytes(config: TileConfig, operands: "Operands | None" = None) -> int:

@@ -101,7 +101,7 @@ def unicast_boxes(manifest: dict, kernel: Kernel) -> None:
                 p["box"][1] = cfg.cta.m if p["tensor"] == "A" else cfg.cta.n
 
 
-def adjust_manifest(manifest: dict, kernel: Kernel, override: dict, problem: "Problem | None" = None) -> None:
+def adjust_manifest(manifest: dict, kernel: Kernel, override: dict, problem: Problem) -> None:
     """The launch parameters a template override changes: unicast boxes, and no D tensor map without TMA stores."""
     if override.get("multicast") is False:
         unicast_boxes(manifest, kernel)

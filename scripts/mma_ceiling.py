@@ -5,7 +5,7 @@
 
 Two kernels. mma_loop, no memory traffic: every warp issues mma.sync.m16n8k16 (bf16 in, fp32 accumulate) on register
 operands, CHAINS independent accumulators deep, ITERS times; grids of 1-4 CTAs of 4-8 warps per SM. Timed with
-CUDA events (driver API), median of 7 launches after a warm-up; FLOP = warps x ITERS x CHAINS x 4096. The sums are
+CUDA events through gemmgen.device, median of 7 launches after a warm-up; FLOP = warps x ITERS x CHAINS x 4096. The sums are
 written out so nothing is dead code. Prints TFLOP/s per launch shape, and per SM and clock at the SM clock the
 driver reports (a bound: under load the card clocks lower).
 """
@@ -130,67 +130,64 @@ extern "C" __global__ void __launch_bounds__(256) ldsm_mma_copy_bar(float* out, 
 """
 
 
-def check(result):
-    """A driver call's value(s), or exit naming the error: cuda.bindings returns (CUresult, values...)."""
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(getattr(err, "value", err)) != 0:
-        raise SystemExit(f"mma_ceiling: CUDA error {err}")
-    return values[0] if len(values) == 1 else (values or None)
+def manifest(entry: str, grid: int, block: int, iters: int) -> dict:
+    """A one-launch manifest for gemmgen.device: out as D, the copy source as B, iters as a scalar."""
+    return {"name": entry, "launches": [{
+        "entry": entry, "grid": [grid, 1, 1], "block": [block, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0,
+        "params": [{"name": "out", "kind": "tensor", "tensor": "D"},
+                   {"name": "iters", "kind": "scalar", "ctype": "int", "value": iters},
+                   {"name": "src", "kind": "tensor", "tensor": "B"}]}]}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
-    import numpy as np
-    from cuda.bindings import driver as cu
-
+    from gemmgen.device import Device
     from gemmgen.nvrtc import compile_source
 
     cubin, log = compile_source("mma_loop", f"#define CHAINS {CHAINS}\n" + SOURCE,
                                 (f"--gpu-architecture={args.arch}", "-std=c++17", "--ptxas-options=-v"))
-    check(cu.cuInit(0))
-    dev = check(cu.cuDeviceGet(0))
-    ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
-    check(cu.cuCtxSetCurrent(ctx))
-    sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
-    clock_khz = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev))
-    module = check(cu.cuModuleLoadData(cubin))
-    out = check(cu.cuMemAlloc(4 * sms * 4 * 256 * 4))
-    src = check(cu.cuMemAlloc(512 * 32768))   # 16 MB: stays in the 50 MB L2, as a GEMM's re-read tiles mostly do
-    check(cu.cuMemsetD8(src, 0x3c, 512 * 32768))
-    start, stop = check(cu.cuEventCreate(0)), check(cu.cuEventCreate(0))
+    with Device() as dev:
+        sms, clock_hz = dev.props.sm_count, dev.props.clock_mhz * 1e6
+        module = dev.load(cubin)
+        out = dev.alloc(4 * sms * 4 * 256 * 4)
+        src = dev.alloc(512 * 32768)   # 16 MB: stays in the 50 MB L2, as a GEMM's re-read tiles mostly do
+        dev.memset(src, 0x3c)
+        start, stop = dev.event(), dev.event()
 
-    def timed(func, grid: int, block: int, iters: int) -> float:
-        p_out = np.array([int(out)], dtype=np.uint64)
-        p_iters = np.array([iters], dtype=np.int32)
-        p_src = np.array([int(src)], dtype=np.uint64)
-        params = np.array([p_out.ctypes.data, p_iters.ctypes.data, p_src.ctypes.data], dtype=np.uint64)
-        times = []
-        for rep in range(8):
-            check(cu.cuEventRecord(start, 0))
-            check(cu.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, 0, params.ctypes.data, 0))
-            check(cu.cuEventRecord(stop, 0))
-            check(cu.cuEventSynchronize(stop))
-            if rep:
-                times.append(check(cu.cuEventElapsedTime(start, stop)) / 1e3)
-        return statistics.median(times)
+        def timed(entry: str, grid: int, block: int, iters: int) -> float:
+            run = dev.prepare(manifest(entry, grid, block, iters), module, {"D": out.ptr, "B": src.ptr})
+            times = []
+            for rep in range(8):
+                start.record()
+                run.run()
+                stop.record()
+                dev.synchronize(entry)
+                if rep:   # the first launch warms up
+                    times.append(stop.elapsed_s(start))
+            return statistics.median(times)
 
-    print(log.strip().splitlines()[-1] if log.strip() else "")
-    print(f"{sms} SMs, reported SM clock {clock_khz / 1e6:.2f} GHz; mma.sync.m16n8k16 bf16->f32")
-    print(f"{'kernel':>14s} {'CTAs/SM':>7s} {'warps':>5s} {'us':>9s} {'TFLOP/s':>8s} {'FLOP/clk/SM':>12s}")
-    # mma_loop: CHAINS mma per iteration per warp; ldsm_mma_loop: 32 mma (one k16 step of a 64x64 warp tile).
-    for name, mmas, iters in ((b"mma_loop", CHAINS, ITERS), (b"ldsm_mma_loop", 32, ITERS // 4),
-                              (b"ldsm_mma_bar", 32, ITERS // 4), (b"ldsm_mma_copy_bar", 32, ITERS // 4)):
-        func = check(cu.cuModuleGetFunction(module, name))
-        for ctas_per_sm, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
-            grid, block = sms * ctas_per_sm, warps * 32
-            t = timed(func, grid, block, iters)
-            flop = grid * warps * iters * mmas * 4096
-            print(f"{name.decode():>14s} {ctas_per_sm:7d} {warps:5d} {t * 1e6:9.1f} {flop / t / 1e12:8.1f} "
-                  f"{flop / t / sms / (clock_khz * 1e3):12.0f}")
+        print(log.strip().splitlines()[-1] if log.strip() else "")
+        print(f"{dev.props.name}, {sms} SMs, reported SM clock {clock_hz / 1e9:.2f} GHz; mma.sync.m16n8k16 bf16->f32")
+        print(f"{'kernel':>17s} {'CTAs/SM':>7s} {'warps':>5s} {'us':>9s} {'TFLOP/s':>8s} {'FLOP/clk/SM':>12s}")
+        # mma_loop: CHAINS mma per iteration per warp; the ldsm kernels: 32 (one k16 step of a 64x64 warp tile).
+        for entry, mmas, iters in (("mma_loop", CHAINS, ITERS), ("ldsm_mma_loop", 32, ITERS // 4),
+                                   ("ldsm_mma_bar", 32, ITERS // 4), ("ldsm_mma_copy_bar", 32, ITERS // 4)):
+            for ctas_per_sm, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
+                grid, block = sms * ctas_per_sm, warps * 32
+                t = timed(entry, grid, block, iters)
+                flop = grid * warps * iters * mmas * 4096
+                print(f"{entry:>17s} {ctas_per_sm:7d} {warps:5d} {t * 1e6:9.1f} {flop / t / 1e12:8.1f} "
+                      f"{flop / t / sms / clock_hz:12.0f}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gemmgen.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as exc:   # no GPU, a bad argument: one line, exit 2
+        print(f"{Path(__file__).name}: {exc}", file=sys.stderr)
+        sys.exit(2)

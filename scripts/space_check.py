@@ -68,7 +68,7 @@ def main() -> int:
     rows = []
     for (index, problem, kernel), result in zip(todo, built):
         row = {"config": index, "name": kernel.name, "problem": f"{problem.m}x{problem.n}x{problem.k}",
-               "epilogue": problem.epilogue.__dict__ if hasattr(problem.epilogue, "__dict__") else str(problem.epilogue)}
+               "epilogue": str(problem.epilogue)}
         if isinstance(result, CompileError):
             row.update(ok=False, kind="compile", reason=str(result)[:300])
         else:
@@ -90,4 +90,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gemmgen.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as exc:   # no GPU, a bad argument: one line, exit 2
+        print(f"{Path(__file__).name}: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -673,7 +673,7 @@ def test_cluster_kernels_exit_after_the_producer_saw_every_stage_released_not_th
 
 
 def test_fast_epilogue_is_rendered_by_default_and_compiles_without_spills():
-    # Measured on the H100 (docs/perf-notes.md, "epi_fast"): interior tiles with beta == 0 skip C and bounds.
+    # Measured on the H100 (docs/perf-notes.md, "The short epilogue"): interior tiles with beta == 0 skip C and bounds.
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(bias=True, activation="relu"), hopper_config())
     source = render(kernel)

@@ -107,8 +107,8 @@ def template_params(kernel: Kernel) -> dict:
         "epi_boxes": 2 if is_streamk(kernel) else sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
-        "epi_alpha_one": False,
-        "epi_defer_store": False,   # True only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs   # True only in scripts/ab_lab.py: the fast path without alpha's multiplies
+        "epi_alpha_one": False,   # True only in scripts/ab_lab.py: the fast path without alpha's multiplies
+        "epi_defer_store": False,   # True only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
