@@ -242,7 +242,6 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
                  config.persistent, True)
             rule(decomp.kind is DecompKind.DATA_PARALLEL, "ping-pong is implemented for data-parallel tiles only",
                  decomp.kind.value, DecompKind.DATA_PARALLEL.value)
-            rule(config.cluster.size == 1, "ping-pong is implemented without clusters", str(config.cluster), "1x1")
         if decomp.kind is DecompKind.STREAM_K:
             # Iteration ranges are per CTA, and an owner waits for later CTAs' partials: every CTA of the
             # grid must be resident at once, which only the persistent launch guarantees.

@@ -347,11 +347,26 @@ def test_pingpong_runs_two_consumer_warpgroups_over_one_warpgroup_tile():
 @pytest.mark.parametrize("changes,rule", [
     ({"warp": Shape3(64, 128, 64)}, "warpgroup tile must equal the CTA tile"),
     ({"persistent": False}, "ping-pong needs the persistent tile loop"),
-    ({"cluster": Cluster(2, 1)}, "ping-pong is implemented without clusters"),
 ])
 def test_pingpong_rejects_what_the_template_does_not_implement(changes, rule):
     config = pingpong_config(**changes)
     assert any(rule in v.rule for v in constraints.check(config, H100, Arch.SM90A, operands=ops()))
+
+
+@pytest.mark.parametrize("cluster", [Cluster(2, 1), Cluster(1, 2)])
+def test_pingpong_with_a_cluster_multicasts_and_releases_each_stage_to_both_ctas(cluster):
+    # Verified on the H100 2026-11-23 (35/35 checks, docs/perf-notes.md "Ping-pong with clusters"); slower
+    # than the cooperative winners there, so the search space does not offer it.
+    config = pingpong_config(cluster=cluster)
+    assert constraints.check(config, H100, Arch.SM90A, operands=ops()) == []
+    kernel = Kernel(Arch.SM90A, ops(), config)
+    source = render(kernel)
+    assert "mbar_init(empty_bar + 8 * s, 4 * RING_CTAS);" in source
+    assert f"CL_M = {cluster.m}, CL_N = {cluster.n}" in source
+    compiled = compile_sm90(kernel)
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "UTMALDG") > 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    assert compiled.resources.spill_bytes == 0
 
 
 def test_pingpong_rejects_split_k_and_the_sm80_family():
@@ -721,7 +736,8 @@ def test_lab_timeline_stamps_render_and_compile_without_spills():
     from gemmgen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1)))
     source = render_lab(kernel, timeline=True)
-    assert source.count("tl_stamp(workspace, ") == 6 and "%%globaltimer" in source
+    # entry, start barrier, first stage, exit, main-loop end, epilogue end, and the fill's end in both paths
+    assert source.count("tl_stamp(workspace, ") == 8 and "%%globaltimer" in source and "%%clock64" in source
     assert "tl_stamp" not in render(kernel)
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
     assert "0 bytes spill stores" in log

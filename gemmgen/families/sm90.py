@@ -107,6 +107,7 @@ def template_params(kernel: Kernel) -> dict:
         "epi_boxes": 2 if is_streamk(kernel) else sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
+        "epi_direct": 0,   # 1 or 2 only in scripts/ab_lab.py: the fast path stores D with st.global, no TMA store
         "epi_alpha_one": False,   # True only in scripts/ab_lab.py: the fast path without alpha's multiplies
         "epi_defer_store": False,   # True only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
