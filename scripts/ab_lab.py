@@ -36,7 +36,7 @@ SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (
 
 
 # --set keys that change the launch (adjust_manifest), not the template.
-LAUNCH_ONLY = ("launch_cluster", "cluster_policy")
+LAUNCH_ONLY = ("launch_cluster", "cluster_policy", "launch_grid")
 # --set keys whose B variant may leave D unwritten or wrong by design: timed, not verified.
 UNVERIFIABLE = ("skip_epilogue", "epi_no_wait", "epi_no_fence")
 
@@ -111,6 +111,12 @@ def adjust_manifest(manifest: dict, kernel: Kernel, override: dict, problem: Pro
             size = int(override["launch_cluster"])
             launch["cluster"] = [size, 1, 1]
             launch["grid"][0] = max(size, launch["grid"][0] // size * size)
+    if override.get("launch_grid"):
+        # A persistent kernel on this many CTAs instead of one per SM (e.g. 128 at 4096^3: 512 128x256 tiles
+        # in exactly 4 waves, as the public worklog ran); rounded down to whole clusters.
+        for launch in manifest["launches"]:
+            size = launch.get("cluster", [1, 1, 1])[0]
+            launch["grid"][0] = max(size, int(override["launch_grid"]) // size * size)
     if override.get("cluster_policy"):
         for launch in manifest["launches"]:
             launch["cluster_policy"] = override["cluster_policy"]

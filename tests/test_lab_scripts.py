@@ -41,3 +41,35 @@ def test_mma_ceiling_kernels_are_mma_sync_and_ldmatrix_without_local_memory():
     assert count_prefix(counts, "HMMA.16816") >= mma_ceiling.CHAINS + 32 and count_prefix(counts, "LDSM") >= 8
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0
     assert "0 bytes spill stores" in log
+
+
+def test_ab_lab_launch_grid_resizes_the_persistent_grid_in_whole_clusters():
+    import ab_lab
+    from gemmgen.arch import Arch
+    from gemmgen.manifest import make_manifest
+    from gemmgen.tiles import Kernel
+
+    for shape in ("sq4096", "llm_qkv"):
+        problem, config = ab_lab.stored_winner(shape)
+        kernel = Kernel(Arch.SM90A, problem.operands, config)
+        manifest = make_manifest(kernel, problem)
+        ab_lab.adjust_manifest(manifest, kernel, {"launch_grid": 129}, problem)
+        size = config.cluster.size
+        assert manifest["launches"][0]["grid"][0] == 129 // size * size
+    assert "launch_grid" in ab_lab.LAUNCH_ONLY   # a launch change: the template is not asked for it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [1, 2])
+def test_ab_lab_deferred_and_spread_stores_compile_without_spills(mode):
+    # epi_defer_store 1: all of a warp's boxes after the next tile's first k-tile; 2: one box per k-tile.
+    import ab_lab
+    from gemmgen.arch import Arch
+    from gemmgen.tiles import Kernel
+
+    problem, config = ab_lab.stored_winner("sq4096")
+    source, (cubin, log, resources) = ab_lab.build(Kernel(Arch.SM90A, problem.operands, config),
+                                                   {"epi_defer_store": mode})
+    # Only the spread mode stores a single box, pend_next, inside the k-loop.
+    assert ("stage + pend_next * EPI_BOX_BYTES" in source) == (mode == 2)
+    assert all(r.spill_bytes == 0 for r in resources.values())

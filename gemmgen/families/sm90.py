@@ -109,7 +109,8 @@ def template_params(kernel: Kernel) -> dict:
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
         "epi_direct": 0,   # 1 or 2 only in scripts/ab_lab.py: the fast path stores D with st.global, no TMA store
         "epi_alpha_one": False,   # True only in scripts/ab_lab.py: the fast path without alpha's multiplies
-        "epi_defer_store": False,   # True only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs
+        # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
+        "epi_defer_store": 0,
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
