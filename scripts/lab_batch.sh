@@ -18,3 +18,6 @@ step spread python3 scripts/ab_lab.py --set epi_defer_store=2 --shapes sq2048,sq
   --verify 1000x3000x1000:rr --verify 1000x3000x4104:rc
 # 3. 128 persistent CTAs at 4096^3 (512 tiles in exactly 4 waves) instead of 132.
 step grid128 python3 scripts/ab_lab.py --set launch_grid=128 --shapes sq4096,llm_qkv --rounds 9
+# 4. The whole space through the tuner's worker again: Stream-K's staging region shrank to its two boxes
+#    (constraints.sm90_epi_boxes, 2026-11-23, compiled but not yet run on the GPU).
+step space python3 scripts/space_check.py

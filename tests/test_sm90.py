@@ -717,6 +717,10 @@ def test_whole_share_epilogue_fences_once_and_streamk_keeps_two_boxes():
     streamk = TileConfig.from_dict({**hopper_config(stages=4).to_dict(), "decomposition": {"kind": "streamk"}})
     sk = render(Kernel(Arch.SM90A, ops(), streamk))
     assert "constexpr int EPI_BOXES = 2 * 32 / EPI_COLS;" in sk and "finish_fast(" not in sk
+    # The decision lives in constraints.sm90_epi_boxes, so the staging region is sized for the two boxes used.
+    s3 = TileConfig.from_dict({**hopper_config(stages=3).to_dict(), "decomposition": {"kind": "streamk"}})
+    assert constraints.sm90_epi_boxes(s3) == 2 and constraints.sm90_epi_warp_bytes(s3) == constraints.SM90_EPI_WARP_BYTES
+    assert constraints.smem_bytes(s3) < constraints.smem_bytes(hopper_config(stages=3))
 
 
 def test_lab_64_column_store_boxes_halve_the_tma_stores():

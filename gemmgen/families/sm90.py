@@ -100,11 +100,11 @@ def template_params(kernel: Kernel) -> dict:
         "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
         "d_evict_first": False,   # True only in scripts/ab_lab.py: D stored with an L2 evict-first policy
         # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
-        # TMA-store boxes per consumer warp (constraints.sm90_epi_boxes) and the warp's staging bytes. Stream-K
-        # keeps the former epilogue (two alternating boxes, no fast path): with its fix-up state live, the
-        # 128x256 and 256x128 s4 tiles spilled 20 bytes with either change.
+        # Stream-K keeps the general path: with its fix-up state live, the 128x256 and 256x128 s4 tiles spilled
+        # 20 bytes with it. TMA-store boxes per consumer warp and the warp's staging bytes come from
+        # constraints.sm90_epi_boxes (two for Stream-K, for the same reason).
         "epi_fast": EPI_FAST and not is_streamk(kernel),
-        "epi_boxes": 2 if is_streamk(kernel) else sm90_epi_boxes(cfg, ops),
+        "epi_boxes": sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
         "epi_direct": 0,   # 1 or 2 only in scripts/ab_lab.py: the fast path stores D with st.global, no TMA store
