@@ -221,6 +221,15 @@ def _kernel_from_meta(meta: dict) -> Kernel:
     return Kernel(Arch.SM90A, ops, TileConfig.from_dict(meta["config"]))
 
 
+def tensormaps(tma, specs: dict, a_store, b_store, d) -> dict:
+    """The launch's tensor maps over the given tensors: A's and B's, and D's when the kernel stores through TMA
+    (every kernel with 16-byte aligned D rows since 2026-11-22; before, this lab encoded only tmA and tmB)."""
+    values = {"tmA": tma.encode(specs["tmA"], a_store.data_ptr()), "tmB": tma.encode(specs["tmB"], b_store.data_ptr())}
+    if "tmD" in specs:
+        values["tmD"] = tma.encode(specs["tmD"], d.data_ptr())
+    return values
+
+
 def run_one(meta_path: str, perf: bool, sets: int = 3) -> dict:
     import torch
     from cuda.bindings import driver
@@ -258,7 +267,7 @@ def run_one(meta_path: str, perf: bool, sets: int = 3) -> dict:
     def prepare(problem, a_store, b_store, c, bias, d):
         launch = sm90.launch(kernel, problem, sm_count, max_clusters)
         specs = {p["name"]: p for p in launch["params"] if p["kind"] == "tensormap"}
-        values = {"tmA": tma.encode(specs["tmA"], a_store.data_ptr()), "tmB": tma.encode(specs["tmB"], b_store.data_ptr()),
+        values = {**tensormaps(tma, specs, a_store, b_store, d),
                   "C": c.data_ptr() if c is not None else 0, "D": d.data_ptr(),
                   "bias": bias.data_ptr() if bias is not None else 0, "workspace": 0}
         return launch, values
@@ -477,8 +486,7 @@ class Runner:
         """[(function, launch, values)] for one GEMM: the kernel, and the reduction for split-K."""
         runs, ws_bytes = sm90.launches(self.kernel, problem, sm_count, self.max_clusters)
         specs = {p["name"]: p for p in runs[0]["params"] if p["kind"] == "tensormap"}
-        values = {"tmA": self.tma.encode(specs["tmA"], a_store.data_ptr()),
-                  "tmB": self.tma.encode(specs["tmB"], b_store.data_ptr()),
+        values = {**tensormaps(self.tma, specs, a_store, b_store, d),
                   "C": c.data_ptr() if c is not None else 0, "D": d.data_ptr(),
                   "bias": bias.data_ptr() if bias is not None else 0,
                   "workspace": workspace.data_ptr() if ws_bytes else 0}

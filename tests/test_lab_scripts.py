@@ -73,3 +73,31 @@ def test_ab_lab_deferred_and_spread_stores_compile_without_spills(mode):
     # Only the spread mode stores a single box, pend_next, inside the k-loop.
     assert ("stage + pend_next * EPI_BOX_BYTES" in source) == (mode == 2)
     assert all(r.spill_bytes == 0 for r in resources.values())
+
+
+def test_hopper_lab_encodes_the_d_tensor_map_the_launch_asks_for():
+    # hopper_lab.py predated TMA stores and launched them without tmD; its launches now carry every map.
+    import hopper_lab
+    from gemmgen.arch import Arch
+    from gemmgen.families import sm90
+    from gemmgen.problem import Problem
+    from gemmgen.tiles import Kernel
+
+    class FakeTma:
+        @staticmethod
+        def encode(spec, ptr):
+            return (spec["name"], ptr)
+
+    class Tensor:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    kernel = Kernel(Arch.SM90A, hopper_lab.operands(), hopper_lab.config())
+    launch = sm90.launch(kernel, Problem.create(256, 256, 128), 132)
+    specs = {p["name"]: p for p in launch["params"] if p["kind"] == "tensormap"}
+    values = hopper_lab.tensormaps(FakeTma, specs, Tensor(16), Tensor(32), Tensor(48))
+    assert set(values) == set(specs) == {"tmA", "tmB", "tmD"}
+    assert values["tmD"] == ("tmD", 48)
