@@ -98,7 +98,6 @@ def template_params(kernel: Kernel) -> dict:
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
         "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
-        "d_evict_first": False,   # True only in scripts/ab_lab.py: D stored with an L2 evict-first policy
         # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
         # Stream-K keeps the general path: with its fix-up state live, the 128x256 and 256x128 s4 tiles spilled
         # 20 bytes with it. TMA-store boxes per consumer warp and the warp's staging bytes come from
@@ -107,15 +106,11 @@ def template_params(kernel: Kernel) -> dict:
         "epi_boxes": sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
-        "epi_direct": 0,   # 1 or 2 only in scripts/ab_lab.py: the fast path stores D with st.global, no TMA store
-        "epi_alpha_one": False,   # True only in scripts/ab_lab.py: the fast path without alpha's multiplies
         # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
         "epi_defer_store": 0,
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
-        "epi_no_fence": False,   # True only in scripts/ab_lab.py: no proxy fence before the stores (D may be wrong)
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
         "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
-        "exit_cluster_barrier": False,   # True only in scripts/ab_lab.py: the exit barrier the producer's wait replaced
         "b_cpasync": False, "cpasync_producer_fence": False,
         "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
         # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
