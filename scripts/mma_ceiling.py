@@ -63,16 +63,36 @@ __device__ __forceinline__ void load_frags(unsigned (&a)[4][4], unsigned (&b)[4]
 }
 // MODE 0: ldmatrix + mma only; 1: plus a __syncthreads every 4 k16 steps (one 64-deep k-tile); 2: plus, per
 // k-tile, the 16 16-byte cp.async per thread of a 128x128x64 CTA's stage (from an L2-resident buffer into a
-// separate 32 KB region) with commit / wait_group 1 before the barrier, as the template pipelines them.
+// separate 32 KB region) with commit / wait_group 1 before the barrier, as the template pipelines them;
+// 3: the same bytes per thread as two 128-byte cp.async.bulk copies (sm_90: one per 64-element operand row,
+// as a padded-layout stage would need), completing on one of two alternating mbarriers that every thread
+// arrives on with expect_tx; the wait for the previous k-tile's barrier replaces wait_group 1. Mode 3 asks
+// whether the family's 21% copy cost is the 16 LSU instructions per thread or the bytes.
+__device__ __forceinline__ void mbar_wait_parity(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
 template <int MODE>
 __device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char* src) {
     __shared__ __align__(128) unsigned short tile[4 * 4096 / 2];
-    __shared__ __align__(128) unsigned char copies[32768];
+    __shared__ __align__(128) unsigned char copies[32768];   // mode 3: 255 rows of 128 B, then its two mbarriers
     for (int i = threadIdx.x; i < 4 * 4096 / 2; i += blockDim.x) tile[i] = (unsigned short)(0x3f80 ^ (i & 7));
     __syncthreads();
     unsigned base, copy_base;
     asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(base) : "l"(tile));
     asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(copy_base) : "l"(copies));
+    const unsigned bar_base = copy_base + 255 * 128;   // static shared memory is 48 KB at most: no room beside
+    if (MODE == 3) {
+        if (threadIdx.x == 0) {
+            for (int j = 0; j < 2; ++j)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar_base + 8 * j), "r"(blockDim.x) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
     float acc[4][8][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -94,8 +114,20 @@ __device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char*
                                  :: "r"(copy_base + (c * 128 + t) * 16), "l"(g + (c * 128 + t) * 16) : "memory");
                 asm volatile("cp.async.commit_group;" ::: "memory");
             }
+            if (MODE == 3 && h == 0 && (i & 3) == 0) {
+                const int t = threadIdx.x % 128, kt = i / 4;
+                const char* g = src + (size_t)(((blockIdx.x * 7 + kt) & 511) * 32768);
+                const unsigned bar = bar_base + 8 * (kt & 1);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 256;" :: "r"(bar) : "memory");
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 128, [%2];"
+                                 :: "r"(copy_base + ((2 * t + r) % 255) * 128),   // row 255 lands on row 0
+                                    "l"(g + (2 * t + r) * 128), "r"(bar) : "memory");
+            }
             if (MODE >= 1 && h == 1 && (i & 3) == 2) {
                 if (MODE == 2) asm volatile("cp.async.wait_group 1;" ::: "memory");
+                if (MODE == 3 && i >= 4) mbar_wait_parity(bar_base + 8 * ((i / 4 - 1) & 1), ((i / 4 - 1) >> 1) & 1);
                 __syncthreads();
             }
             load_frags(a[h ^ 1], b[h ^ 1], base, i + h + 1);
@@ -116,6 +148,10 @@ __device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char*
 #pragma unroll
         for (int n = 0; n < 8; ++n) s += acc[m][n][0] + acc[m][n][1] + acc[m][n][2] + acc[m][n][3];
     if (MODE == 2) asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (MODE == 3 && iters >= 4) {   // the last k-tile's copies land before the CTA's shared memory goes
+        const int last = (iters - 1) / 4;
+        mbar_wait_parity(bar_base + 8 * (last & 1), (last >> 1) & 1);
+    }
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 extern "C" __global__ void __launch_bounds__(256) ldsm_mma_loop(float* out, int iters, const char* src) {
@@ -126,6 +162,9 @@ extern "C" __global__ void __launch_bounds__(256) ldsm_mma_bar(float* out, int i
 }
 extern "C" __global__ void __launch_bounds__(256) ldsm_mma_copy_bar(float* out, int iters, const char* src) {
     ldsm_mma_body<2>(out, iters, src);
+}
+extern "C" __global__ void __launch_bounds__(256) ldsm_mma_bulk_bar(float* out, int iters, const char* src) {
+    ldsm_mma_body<3>(out, iters, src);
 }
 """
 
@@ -173,7 +212,8 @@ def main() -> int:
         print(f"{'kernel':>17s} {'CTAs/SM':>7s} {'warps':>5s} {'us':>9s} {'TFLOP/s':>8s} {'FLOP/clk/SM':>12s}")
         # mma_loop: CHAINS mma per iteration per warp; the ldsm kernels: 32 (one k16 step of a 64x64 warp tile).
         for entry, mmas, iters in (("mma_loop", CHAINS, ITERS), ("ldsm_mma_loop", 32, ITERS // 4),
-                                   ("ldsm_mma_bar", 32, ITERS // 4), ("ldsm_mma_copy_bar", 32, ITERS // 4)):
+                                   ("ldsm_mma_bar", 32, ITERS // 4), ("ldsm_mma_copy_bar", 32, ITERS // 4),
+                                   ("ldsm_mma_bulk_bar", 32, ITERS // 4)):
             for ctas_per_sm, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
                 grid, block = sms * ctas_per_sm, warps * 32
                 t = timed(entry, grid, block, iters)

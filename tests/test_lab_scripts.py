@@ -39,6 +39,8 @@ def test_mma_ceiling_kernels_are_mma_sync_and_ldmatrix_without_local_memory():
                                 ("--gpu-architecture=sm_90a", "-std=c++17", "--ptxas-options=-v"))
     counts = instruction_counts(dump_sass(cubin))
     assert count_prefix(counts, "HMMA.16816") >= mma_ceiling.CHAINS + 32 and count_prefix(counts, "LDSM") >= 8
+    # mode 2's cp.async copies and mode 3's bulk copies (two 128-byte rows per thread per k-tile)
+    assert count_prefix(counts, "LDGSTS") >= 16 and count_prefix(counts, "UBLKCP") == 2
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0
     assert "0 bytes spill stores" in log
 
