@@ -7,7 +7,9 @@ Two kernels. mma_loop, no memory traffic: every warp issues mma.sync.m16n8k16 (b
 operands, CHAINS independent accumulators deep, ITERS times; grids of 1-4 CTAs of 4-8 warps per SM. Timed with
 CUDA events through gemmgen.device, median of 7 launches after a warm-up; FLOP = warps x ITERS x CHAINS x 4096. The sums are
 written out so nothing is dead code. Prints TFLOP/s per launch shape, and per SM and clock at the SM clock the
-driver reports (a bound: under load the card clocks lower).
+driver reports (a bound: under load the card clocks lower). The ldsm_mma_* kernels add the family's main-loop
+mix step by step (ldmatrix, the k-tile barrier, cp.async fills, and the same fills as cp.async.bulk row copies):
+see the comment above ldsm_mma_body.
 """
 from __future__ import annotations
 
