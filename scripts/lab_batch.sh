@@ -21,6 +21,6 @@ step grid128 python3 scripts/ab_lab.py --set launch_grid=128 --shapes sq4096,llm
 # 4. The whole space through the tuner's worker again: Stream-K's staging region shrank to its two boxes
 #    (constraints.sm90_epi_boxes, 2026-11-23, compiled but not yet run on the GPU).
 step space python3 scripts/space_check.py
-# 5. sm80 family: is its 21% copy cost the 16 cp.async per thread per k-tile or the bytes? The same bytes as
-#    two cp.async.bulk row copies per thread (ldsm_mma_bulk_bar) beside the earlier kernels.
+# 5. sm80 family: is its 21% copy cost the burst, the 16 cp.async per thread per k-tile, or the bytes? Spread copies,
+#    and the same bytes as two cp.async.bulk row copies per thread, beside the earlier kernels.
 echo "== mma_ceiling"; timeout 120 python3 scripts/mma_ceiling.py 2>&1 | tail -24

@@ -8,7 +8,8 @@ operands, CHAINS independent accumulators deep, ITERS times; grids of 1-4 CTAs o
 CUDA events through gemmgen.device, median of 7 launches after a warm-up; FLOP = warps x ITERS x CHAINS x 4096. The sums are
 written out so nothing is dead code. Prints TFLOP/s per launch shape, and per SM and clock at the SM clock the
 driver reports (a bound: under load the card clocks lower). The ldsm_mma_* kernels add the family's main-loop
-mix step by step (ldmatrix, the k-tile barrier, cp.async fills, and the same fills as cp.async.bulk row copies):
+mix step by step (ldmatrix, the k-tile barrier, cp.async fills in one burst or spread over the k16 steps, and the same fills
+as cp.async.bulk row copies):
 see the comment above ldsm_mma_body.
 """
 from __future__ import annotations
@@ -69,7 +70,9 @@ __device__ __forceinline__ void load_frags(unsigned (&a)[4][4], unsigned (&b)[4]
 // 3: the same bytes per thread as two 128-byte cp.async.bulk copies (sm_90: one per 64-element operand row,
 // as a padded-layout stage would need), completing on one of two alternating mbarriers that every thread
 // arrives on with expect_tx; the wait for the previous k-tile's barrier replaces wait_group 1. Mode 3 asks
-// whether the family's 21% copy cost is the 16 LSU instructions per thread or the bytes.
+// whether the family's 21% copy cost is the 16 LSU instructions per thread or the bytes. 4: mode 2's copies
+// spread over the k-tile's four k16 steps (4 per step, one commit per k-tile), so LDGSTS does not queue in
+// one burst ahead of the next step's ldmatrix (as CUTLASS interleaves them).
 __device__ __forceinline__ void mbar_wait_parity(unsigned bar, unsigned parity) {
     unsigned done;
     do {
@@ -116,6 +119,16 @@ __device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char*
                                  :: "r"(copy_base + (c * 128 + t) * 16), "l"(g + (c * 128 + t) * 16) : "memory");
                 asm volatile("cp.async.commit_group;" ::: "memory");
             }
+            if (MODE == 4) {
+                const int t = threadIdx.x % 128, q = (i & 3) + h;   // k16 step 0-3 of the k-tile
+                const char* g = src + (size_t)(((blockIdx.x * 7 + i / 4) & 511) * 32768);
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                                 :: "r"(copy_base + ((4 * q + c) * 128 + t) * 16), "l"(g + ((4 * q + c) * 128 + t) * 16)
+                                 : "memory");
+                if (q == 3) asm volatile("cp.async.commit_group;" ::: "memory");
+            }
             if (MODE == 3 && h == 0 && (i & 3) == 0) {
                 const int t = threadIdx.x % 128, kt = i / 4;
                 const char* g = src + (size_t)(((blockIdx.x * 7 + kt) & 511) * 32768);
@@ -128,7 +141,7 @@ __device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char*
                                     "l"(g + (2 * t + r) * 128), "r"(bar) : "memory");
             }
             if (MODE >= 1 && h == 1 && (i & 3) == 2) {
-                if (MODE == 2) asm volatile("cp.async.wait_group 1;" ::: "memory");
+                if (MODE == 2 || MODE == 4) asm volatile("cp.async.wait_group 1;" ::: "memory");
                 if (MODE == 3 && i >= 4) mbar_wait_parity(bar_base + 8 * ((i / 4 - 1) & 1), ((i / 4 - 1) >> 1) & 1);
                 __syncthreads();
             }
@@ -149,7 +162,7 @@ __device__ __forceinline__ void ldsm_mma_body(float* out, int iters, const char*
     for (int m = 0; m < 4; ++m)
 #pragma unroll
         for (int n = 0; n < 8; ++n) s += acc[m][n][0] + acc[m][n][1] + acc[m][n][2] + acc[m][n][3];
-    if (MODE == 2) asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (MODE == 2 || MODE == 4) asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (MODE == 3 && iters >= 4) {   // the last k-tile's copies land before the CTA's shared memory goes
         const int last = (iters - 1) / 4;
         mbar_wait_parity(bar_base + 8 * (last & 1), (last >> 1) & 1);
@@ -164,6 +177,9 @@ extern "C" __global__ void __launch_bounds__(256) ldsm_mma_bar(float* out, int i
 }
 extern "C" __global__ void __launch_bounds__(256) ldsm_mma_copy_bar(float* out, int iters, const char* src) {
     ldsm_mma_body<2>(out, iters, src);
+}
+extern "C" __global__ void __launch_bounds__(256) ldsm_mma_spread_bar(float* out, int iters, const char* src) {
+    ldsm_mma_body<4>(out, iters, src);
 }
 extern "C" __global__ void __launch_bounds__(256) ldsm_mma_bulk_bar(float* out, int iters, const char* src) {
     ldsm_mma_body<3>(out, iters, src);
@@ -215,7 +231,7 @@ def main() -> int:
         # mma_loop: CHAINS mma per iteration per warp; the ldsm kernels: 32 (one k16 step of a 64x64 warp tile).
         for entry, mmas, iters in (("mma_loop", CHAINS, ITERS), ("ldsm_mma_loop", 32, ITERS // 4),
                                    ("ldsm_mma_bar", 32, ITERS // 4), ("ldsm_mma_copy_bar", 32, ITERS // 4),
-                                   ("ldsm_mma_bulk_bar", 32, ITERS // 4)):
+                                   ("ldsm_mma_spread_bar", 32, ITERS // 4), ("ldsm_mma_bulk_bar", 32, ITERS // 4)):
             for ctas_per_sm, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
                 grid, block = sms * ctas_per_sm, warps * 32
                 t = timed(entry, grid, block, iters)
