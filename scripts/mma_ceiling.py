@@ -242,10 +242,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from gemmgen.errors import UserError
+    from lab_common import run_main
 
-    try:
-        sys.exit(main())
-    except UserError as exc:   # no GPU, a bad argument: one line, exit 2
-        print(f"{Path(__file__).name}: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, __file__)   # no GPU, a bad argument: one line, exit 2
