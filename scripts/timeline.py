@@ -10,7 +10,9 @@ of each tile's main loop and of its epilogue (first 16 tiles), and its exit. The
 then --runs times with the stamps read back after each; D is checked against cuBLAS once (gemmgen.bench's
 worker). Prints, per shape, medians over CTAs and runs: launch skew, start-up, first data, main loop per tile,
 the boxes' fill and the epilogue per tile, the SM clock (%clock64 over %globaltimer) and the main
-loop's FLOP per SM clock (wgmma's peak is 4096 for 16-bit inputs), and the first and last CTA exits from the first CTA's entry; writes timeline.json.
+loop's FLOP per SM clock (wgmma's peak is 4096 for 16-bit inputs), and the first and last CTA exits from the
+first CTA's entry; writes timeline.json. With the ping-pong schedule warpgroup 0 owns every other tile, so its
+"main loop" spans the other warpgroup's tile too (and FLOP per clock reads half).
 """
 from __future__ import annotations
 

@@ -103,3 +103,24 @@ def test_hopper_lab_encodes_the_d_tensor_map_the_launch_asks_for():
     values = hopper_lab.tensormaps(FakeTma, specs, Tensor(16), Tensor(32), Tensor(48))
     assert set(values) == set(specs) == {"tmA", "tmB", "tmD"}
     assert values["tmD"] == ("tmD", 48)
+
+
+def test_timeline_summary_reads_fill_epilogue_clock_and_flop_per_clock():
+    # Two CTAs, two tiles each: stamps in ns, then %clock64 at the same moments (scripts/timeline.py's layout).
+    import timeline
+    slots, grid = timeline.TL_SLOTS, 2
+    ns = [0] * (2 * grid * slots)
+    for c in range(grid):
+        row, clk = c * slots, (grid + c) * slots
+        marks = {0: 1000, 1: 1100, 2: 2000, 3: 9000,          # entry, start barrier, first data, exit
+                 4: 4000, 5: 4300, 6: 4500,                    # tile 0: main loop end, fill end, epilogue end
+                 7: 6500, 8: 6800, 9: 7000}                    # tile 1
+        for slot, t in marks.items():
+            ns[row + slot] = t + 100 * c
+            ns[clk + slot] = 2 * (t - 2000) + 10_000           # a 2 GHz clock: 2 cycles per ns
+    out = timeline.summarize(ns, grid, tile_flops=16000.0)
+    assert out["tiles_per_cta"] == 2 and out["mainloop_per_tile_us"] == 2.0
+    assert out["fill_per_tile_us"] == 0.3 and out["epilogue_per_tile_us"] == 0.5
+    assert out["sm_mhz"] == 2000.0 and out["mainloop_clk_per_tile"] == 4000
+    assert out["mainloop_flop_per_clk"] == 4.0
+    assert out["launch_skew_us"] == 0.1 and out["last_exit_us"] == 8.1
