@@ -8,19 +8,20 @@ OUT=${OUT:-lab_out}
 step() {
   tag=$1; shift
   mkdir -p "$OUT/$tag"
-  timeout 240 "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1
-  echo "== $tag rc $?"; tail -8 "$OUT/$tag/log.txt"
+  timeout 200 "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1
+  echo "== $tag rc $?"; tail -14 "$OUT/$tag/log.txt"
 }
-# 1. Where the 128x256 tile's epilogue goes (fill vs stores) and the main loop's FLOP per SM clock.
-step timeline python3 scripts/timeline.py --shapes sq1024,sq4096,llm_qkv,sq8192 --runs 5
-# 2. D's stores spread over the next tile's first k-tiles (one box per k-tile) instead of a burst per tile.
-step spread python3 scripts/ab_lab.py --set epi_defer_store=2 --shapes sq2048,sq4096,llm_qkv --rounds 7 \
-  --verify 1000x3000x1000:rr --verify 1000x3000x4104:rc
-# 3. 128 persistent CTAs at 4096^3 (512 tiles in exactly 4 waves) instead of 132.
-step grid128 python3 scripts/ab_lab.py --set launch_grid=128 --shapes sq4096,llm_qkv --rounds 9
-# 4. The whole space through the tuner's worker again: Stream-K's staging region shrank to its two boxes
-#    (constraints.sm90_epi_boxes, 2026-11-23, compiled but not yet run on the GPU).
+# 1. D's TMA stores issued by the producer warpgroup's idle warp 1 (epi_store_warp) instead of each consumer warp,
+#    on every cooperative data-parallel winner; verified on odd shapes in two layouts.
+step storewarp python3 scripts/ab_lab.py --set epi_store_warp=true --rounds 7 \
+  --shapes sq4096,llm_qkv,sq8192,llm_up,llm_down,sq1024,skinny_m128,odd3000 \
+  --verify 1000x3000x4104:rc --verify 3000x1000x2056:cc
+# 2. Where the tile's time goes with it (fill vs epilogue per tile).
+step timeline python3 scripts/timeline.py --shapes sq4096,llm_qkv --runs 5 --set epi_store_warp=true
+# 3. The s4 winners with 3 stages, so the warp's whole share of boxes fits at once (one group per tile).
+step storewarp_s3 python3 scripts/ab_lab.py --set epi_store_warp=true --config-set stages=3 --rounds 5 \
+  --shapes sq8192,llm_up,llm_down,sq4096
+# 4. With the store warp on by default: the whole space through the tuner's worker, then the GPU tests.
+sed -i 's/^STORE_WARP = False/STORE_WARP = True/' gemmgen/families/sm90.py
 step space python3 scripts/space_check.py
-# 5. sm80 family: is its 21% copy cost the burst, the 16 cp.async per thread per k-tile, or the bytes? Spread copies,
-#    and the same bytes as two cp.async.bulk row copies per thread, beside the earlier kernels.
-echo "== mma_ceiling"; timeout 120 python3 scripts/mma_ceiling.py 2>&1 | tail -24
+echo "== pytest -m gpu (store warp on)"; timeout 150 python3 -m pytest -q -m gpu -x 2>&1 | tail -5
