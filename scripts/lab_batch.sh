@@ -12,16 +12,10 @@ step() {
   echo "== $tag rc $?"; tail -14 "$OUT/$tag/log.txt"
 }
 # 1. D's TMA stores issued by the producer warpgroup's idle warp 1 (epi_store_warp) instead of each consumer warp,
-#    on every cooperative data-parallel winner; verified on odd shapes in two layouts.
+#    on every cooperative data-parallel winner; verified on odd shapes (K-major A: odd3000's 1x2 192x192 needs it).
 step storewarp python3 scripts/ab_lab.py --set epi_store_warp=true --rounds 7 \
   --shapes sq4096,llm_qkv,sq8192,llm_up,llm_down,sq1024,skinny_m128,odd3000 \
-  --verify 1000x3000x4104:rc --verify 3000x1000x2056:cc
-# 2. Where the tile's time goes with it (fill vs epilogue per tile).
-step timeline python3 scripts/timeline.py --shapes sq4096,llm_qkv --runs 5 --set epi_store_warp=true
-# 3. The s4 winners with 3 stages, so the warp's whole share of boxes fits at once (one group per tile).
-step storewarp_s3 python3 scripts/ab_lab.py --set epi_store_warp=true --config-set stages=3 --rounds 5 \
-  --shapes sq8192,llm_up,llm_down,sq4096
-# 4. With the store warp on by default: the whole space through the tuner's worker, then the GPU tests.
-sed -i 's/^STORE_WARP = False/STORE_WARP = True/' gemmgen/families/sm90.py
-step space python3 scripts/space_check.py
-echo "== pytest -m gpu (store warp on)"; timeout 150 python3 -m pytest -q -m gpu -x 2>&1 | tail -5
+  --verify 1000x3000x4104:rc --verify 1000x3000x1000:rr
+# 2. cuBLAS's 4096^3 tile (256x128, 1x2 cluster, scripts/cublas_kernels.py) with and without the store warp.
+step storewarp_256 python3 scripts/ab_lab.py --set epi_store_warp=true --rounds 7 --shapes sq4096,llm_qkv \
+  --config scripts/configs/sm90_256x128_s4_cl1x2.yaml --config scripts/configs/sm90_256x128_s3_cl1x2.yaml
