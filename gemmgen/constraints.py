@@ -193,6 +193,7 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(not config.persistent, "the sm80_mma family is not persistent", True, False)
         rule(config.schedule is Schedule.COOPERATIVE, "the ping-pong schedule needs the sm90_wgmma family",
              config.schedule.value, Schedule.COOPERATIVE.value)
+        rule(not config.store_warp, "a store warp needs the sm90_wgmma family", True, False)
         elt = _ab_bytes(operands)
         loads = config.threads * 16
         rule((cta.m * cta.k * elt) % loads == 0,
@@ -246,6 +247,15 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
                  config.persistent, True)
             rule(decomp.kind is DecompKind.DATA_PARALLEL, "ping-pong is implemented for data-parallel tiles only",
                  decomp.kind.value, DecompKind.DATA_PARALLEL.value)
+        if config.store_warp:
+            # The producer warpgroup's warp 1 walks the consumers' tiles and stores their TMA-store boxes.
+            rule(config.schedule is Schedule.COOPERATIVE, "a store warp serves the cooperative schedule",
+                 config.schedule.value, Schedule.COOPERATIVE.value)
+            rule(decomp.kind is DecompKind.DATA_PARALLEL, "a store warp serves data-parallel tiles (split-K and "
+                 "Stream-K store fp32 partials)", decomp.kind.value, DecompKind.DATA_PARALLEL.value)
+            if operands is not None:
+                rule(operands.align_c >= 8, "a store warp issues TMA stores: D's leading dimension must be a "
+                     "multiple of 16 bytes", f"align {operands.align_c}", 8)
         if decomp.kind is DecompKind.STREAM_K:
             # Iteration ranges are per CTA, and an owner waits for later CTAs' partials: every CTA of the
             # grid must be resident at once, which only the persistent launch guarantees.

@@ -13,9 +13,9 @@ from .tiles import (Cluster, Decomposition, DecompKind, Family, Raster, RasterOr
 
 
 # Bump when the mapping between parameters and configurations changes: it is part of study names.
-SPACE_FORMAT = 2  # 2: the schedule axis (cooperative | pingpong)
+SPACE_FORMAT = 3  # 2: the schedule axis (cooperative | pingpong); 3: the store_warp axis
 AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_group", "decomposition", "cluster",
-        "warp_specialized", "persistent", "schedule")
+        "warp_specialized", "persistent", "schedule", "store_warp")
 
 
 def axis_values(config: TileConfig) -> dict:
@@ -27,6 +27,7 @@ def axis_values(config: TileConfig) -> dict:
         "decomposition": config.decomposition.tag, "cluster": str(config.cluster),
         "warp_specialized": config.warp_specialized, "persistent": config.persistent,
         "schedule": config.schedule.value,
+        "store_warp": config.store_warp,
     }
 
 
@@ -55,7 +56,8 @@ def config_from_axes(family: str, values: dict) -> TileConfig:
         raster=Raster(RasterOrder(values["raster_order"]), int(values["raster_group"])),
         decomposition=_decomposition(str(values["decomposition"])), cluster=Cluster(cm, cn),
         warp_specialized=bool(values["warp_specialized"]), persistent=bool(values["persistent"]),
-        schedule=Schedule(values.get("schedule", Schedule.COOPERATIVE.value)))
+        schedule=Schedule(values.get("schedule", Schedule.COOPERATIVE.value)),
+        store_warp=bool(values.get("store_warp", False)))
 
 
 def _sort_key(value):

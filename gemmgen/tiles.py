@@ -172,6 +172,9 @@ class TileConfig:
     warp_specialized: bool = False
     persistent: bool = False
     schedule: Schedule = Schedule.COOPERATIVE
+    # sm90_wgmma, cooperative data-parallel: D's TMA stores issued by a warp of the producer warpgroup, so the
+    # consumers go from filling the store boxes straight to the next tile (docs/perf-notes.md, "The store warp").
+    store_warp: bool = False
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -205,6 +208,8 @@ class TileConfig:
             parts.append("pers")
         if self.schedule is not Schedule.COOPERATIVE:  # named only when not the default: old names stay
             parts.append("pp")
+        if self.store_warp:
+            parts.append("sw")
         return "_".join(parts)
 
     # --- serialisation ------------------------------------------------------------------
@@ -222,6 +227,8 @@ class TileConfig:
             "warp_specialized": self.warp_specialized,
             "persistent": self.persistent,
             "schedule": self.schedule.value,
+            # omitted when false, so records written before the field existed stay identical
+            **({"store_warp": True} if self.store_warp else {}),
         }
 
     @classmethod
@@ -229,7 +236,7 @@ class TileConfig:
         if not isinstance(d, dict):
             raise InvalidInput("a configuration must be a mapping of fields", type(d).__name__)
         known = {"family", "cta", "warp", "mma", "stages", "smem_layout", "raster", "decomposition",
-                 "cluster", "warp_specialized", "persistent", "schedule"}
+                 "cluster", "warp_specialized", "persistent", "schedule", "store_warp"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidInput(f"configuration fields must be among {sorted(known)}", unknown[0])
@@ -259,6 +266,7 @@ class TileConfig:
             warp_specialized=bool(d.get("warp_specialized", False)),
             persistent=bool(d.get("persistent", False)),
             schedule=_enum(Schedule, "schedule", d.get("schedule", "cooperative")),
+            store_warp=_bool("store_warp", d.get("store_warp", False)),
         )
 
     def to_yaml(self) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A/B one sm90_wgmma template parameter on the H100: the same configurations rendered with the parameter
-as gemmgen sets it (A) and overridden (B), verified, then timed interleaved with cuBLAS.
+"""A/B one template parameter on the H100: the same configurations rendered with the parameter as gemmgen sets
+it (A) and overridden (B), verified, then timed interleaved with cuBLAS (either family; stored winners are sm90).
 
     PYTHONPATH=$PWD python3 scripts/ab_lab.py --set prefetch_tensormaps=false --out $OUT [--rounds 5]
 
@@ -73,9 +73,9 @@ def with_fields(cfg: TileConfig, fields: "list[tuple[str, str]]") -> TileConfig:
 def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     """Render with template_params(kernel) updated by `override`, compile with gemmgen's options."""
     from gemmgen.nvrtc import compile_source, options_for, parse_ptxas_log
-    from gemmgen.render import environment, render
+    from gemmgen.render import environment, render, template_context
 
-    params = sm90.template_params(kernel)
+    params = template_context(kernel)
     override = {k: v for k, v in override.items() if k not in LAUNCH_ONLY}
     unknown = set(override) - set(params)
     if unknown:
@@ -140,6 +140,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--config", action="append", default=[],
                     help="a config YAML/JSON to run on every shape besides its stored winner (repeatable)")
+    ap.add_argument("--no-winner", action="store_true",
+                    help="run only the --config configurations, not the stored winners (e.g. sm80_mma ones)")
     ap.add_argument("--verify", action="append", default=[],
                     help="MxNxK:ab (e.g. 4097x1000x3000:rc) extra problems on which every B variant is verified")
     ap.add_argument("--out", default=".")
@@ -160,14 +162,14 @@ def main() -> int:
     cases = []
     for shape in args.shapes.split(","):
         problem, config = stored_winner(shape)
-        if config.family is not Family.SM90_WGMMA:
-            print(f"skip {shape}: its winner is {config.family.value}")
-            continue
         import yaml
 
         extra = [TileConfig.from_dict(yaml.safe_load(Path(f).read_text())) for f in args.config]
-        for j, cfg in enumerate([config] + extra):
-            key = shape if j == 0 else f"{shape}/{cfg.tag}"
+        use_winner = not args.no_winner and config.family is Family.SM90_WGMMA
+        if not args.no_winner and not use_winner:
+            print(f"skip {shape}'s winner: it is {config.family.value}")
+        for j, cfg in enumerate(([config] if use_winner else []) + extra):
+            key = shape if use_winner and j == 0 else f"{shape}/{cfg.tag}"
             for label, ov, vcfg in (("A", {}, cfg), ("B", override, b_config(cfg))):
                 kernel = Kernel(Arch.SM90A, problem.operands, vcfg)
                 _, (cubin, log, resources) = build(kernel, ov)

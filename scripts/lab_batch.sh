@@ -11,11 +11,8 @@ step() {
   timeout 200 "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1
   echo "== $tag rc $?"; tail -14 "$OUT/$tag/log.txt"
 }
-# 1. D's TMA stores issued by the producer warpgroup's idle warp 1 (epi_store_warp) instead of each consumer warp,
-#    on every cooperative data-parallel winner; verified on odd shapes (K-major A: odd3000's 1x2 192x192 needs it).
-step storewarp python3 scripts/ab_lab.py --set epi_store_warp=true --rounds 7 \
-  --shapes sq4096,llm_qkv,sq8192,llm_up,llm_down,sq1024,skinny_m128,odd3000 \
-  --verify 1000x3000x4104:rc --verify 1000x3000x1000:rr
-# 2. cuBLAS's 4096^3 tile (256x128, 1x2 cluster, scripts/cublas_kernels.py) with and without the store warp.
-step storewarp_256 python3 scripts/ab_lab.py --set epi_store_warp=true --rounds 7 --shapes sq4096,llm_qkv \
-  --config scripts/configs/sm90_256x128_s4_cl1x2.yaml --config scripts/configs/sm90_256x128_s3_cl1x2.yaml
+# 1. sm80_mma: a k-tile's interior copies spread over k-steps 0..2 (copy_spread) instead of A's at step 0 and B's at
+#    step 1; scripts/mma_ceiling.py measured +3-4% for spreading in the bare loop. The 4096^3 and 8192^3 sweep leaders.
+step copy_spread python3 scripts/ab_lab.py --set copy_spread=true --rounds 7 --no-winner --shapes sq4096,sq8192 \
+  --config scripts/configs/sm80_128x256x64_s4.yaml --config scripts/configs/sm80_128x128x64_s3.yaml \
+  --config scripts/configs/sm80_256x128x64_s3.yaml --verify 1000x3000x4104:rc --verify 4097x1000x3000:cr

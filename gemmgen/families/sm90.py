@@ -37,8 +37,6 @@ EPI_FAST = True
 # The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
 # (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
 EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
-# D's TMA stores from a store warp (uses_store_warp); False until measured on the H100 (scripts/ab_lab.py).
-STORE_WARP = False
 # Stream-K cuts each tile of the last partial wave into at most this many K slices (the template's
 # SK_MAX_SLICES): the owner adds the others' partials one after another.
 SK_MAX_SLICES = 16
@@ -110,7 +108,7 @@ def template_params(kernel: Kernel) -> dict:
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
         # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
         "epi_defer_store": 0,
-        # The producer warpgroup's warp 1 issues D's TMA stores (uses_store_warp).
+        # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
         "epi_store_warp": uses_store_warp(kernel),
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
@@ -132,10 +130,9 @@ def uses_tma_store(kernel: Kernel) -> bool:
 
 def uses_store_warp(kernel: Kernel) -> bool:
     """D's TMA stores issued by the producer warpgroup's idle warp 1 instead of by each consumer warp (the
-    template's STORE_WARP): cooperative data-parallel TMA-store kernels, where both consumer warpgroups finish
-    a tile together and would otherwise issue the stores while the tensor cores wait."""
-    return (STORE_WARP and uses_tma_store(kernel) and not is_streamk(kernel)
-            and kernel.config.schedule is Schedule.COOPERATIVE)
+    template's STORE_WARP): the configuration's `store_warp`, which constraints.check allows for cooperative
+    data-parallel kernels whose D takes TMA stores."""
+    return kernel.config.store_warp and uses_tma_store(kernel)
 
 
 def is_streamk(kernel: Kernel) -> bool:
