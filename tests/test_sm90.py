@@ -745,3 +745,96 @@ def test_lab_timeline_stamps_render_and_compile_without_spills():
     assert "tl_stamp" not in render(kernel)
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
     assert "0 bytes spill stores" in log
+
+
+# --- the store warp (config.store_warp) -------------------------------------------------------------
+def store_warp_config(**changes) -> TileConfig:
+    from dataclasses import replace
+    return replace(hopper_config(stages=3), store_warp=True, **changes)
+
+
+def test_store_warp_is_named_only_when_chosen_and_round_trips():
+    from gemmgen.ranking import axis_values, config_from_axes
+    config = store_warp_config()
+    plain = hopper_config(stages=3)
+    assert config.tag == plain.tag + "_sw" and not plain.tag.endswith("_sw")
+    assert config.to_dict()["store_warp"] is True and "store_warp" not in plain.to_dict()   # old records unchanged
+    assert TileConfig.from_dict(config.to_dict()) == config
+    assert TileConfig.from_text(config.to_yaml()) == config
+    assert config_from_axes("sm90_wgmma", axis_values(config)) == config
+    assert config_from_axes("sm90_wgmma", axis_values(plain)) == plain
+    with pytest.raises(InvalidInput):
+        TileConfig.from_dict(dict(config.to_dict(), store_warp="yes"))
+
+
+@pytest.mark.parametrize("changes,operands,rule", [
+    ({"schedule": "pingpong"}, None, "a store warp serves the cooperative schedule"),
+    ({"decomposition": "splitk"}, None, "a store warp serves data-parallel tiles"),
+    ({"decomposition": "streamk"}, None, "a store warp serves data-parallel tiles"),
+    ({}, "unaligned_c", "a store warp issues TMA stores"),
+])
+def test_store_warp_rejects_what_the_template_does_not_implement(changes, operands, rule):
+    from dataclasses import replace
+    from gemmgen.tiles import DecompKind, Decomposition, Schedule
+    config = store_warp_config()
+    if changes.get("schedule"):
+        config = replace(config, schedule=Schedule.PINGPONG, cta=Shape3(128, 128, 64), warp=Shape3(128, 128, 64),
+                         mma=Shape3(64, 128, 16))
+    if changes.get("decomposition") == "splitk":
+        config = replace(config, decomposition=Decomposition(DecompKind.SPLIT_K, 2))
+    if changes.get("decomposition") == "streamk":
+        config = replace(config, decomposition=Decomposition(DecompKind.STREAM_K, 1))
+    operand_set = ops()
+    if operands == "unaligned_c":
+        operand_set = Problem.create(4096, 4097, 4096, "bf16", "row", "col").operands   # N = 4097: ldc not 16 B
+    violations = constraints.check(config, H100, Arch.SM90A, operands=operand_set)
+    assert any(rule in v.rule for v in violations), [v.rule for v in violations]
+
+
+def test_store_warp_is_accepted_for_cooperative_data_parallel_tiles_and_rejected_for_sm80():
+    assert constraints.check(store_warp_config(), H100, Arch.SM90A, operands=ops()) == []
+    sm80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                 "stages": 3, "store_warp": True})
+    assert any("a store warp needs the sm90_wgmma family" in v.rule for v in constraints.check(sm80, H100))
+
+
+def test_store_warp_renders_the_store_loop_in_the_producer_warpgroup_and_hands_boxes_over():
+    kernel = Kernel(Arch.SM90A, ops(), store_warp_config())
+    source = render(kernel)
+    assert "constexpr bool STORE_WARP = true;" in source
+    assert "else if (threadIdx.x / 32 == 1) {" in source                       # the producer's warp 1
+    assert "mbar_arrive_local(store_bar + 8 * (epi_g % EPI_HALVES));" in source  # consumers hand boxes over
+    plain = render(Kernel(Arch.SM90A, ops(), hopper_config(stages=3)))
+    assert "constexpr bool STORE_WARP = false;" in plain and "store_bar" not in plain
+    # The lab switch on a kernel the store warp does not serve is a compile-time error, never a silent kernel.
+    pingpong = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x128x64", "warp": "128x128x64",
+                                     "mma": "64x128x16", "stages": 6, "warp_specialized": True, "persistent": True,
+                                     "schedule": "pingpong"})
+    assert "#error" in render_lab(Kernel(Arch.SM90A, ops(), pingpong), epi_store_warp=True)
+
+
+@pytest.mark.parametrize("stages,cluster", [(3, (2, 1)), (4, (1, 1))])
+def test_store_warp_kernel_stores_through_tma_without_local_memory(stages, cluster):
+    # s3: the warp's whole share of boxes in one group; s4: two halves alternating (EPI_HALVES == 2).
+    config = store_warp_config(stages=stages, cluster=Cluster(*cluster))
+    assert constraints.sm90_epi_boxes(config, ops()) == (8 if stages == 3 else 4)
+    compiled = compile_sm90(Kernel(Arch.SM90A, ops(), config))
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0 and count(counts, "UTMASTG") > 0
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    assert compiled.resources.spill_bytes == 0
+
+
+def test_model_exposes_less_epilogue_with_a_store_warp():
+    from gemmgen.intensity import STORE_WARP_EXPOSED, predict
+    problem = Problem.create(4096, 4096, 4096)
+    with_sw, without = predict(problem, store_warp_config(), H100), predict(problem, hopper_config(stages=3), H100)
+    assert 0 < STORE_WARP_EXPOSED < 1
+    assert with_sw.overhead_s < without.overhead_s and with_sw.compute_s == without.compute_s
+
+
+def test_space_offers_store_warp_variants_of_the_large_cooperative_tiles():
+    valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
+    sw = [c for c in valid if c.store_warp]
+    assert sw and {str(c.cta) for c in sw} == {"128x256x64", "256x128x64"}
+    assert all(c.schedule.value == "cooperative" and c.decomposition.kind.value == "dp" for c in sw)
