@@ -11,8 +11,7 @@ step() {
   timeout 200 "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1
   echo "== $tag rc $?"; tail -14 "$OUT/$tag/log.txt"
 }
-# 1. sm80_mma: a k-tile's interior copies spread over k-steps 0..2 (copy_spread) instead of A's at step 0 and B's at
-#    step 1; scripts/mma_ceiling.py measured +3-4% for spreading in the bare loop. The 4096^3 and 8192^3 sweep leaders.
-step copy_spread python3 scripts/ab_lab.py --set copy_spread=true --rounds 7 --no-winner --shapes sq4096,sq8192 \
-  --config scripts/configs/sm80_128x256x64_s4.yaml --config scripts/configs/sm80_128x128x64_s3.yaml \
-  --config scripts/configs/sm80_256x128x64_s3.yaml --verify 1000x3000x4104:rc --verify 4097x1000x3000:cr
+# 1. Energy per GEMM beside cuBLAS (scripts/power_probe.py, not yet run): at the power limit, does our 4096^3 winner
+#    lose time at cuBLAS's energy per product, or spend more energy? With cuBLAS's own tile and the store warp.
+step power python3 scripts/power_probe.py --shapes sq4096,llm_qkv,sq8192 --rounds 3 --seconds 1.5 \
+  --config scripts/configs/sm90_256x128_s4_cl1x2.yaml --config scripts/configs/sm90_128x256_s3_sw.yaml
