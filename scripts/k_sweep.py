@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from lab_common import write_report  # noqa: E402
 from ab_lab import SUITE, build, stored_winner, with_fields  # noqa: E402
 from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.manifest import make_manifest  # noqa: E402
@@ -108,9 +108,7 @@ def main() -> int:
               "cublas_us": cub, "ours_us": {f"{tag} K={k}": t for (tag, k), t in med.items()},
               "fits_us": {name: {"fixed_us": a, "per_1024_k_us": b * 1024} for name, (a, b) in lines.items()},
               "verified": sum(c["verified"] for c in cases), "kernels": len(cases)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "k_sweep.json").write_text(json.dumps(report, indent=1, default=str))
+    write_report(args.out, "k_sweep.json", report)
     print(f"\n{args.shape}: M={m} N={n}; verified {report['verified']}/{len(cases)}; device {bench.device.props.name}")
     names = ["cuBLAS"] + [cfg.tag for cfg in configs]
     print("K       " + " ".join(f"{i:>9d}" for i in range(len(names))) + "   (columns: 0 = cuBLAS, then configs)")

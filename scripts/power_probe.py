@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime as dt
-import json
 import statistics
 import sys
 import threading
@@ -36,7 +35,7 @@ from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.errors import NoGpu  # noqa: E402
 from gemmgen.manifest import make_manifest  # noqa: E402
 from gemmgen.tiles import Kernel, TileConfig  # noqa: E402
-from lab_common import run_main  # noqa: E402
+from lab_common import run_main, write_report  # noqa: E402
 
 NVML_CLOCK_SM = 1
 SAMPLE_S = 0.02
@@ -189,9 +188,7 @@ def main() -> int:
                 row["energy_vs_cublas"] = row["mj_per_gemm"] / med["cuBLAS"]["mj_per_gemm"]
             report["shapes"][shape] = {"median": med, "runs": runs}
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "power_probe.json").write_text(json.dumps(report, indent=1, default=str))
+    write_report(args.out, "power_probe.json", report)
     print(f"\ndevice {report['device'].get('name')}; medians over {args.rounds} rounds of {args.seconds} s each")
     print(f"{'shape':8s} {'kernel':90s} {'us':>8s} {'TFLOP/s':>8s} {'W':>6s} {'MHz':>5s} {'mJ/GEMM':>8s} "
           f"{'t/cuBLAS':>8s} {'E/cuBLAS':>8s}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from lab_common import write_report  # noqa: E402
 from ab_lab import build, parse_value, stored_winner  # noqa: E402
 from gemmgen.arch import Arch  # noqa: E402
 from gemmgen.families import sm90  # noqa: E402
@@ -142,9 +142,7 @@ def main() -> int:
         row["cublas_us"] = bench.cublas_time(problem, fresh=True) * 1e6
     bench.close()
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "timeline.json").write_text(json.dumps(report, indent=1, default=str))
+    write_report(args.out, "timeline.json", report)
     print(f"\ndevice {report['device'].get('name')}; medians over CTAs, then over {args.runs} runs (us)")
     print(f"{'shape':10s} {'ok':>3s} {'kernel':>7s} {'cuBLAS':>7s} {'skew':>5s} {'start':>6s} {'1st data':>8s} "
           f"{'tiles':>5s} {'loop/t':>7s} {'fill/t':>6s} {'epi/t':>6s} {'MHz':>5s} {'FLOP/clk':>8s} {'1st exit':>8s} {'last exit':>9s}")
