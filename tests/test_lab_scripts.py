@@ -135,7 +135,10 @@ def test_power_probe_reports_time_and_energy_per_gemm_and_exits_2_without_a_driv
     row = power_probe.summarize(1000, 0.18, 126_000.0, [1590, 1600, 1610], [690.0, 710.0], 2.0 * 4096 ** 3)
     assert row["us"] == pytest.approx(180.0) and row["mj_per_gemm"] == pytest.approx(126.0)
     assert row["watts"] == pytest.approx(700.0) and row["sm_mhz"] == 1600 and row["sampled_watts"] == 700.0
-    assert row["tflops"] == pytest.approx(2.0 * 4096 ** 3 / 180e-6 / 1e12)
+    assert row["tflops"] == pytest.approx(2.0 * 4096 ** 3 / 180e-6 / 1e12) and row["energy_source"] == "counter"
+    # A counter that did not advance: the energy is the sampled power over the run.
+    still = power_probe.summarize(1000, 0.18, 0.0, [1600], [700.0], 2.0 * 4096 ** 3)
+    assert still["energy_source"] == "sampled" and still["mj_per_gemm"] == pytest.approx(126.0)
     try:
         power_probe.Nvml()
         pytest.skip("NVML is present: this check is for machines without a driver")
