@@ -1,7 +1,7 @@
 """Data types, compute architectures and the GPU catalogue (gemmgen/data/gpus.yaml)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path

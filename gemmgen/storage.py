@@ -125,7 +125,7 @@ def open_storage(url: str):
         if parsed.get_backend_name() == "sqlite":
             _fast_sqlite(storage)
         return storage
-    except ImportError as exc:
+    except ImportError:
         raise StorageError("the storage URL needs a database driver that is not installed", safe_url(url),
                            "install the one SQLAlchemy uses for it, e.g. psycopg2-binary for postgresql://, "
                            "pymysql for mysql+pymysql://") from None

@@ -1,5 +1,4 @@
 """The calibration report: rank correlation and measured/predicted ratios from stored tunes."""
-import json
 
 import pytest
 

@@ -11,7 +11,7 @@ import pytest
 
 import gemmgen
 from gemmgen.errors import InvalidInput
-from gemmgen.loader import ArrayInfo, LoadedKernel, check_operand, describe_array, find_manifest, read_bundle
+from gemmgen.loader import ArrayInfo, check_operand, describe_array, find_manifest, read_bundle
 from gemmgen.problem import Problem
 from gemmgen.reference import naive_manifest
 
