@@ -81,6 +81,10 @@ def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     if unknown:
         raise SystemExit(f"ab_lab: the template has no parameter {sorted(unknown)}")
     params.update(override)
+    if params.get("epi_store_warp") and (params.get("skip_epilogue") or params.get("epi_defer_store")):
+        # The store warp waits for every consumer warp's hand-over of every tile: an epilogue skipped or deferred
+        # by a lab switch would leave it waiting for ever.
+        raise SystemExit("ab_lab: the store warp cannot be combined with skip_epilogue or epi_defer_store")
     if override:
         source = environment().get_template(kernel.config.family.template).render(**params)
     else:

@@ -147,3 +147,17 @@ def test_power_probe_reports_time_and_energy_per_gemm_and_exits_2_without_a_driv
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "power_probe.py"), "--out", "/tmp/power_probe_test"],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "NVML" in proc.stderr
+
+
+def test_ab_lab_refuses_lab_switches_that_would_leave_the_store_warp_waiting():
+    import ab_lab
+    from dataclasses import replace
+
+    from gemmgen.arch import Arch
+    from gemmgen.tiles import Kernel
+
+    problem, config = ab_lab.stored_winner("sq4096")
+    kernel = Kernel(Arch.SM90A, problem.operands, replace(config, store_warp=True))
+    for switch in ({"skip_epilogue": 1}, {"epi_defer_store": 1}):
+        with pytest.raises(SystemExit, match="store warp"):
+            ab_lab.build(kernel, switch)
