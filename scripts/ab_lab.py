@@ -71,7 +71,8 @@ def with_fields(cfg: TileConfig, fields: "list[tuple[str, str]]") -> TileConfig:
 
 
 def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
-    """Render with template_params(kernel) updated by `override`, compile with gemmgen's options."""
+    """Render with the family's template context (render.template_context) updated by `override`, compile with
+    gemmgen's options."""
     from gemmgen.nvrtc import compile_source, options_for, parse_ptxas_log
     from gemmgen.render import environment, render, template_context
 
@@ -166,9 +167,7 @@ def main() -> int:
     cases = []
     for shape in args.shapes.split(","):
         problem, config = stored_winner(shape)
-        import yaml
-
-        extra = [TileConfig.from_dict(yaml.safe_load(Path(f).read_text())) for f in args.config]
+        extra = [TileConfig.from_text(Path(f).read_text(), f) for f in args.config]
         use_winner = not args.no_winner and config.family is Family.SM90_WGMMA
         if not args.no_winner and not use_winner:
             print(f"skip {shape}'s winner: it is {config.family.value}")
