@@ -62,6 +62,10 @@ SK_MAX_SLICES = 16
 # the owner's wait): 128x128 Stream-K took ~16 us at 1024^3 where data-parallel 64x128 with the same MMA work
 # per CTA took 10.4 us, ~5 us more (docs/perf-notes.md, Stream-K; one data point, refit when there are more).
 SK_FIXUP_S = 5.0e-6
+# Range mode's fixed cost beyond moving the partials, fitted on the H100 (docs/perf-notes.md, "Stream-K range
+# mode"): against the same tile data-parallel, the wave it saves minus its measured gain was 11 us at 8192^3,
+# 17 at 4096x4096x14336 and 23 at 4096^3 (not explained yet: the owners do not wait, by construction).
+SK_RANGE_FIXUP_S = 15.0e-6
 # CTAs of one wave drift apart along K; the live set in L2 spans this many K tiles of each panel.
 L2_SKEW_K_TILES = 8
 # Fraction of the ideal TMA-multicast saving our sm90 kernel realises. Measured on the H100
@@ -367,14 +371,22 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     sk_rem, sk_slices = 0, 1
     if decomp.kind is DecompKind.STREAM_K:
         # The template's scheme: full waves data-parallel, the last partial wave's `rem` tiles cut into
-        # S = min(slots // rem, K tiles, 16) K slices, so that wave takes 1/S of a tile's time.
+        # S = min(slots // rem, K tiles, 16) K slices, so that wave takes 1/S of a tile's time; where that
+        # wave is more than half full (S = 1), its K iterations dealt out to every slot in contiguous ranges
+        # (range mode, S = 0 here): the wave takes ceil(rem * K tiles / slots) iterations.
         sk_rem = tiles % slots
         if sk_rem:
             sk_slices = max(1, min(slots // sk_rem, k_tiles, SK_MAX_SLICES))
+            if sk_slices == 1 and k_tiles >= 2:
+                sk_slices = 0
     if sk_slices > 1:
         units = tiles - sk_rem + sk_rem * sk_slices
         waves = tiles / slots
         wave_eff = waves / (tiles // slots + 1.0 / sk_slices)
+    elif sk_slices == 0:
+        units = tiles - sk_rem + slots
+        waves = tiles / slots
+        wave_eff = waves / (tiles // slots + math.ceil(sk_rem * k_tiles / slots) / k_tiles)
     else:
         waves = units / slots
         wave_eff = units / (math.ceil(units / slots) * slots)
@@ -420,6 +432,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
         partials = 2.0 * splits * m * n * ACC_BYTES  # fp32 partials written, then read by the reduction
     elif sk_slices > 1:
         partials = 2.0 * sk_rem * (sk_slices - 1) * cta.m * cta.n * ACC_BYTES  # slices 1.. written, then read
+    elif sk_slices == 0:
+        partials = 2.0 * (slots - sk_rem) * cta.m * cta.n * ACC_BYTES   # ~one per range that begins mid-tile
     tiled_bytes = a_tiled + b_tiled + out + partials
     dram_bytes = a_dram + b_dram + out + partials
 
@@ -444,6 +458,11 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     if sk_slices > 1:
         # A remainder tile's owner reads the other slices' partials one after another, from L2.
         overhead += SK_FIXUP_S + (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (
+            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
+    elif sk_slices == 0:
+        # A range mode CTA stores its first piece's partial, then as an owner reads the (slots - rem) / rem
+        # partials of its tile's other pieces on average, from L2.
+        overhead += SK_RANGE_FIXUP_S + (1.0 + (slots - sk_rem) / sk_rem) * cta.m * cta.n * ACC_BYTES / (
             L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
     epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
     if not config.persistent:

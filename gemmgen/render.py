@@ -94,9 +94,6 @@ def sm80_context(kernel: Kernel) -> dict:
         "cluster_m": cfg.cluster.m, "cluster_n": cfg.cluster.n,
         "warp_specialized": cfg.warp_specialized,
         "persistent": cfg.persistent,
-        # Interior copies spread over the k-steps instead of A's at step 0 and B's at step 1 (a lab switch that
-        # only scripts/ab_lab.py sets until it is measured in a GEMM; scripts/mma_ceiling.py: +3-4% in the loop).
-        "copy_spread": False,
     }
     return ctx
 

@@ -6,12 +6,14 @@
 Compiles on the GPU machine (NVRTC, process pool), then:
 (a) correctness, each case in a watchdog worker (gemmgen.worker): every Stream-K tile shape on 3000^3; odd
     M, N, K from {1, 17, 1000, 3000, 4097} in all four layouts; fewer tiles than SMs; K of one tile; a tile
-    count that is a multiple of the grid (the data-parallel path alone); bias/GELU and beta epilogues; f16.
+    count that is a multiple of the grid (the data-parallel path alone); bias/GELU and beta epilogues; f16;
+    range mode (last wave more than half full) on seven problems; then every timed kernel, so that a hang is
+    the watchdog's (20 s) and not this process's.
     gemmgen.bench's verification: fresh inputs, D and workspace NaN-poisoned, relative Frobenius error vs
     an fp32 cuBLAS reference, NaN fails.
 (b) the flags' invariant: one binding run twice, D poisoned between the runs, the second result verified
     and the flag words read back (all zero after a complete run, or the next launch would misread them).
-(c) timing of the suite shapes (bf16, A and B row-major): the stored winner of each shape
+(c) timing of the suite shapes (bf16, A and B row-major; --only picks shapes): the stored winner of each shape
     (results/h100-sxm/tunes) against the Stream-K variants, and cuBLAS re-timed in every round; rounds
     interleave all cases; gemmgen.bench's timing (events, warm-up, rotated inputs, median).
 Prints a short table last and writes streamk_lab.json to --out.
@@ -49,7 +51,8 @@ def sk(cta: str, warp: str, stages: int = 4) -> TileConfig:
                                  "warp_specialized": True, "persistent": True})
 
 
-SK = {"sk128x256s4": sk("128x256x64", "64x256x64"), "sk128x128s4": sk("128x128x64", "64x128x64"),
+SK = {"sk128x256s4": sk("128x256x64", "64x256x64"), "sk128x256s3": sk("128x256x64", "64x256x64", 3),
+      "sk256x128s3": sk("256x128x64", "128x128x64", 3), "sk128x128s4": sk("128x128x64", "64x128x64"),
       "sk128x128s6": sk("128x128x64", "64x128x64", 6), "sk256x128s4": sk("256x128x64", "128x128x64"),
       "sk64x128s6": sk("64x128x64", "64x128x64", 6), "sk64x256s4": sk("64x256x64", "64x256x64")}
 
@@ -80,6 +83,21 @@ def correctness_cases() -> "list[tuple[str, Problem, TileConfig]]":
                                                                 beta=-2.0, bias=True, activation="relu"),
          SK["sk128x128s6"]),
     ]
+    # Range mode (the last wave more than half full: its K iterations dealt out to every CTA in contiguous
+    # ranges): ranges of one or two K tiles, tiles shared by two and three CTAs, odd edges, every epilogue.
+    cases += [
+        ("range 4096^3 rr", Problem.create(4096, 4096, 4096, "bf16"), SK["sk128x256s3"]),
+        ("range 4096x6144x4096 rc", Problem.create(4096, 6144, 4096, "bf16", "row", "col"), SK["sk128x256s4"]),
+        ("range K of 2 tiles 4000x4000x120 rr f16 bias+gelu",
+         Problem.create(4000, 4000, 120, "f16", bias=True, activation="gelu"), SK["sk128x256s3"]),
+        ("range 8192x8192x1000 cr", Problem.create(8192, 8192, 1000, "bf16", "col", "row"), SK["sk128x256s4"]),
+        ("range 4097x6144x4104 beta/alpha/relu 256x128",
+         Problem.create(4097, 6144, 4104, "bf16", alpha=0.5, beta=-2.0, bias=True, activation="relu"),
+         SK["sk256x128s3"]),
+        ("range 2000x3000x3000 rc f16 128x128 s6", Problem.create(2000, 3000, 3000, "f16", "row", "col"),
+         SK["sk128x128s6"]),
+        ("range 4096x4096x14336 rr", Problem.create(4096, 4096, 14336, "bf16"), SK["sk128x256s4"]),
+    ]
     from gemmgen.arch import lookup_gpu
     from gemmgen.constraints import check
 
@@ -94,10 +112,16 @@ def winner_config(m: int, n: int, k: int) -> "TileConfig | None":
     return TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"])
 
 
+RANGE_SHAPES = ("sq4096", "llm_qkv", "llm_down", "sq8192")
+
+
 def timing_cases(only: "set[str] | None") -> "list[tuple[str, str, Problem, TileConfig]]":
-    # Only shapes whose last wave is at most half full get K-split remainder units (see the template).
+    # Range mode where the last wave is more than half full: sq4096 (116 of 132), llm_qkv (108), sq8192 (68 of
+    # 132 for 128x256), llm_down (116).
     pick = {"sq1024": ["sk128x128s4", "sk128x128s6", "sk128x256s4"],
-            "sq8192": ["sk128x128s6"], "llm_up": ["sk128x256s4"],
+            "sq4096": ["sk128x256s3", "sk128x256s4", "sk256x128s3"], "llm_qkv": ["sk128x256s3", "sk128x256s4"],
+            "llm_down": ["sk128x256s4"],
+            "sq8192": ["sk128x128s6", "sk128x256s4"], "llm_up": ["sk128x256s4"],
             "skinny_m16": ["sk64x128s6", "sk64x256s4"], "skinny_m128": ["sk128x128s6", "sk128x256s4"],
             "largek": ["sk128x256s4", "sk128x128s6"],
             "odd3000": ["sk128x256s4", "sk128x128s6", "sk256x128s4"]}
@@ -111,6 +135,11 @@ def timing_cases(only: "set[str] | None") -> "list[tuple[str, str, Problem, Tile
             out.append((shape, "stored winner " + best.tag, p, best))
         for name in pick[shape]:
             out.append((shape, name, p, SK[name]))
+            if shape in RANGE_SHAPES:
+                # The same tile data-parallel: what range mode is measured against.
+                d = SK[name].to_dict()
+                d["decomposition"] = {"kind": "dp"}
+                out.append((shape, "dp" + name[2:], p, TileConfig.from_dict(d)))
     return out
 
 
@@ -160,9 +189,10 @@ def main() -> int:
 
     results = []
     if checks:
-        worker = WorkerBenchmark()
+        worker = WorkerBenchmark(watchdog_s=20.0)   # every case runs in well under a second
         worker.start()
-        for label, problem, config in checks:
+        # The timed kernels too, so that a hang is caught here by the watchdog, not in this process below.
+        for label, problem, config in checks + [(f"timed {shape} {label}", p, c) for shape, label, p, c in timed]:
             manifest, cubin = artefacts(problem, config)
             if manifest is None:
                 results.append({"case": label, "ok": False, "reason": "compile error"})
@@ -183,8 +213,10 @@ def main() -> int:
     bench = GpuBenchmark(verify=False)
     dev = bench.device
     invariant = []
-    for label, problem, config in ([c for c in checks if "3000^3 sk128x256" in c[0] or "fewer" in c[0]
-                                    or "largek" in c[0]] if checks else []):
+    passed = {r["case"] for r in results if r["ok"]}
+    for label, problem, config in ([c for c in checks if ("3000^3 sk128x256" in c[0] or "fewer" in c[0]
+                                    or "largek" in c[0] or c[0].startswith("range")) and c[0] in passed]
+                                   if checks else []):
         manifest, cubin = artefacts(problem, config)
         module = dev.load(cubin)
         ws = dev.alloc(manifest["workspace_bytes"])
@@ -217,6 +249,8 @@ def main() -> int:
         order = timed if r % 2 == 0 else list(reversed(timed))
         for shape, label, problem, config in order:
             key = (shape, label)
+            if checks and f"timed {shape} {label}" not in passed:
+                continue   # failed or hung under the watchdog
             manifest, cubin = artefacts(problem, config)
             if manifest is None:
                 continue

@@ -417,44 +417,108 @@ def streamk_config(cta="128x256x64", warp="64x256x64", stages=4, **changes) -> T
     return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.STREAM_K), **changes)
 
 
+def range_begin(c: int, rem: int, k_tiles: int, grid: int) -> int:
+    r = rem * k_tiles
+    q = r // grid
+    return c * q + min(c, r - q * grid)
+
+
 def walk(tiles: int, grid: int, k_tiles: int):
     """Python transcription of the template's Stream-K Walk: every CTA's units as (tile, z, kt0, kcount)."""
     rem = tiles % grid
     slices = 1 if rem == 0 else min(grid // rem, k_tiles, 16)
     if slices == 1:
-        rem = 0
+        if rem > 0 and k_tiles >= 2:
+            slices = -(rem * k_tiles // grid)   # range mode: -q
+        else:
+            rem = 0
     dp = tiles - rem
     per_cta = []
     for g in range(grid):
         units, u = [], g
-        while u < dp + rem * slices:
-            if u < dp:
-                units.append((u, 0, 0, k_tiles))
+        while u < dp:
+            units.append((u, 0, 0, k_tiles))
+            u += grid
+        if slices < 0:
+            # The template's next(), state for state: u = dp + cursor, + R while a tail is pending, INT_MAX when done.
+            total, end = rem * k_tiles, range_begin(g + 1, rem, k_tiles, grid)
+            u = dp + range_begin(g, rem, k_tiles, grid)
+            for _ in range(4):
+                it = u - dp
+                tail = it >= total
+                if tail:
+                    it -= total
+                if it >= end:
+                    break
+                tr = it // k_tiles
+                boundary = (tr + 1) * k_tiles
+                kt0 = it - tr * k_tiles
+                if not tail and kt0 > 0 and boundary < end:
+                    t, kt0, kc = dp + tr + 1, 0, end - boundary
+                    u = dp + total + it
+                else:
+                    t, kc = dp + tr, min(boundary, end) - it
+                    u = 2**31 - 1
+                units.append((t, int(kt0 + kc < k_tiles), kt0, kc))
             else:
+                raise AssertionError(f"CTA {g}'s range walk does not end")
+        else:
+            while u < dp + rem * slices:
                 v = u - dp
                 z = v // rem
                 kt0 = z * k_tiles // slices
                 units.append((dp + v - z * rem, z, kt0, (z + 1) * k_tiles // slices - kt0))
-            u += grid
+                u += grid
         per_cta.append(units)
     return per_cta, dp, rem, slices
 
 
+def range_contributors(g: int, t: int, dp: int, rem: int, k_tiles: int, grid: int) -> "list[int]":
+    """The template's owner loop: the CTAs before g whose ranges end inside remainder tile t."""
+    tile_start = (t - dp) * k_tiles
+    lo = g
+    while lo > 0 and range_begin(lo, rem, k_tiles, grid) > tile_start:
+        lo -= 1
+    return list(range(lo, g))
+
+
 @pytest.mark.parametrize("tiles,grid,k_tiles", [(288, 132, 47), (64, 132, 16), (32, 132, 1024), (132, 132, 16),
-                                                (1, 132, 1), (3584, 132, 64), (8192, 132, 64), (20, 132, 3)])
+                                                (1, 132, 1), (3584, 132, 64), (8192, 132, 64), (20, 132, 3),
+                                                (512, 132, 64), (2048, 132, 128), (768, 132, 64), (131, 132, 2),
+                                                (100, 132, 5), (67, 132, 1), (1000, 132, 7)])
 def test_streamk_walk_covers_every_k_tile_of_every_tile_once_and_each_cta_owes_at_most_one_partial(
         tiles, grid, k_tiles):
     per_cta, dp, rem, slices = walk(tiles, grid, k_tiles)
     covered = {}
     for units in per_cta:
-        assert sum(1 for t, z, _, _ in units if t >= dp) <= 1  # at most one remainder unit per CTA: no waits on itself
+        # At most one remainder partial handed over per CTA (its slot and flag), and in range mode it comes
+        # first, before the CTA's own owner piece (so no CTA waits before it has signalled); a range's pieces
+        # start at K tile 0 or end at its tile's last, so concurrent CTAs stay near one K offset.
+        partials = [i for i, (t, z, _, _) in enumerate(units) if t >= dp and z > 0]
+        assert len(partials) <= 1
+        if slices >= 0:
+            assert sum(1 for t, z, _, _ in units if t >= dp) <= 1  # one remainder unit per CTA
+        else:
+            pieces = [u for u in units if u[0] >= dp]
+            assert len(pieces) <= 2
+            if partials:
+                assert partials[0] == next(i for i, (t, _, _, _) in enumerate(units) if t >= dp)
+            if len(pieces) == 2:
+                assert pieces[0][2] == 0 and pieces[1][2] + pieces[1][3] == k_tiles
         for t, z, kt0, kc in units:
             assert kc >= 1
             for kt in range(kt0, kt0 + kc):
                 covered[(t, kt)] = covered.get((t, kt), 0) + 1
     assert covered == {(t, kt): 1 for t in range(tiles) for kt in range(k_tiles)}
+    if slices < 0:
+        # Every piece without its tile's last K tile is added by exactly that tile's owner (the CTA holding
+        # it), found by the owner loop the template runs.
+        owner = {t: g for g, units in enumerate(per_cta) for t, z, kt0, kc in units if t >= dp and kt0 + kc == k_tiles}
+        added = {g: t for t in owner for g in range_contributors(owner[t], t, dp, rem, k_tiles, grid)}
+        handed = {g: t for g, units in enumerate(per_cta) for t, z, _, _ in units if t >= dp and z > 0}
+        assert added == handed
     # The host's grid and the model's slice count agree with the kernel's.
-    assert slices <= 16 and (rem == 0 or rem * slices <= grid)
+    assert slices <= 16 and (rem == 0 or slices < 0 or rem * slices <= grid)
 
 
 def test_streamk_manifest_sizes_flags_and_partials_and_zeroes_the_flags_once():
@@ -467,6 +531,10 @@ def test_streamk_manifest_sizes_flags_and_partials_and_zeroes_the_flags_once():
     assert manifest["workspace_bytes"] == 192 * 4 + 132 * 128 * 256 * 4   # 132 flags padded to 192, one tile each
     assert manifest["workspace_zero"] == {"bytes": 192 * 4, "when": "bind"}
     assert sm90.streamk_slices(kernel, problem, 132) == (264, 5)   # 288 tiles: 2 waves + 24 tiles x 5 slices
+    # 4096^3: 512 tiles, the last wave 116 of 132: range mode over every CTA.
+    big = Problem.create(4096, 4096, 4096, "bf16", "row", "row")
+    assert sm90.streamk_slices(kernel, big, 132) == (396, 0)
+    assert make_manifest(kernel, big)["launches"][0]["grid"] == [132, 1, 1]
     # Fewer tiles than SMs: the grid is still every SM, the tiles cut into slices.
     small = Problem.create(1024, 1024, 1024, "bf16", "row", "row")
     k128 = Kernel(Arch.SM90A, small.operands, streamk_config("128x128x64", "64x128x64"))
@@ -503,6 +571,7 @@ def test_streamk_kernel_compiles_without_local_memory_and_renders_the_fixup():
     kernel = Kernel(Arch.SM90A, ops(b="row"), streamk_config())
     source = render(kernel)
     assert "struct Walk {\n    int u, rem, slices;" in source and "sk_wait(flags + v + z * walk.rem, leader)" in source
+    assert "sk_wait(flags + c, leader)" in source and "sk_range_begin(blockIdx.x + 1" in source   # range mode
     assert "ld.acquire.gpu.global.u32" in source and "fence.acq_rel.gpu;" in source
     assert "sk_wait" not in render(Kernel(Arch.SM90A, ops(), hopper_config()))
     compiled = compile_sm90(kernel)
@@ -518,10 +587,13 @@ def test_model_prices_streamk_by_its_remainder_slices():
     sk, dp = predict(odd, streamk_config(), H100), predict(odd, hopper_config(), H100)
     assert sk.wave_efficiency > 0.95 > dp.wave_efficiency   # 2 waves + 1/5 of one vs 3 waves for 2.18
     assert sk.time_s < dp.time_s
-    # A last wave more than half full gets one slice: the same waves as data-parallel.
+    # A last wave more than half full (116 of 132 tiles at 4096^3) runs in range mode: the wave takes 57 of the
+    # tile's 64 K iterations, and the model charges the partials' trip through L2.
     square = Problem.create(4096, 4096, 4096, "bf16", "row", "row")
-    assert predict(square, streamk_config(), H100).wave_efficiency == pytest.approx(
-        predict(square, hopper_config(), H100).wave_efficiency)
+    sk, dp = predict(square, streamk_config(), H100), predict(square, hopper_config(), H100)
+    assert dp.wave_efficiency == pytest.approx(512 / 528)
+    assert sk.wave_efficiency == pytest.approx((512 / 132) / (3 + 57 / 64))
+    assert sk.dram_bytes > dp.dram_bytes
 
 
 def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():

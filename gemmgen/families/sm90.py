@@ -159,10 +159,15 @@ def streamk_flag_words(grid: int) -> int:
 
 def streamk_slices(kernel: Kernel, problem: Problem, grid: int) -> "tuple[int, int]":
     """(data-parallel tiles, K slices per remainder tile) of a Stream-K launch on `grid` CTAs, as the
-    template's Walk computes them (1 slice: the remainder runs as an ordinary partial wave)."""
+    template's Walk computes them. 1 slice: the remainder runs as an ordinary partial wave; 0: range mode (the
+    remainder's K iterations dealt out to every CTA in contiguous ranges, where the last wave is more than
+    half full)."""
     tiles = cluster_tiles(kernel, problem)
+    k_tiles = math.ceil(problem.k / kernel.config.cta.k)
     rem = tiles % grid
-    slices = 1 if rem == 0 else min(grid // rem, math.ceil(problem.k / kernel.config.cta.k), SK_MAX_SLICES)
+    slices = 1 if rem == 0 else min(grid // rem, k_tiles, SK_MAX_SLICES)
+    if slices == 1 and rem > 0 and k_tiles >= 2:
+        return tiles - rem, 0
     return (tiles - rem if slices > 1 else tiles), max(1, slices)
 
 
@@ -230,10 +235,10 @@ def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "in
     if cfg.persistent:
         resident = max_clusters or max(1, sm_count // cfg.cluster.size)
         if is_streamk(kernel):
-            # Stream-K cuts the tiles of the last partial wave into K slices to fill it, so it uses every
-            # resident slot even with fewer tiles than SMs (up to SK_MAX_SLICES slices per tile).
+            # Stream-K cuts the tiles of the last partial wave into K slices (or K ranges) to fill it, so it
+            # uses every resident slot even with fewer tiles than SMs (up to SK_MAX_SLICES slices per tile).
             dp, slices = streamk_slices(kernel, problem, resident)
-            clusters = max(1, min(resident, dp + (clusters - dp) * slices))
+            clusters = resident if slices == 0 else max(1, min(resident, dp + (clusters - dp) * slices))
         else:
             clusters = min(clusters, resident)
     return clusters * cfg.cluster.size
