@@ -38,7 +38,7 @@ SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (
 # --set keys that change the launch (adjust_manifest), not the template.
 LAUNCH_ONLY = ("launch_cluster", "cluster_policy", "launch_grid")
 # --set keys whose B variant may leave D unwritten or wrong by design: timed, not verified.
-UNVERIFIABLE = ("skip_epilogue", "epi_no_wait")
+UNVERIFIABLE = ("skip_epilogue", "epi_no_wait", "sk_no_fixup")
 
 
 def parse_value(text: str):

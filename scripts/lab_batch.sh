@@ -9,10 +9,14 @@ step() {
   tag=$1; shift
   mkdir -p "$OUT/$tag"
   timeout 200 "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1
-  echo "== $tag rc $?"; tail -14 "$OUT/$tag/log.txt"
+  echo "== $tag rc $?"; tail -8 "$OUT/$tag/log.txt"
 }
-# 1. Energy per GEMM beside cuBLAS, sustained (scripts/power_probe.py; its first run's sq4096 cuBLAS row was a 44 ms
-#    burst, fixed since): at the power cap, is our 4096^3 winner slower at cuBLAS's energy per product, or does it
-#    spend more? With cuBLAS's own tile and the store warp (2.2% faster than the winner sustained).
-step power python3 scripts/power_probe.py --shapes sq4096,llm_qkv,sq8192 --rounds 3 --seconds 1.5 \
-  --config scripts/configs/sm90_256x128_s4_cl1x2.yaml --config scripts/configs/sm90_128x256_s3_sw.yaml
+# Stream-K range mode costs 11-23 us per launch more than the wave it saves (perf-notes "Stream-K range mode").
+# 1. The range schedule without its fix-up (no partials, flags, adds; D wrong, timed only): is the cost the
+#    fix-up, or the schedule itself?
+step nofixup python3 scripts/ab_lab.py --no-winner --shapes sq4096,sq8192 --rounds 5 --set sk_no_fixup=true \
+  --config scripts/configs/sm90_128x256_s3_streamk.yaml --config scripts/configs/sm90_128x256_s4_streamk.yaml
+# 2. The short epilogue path for interior tiles (what data-parallel kernels run; Stream-K keeps the general one).
+step epifast python3 scripts/ab_lab.py --no-winner --shapes sq4096,sq8192 --rounds 5 --set epi_fast=true \
+  --config scripts/configs/sm90_128x256_s3_streamk.yaml --config scripts/configs/sm90_128x256_s4_streamk.yaml \
+  --verify 4000x4000x120:rr --verify 4097x6144x4104:rc

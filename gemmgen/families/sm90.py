@@ -118,6 +118,9 @@ def template_params(kernel: Kernel) -> dict:
         # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
         # 3 fills the TMA-store boxes but issues no store.
         "skip_epilogue": 0,
+        # True only in scripts/ab_lab.py: Stream-K's range mode without its fix-up (no partials, flags or adds;
+        # D is wrong), to time the range schedule apart from the fix-up.
+        "sk_no_fixup": False,
     }
 
 
