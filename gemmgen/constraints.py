@@ -72,10 +72,8 @@ def sm90_epi_boxes(config: TileConfig, operands: "Operands | None" = None) -> in
     read a box mid-epilogue, and hands them over behind one proxy fence. Halving steps from the whole share
     down to 2 (groups that divide the share), taking the largest that fits without lowering the CTAs resident
     per SM. Non-TMA-store kernels (split-K, unaligned ldc) get the same region and use 2.5 KB of it.
-    Stream-K keeps two: with its fix-up state live, the 128x256 and 256x128 s4 tiles spilled 20 bytes with
-    the whole share (and with the short epilogue path, which families/sm90 turns off for it)."""
-    if config.decomposition.kind is DecompKind.STREAM_K:
-        return 2
+    Stream-K kernels get the same (they kept two until 2026-11-23, when the template stopped keeping the tile
+    origin live across the main loop, which had made the 128x256 tile spill with more)."""
     warps = config.math_threads // 32
     ring = _sm90_ring_bytes(config, _ab_bytes(operands)) + 2 * BARRIER_BYTES
     base = ring + warps * SM90_EPI_WARP_BYTES

@@ -99,10 +99,8 @@ def template_params(kernel: Kernel) -> dict:
         "tma_store": uses_tma_store(kernel),
         "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
         # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
-        # Stream-K keeps the general path: with its fix-up state live, the 128x256 and 256x128 s4 tiles spilled
-        # 20 bytes with it. TMA-store boxes per consumer warp and the warp's staging bytes come from
-        # constraints.sm90_epi_boxes (two for Stream-K, for the same reason).
-        "epi_fast": EPI_FAST and not is_streamk(kernel),
+        # TMA-store boxes per consumer warp and the warp's staging bytes come from constraints.sm90_epi_boxes.
+        "epi_fast": EPI_FAST,
         "epi_boxes": sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
         "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
