@@ -12,6 +12,8 @@ step() {
   echo "== $tag rc $?"; tail -8 "$OUT/$tag/log.txt"
 }
 # Stream-K range mode costs 11-23 us per launch more than the wave it saves (perf-notes "Stream-K range mode").
+# Both steps ran on 2026-11-23 17:31 UTC (perf-notes "Where the cost is"); step 2's change is now the default, so
+# re-running it compares the short path with itself. Replace them with the next experiments.
 # 1. The range schedule without its fix-up (no partials, flags, adds; D wrong, timed only): is the cost the
 #    fix-up, or the schedule itself?
 step nofixup python3 scripts/ab_lab.py --no-winner --shapes sq4096,sq8192 --rounds 5 --set sk_no_fixup=true \
