@@ -22,7 +22,7 @@ from .constraints import ctas_per_sm as _ctas_per_sm
 from .constraints import check
 from .errors import InvalidConfig, InvalidInput
 from .problem import Problem
-from .tiles import DecompKind, Family, Kernel, RasterOrder, Schedule, Shape3, TileConfig
+from .tiles import DecompKind, Family, Kernel, RasterOrder, Schedule, Shape3, TileConfig, streamk_remainder
 
 # --- Model constants --------------------------------------------------------------------------
 # Fraction of the datasheet tensor peak a family's main loop sustains when nothing else limits it.
@@ -56,8 +56,6 @@ OVERLAP_PENALTY = 0.15
 DRAM_LATENCY_S = 1.0e-6
 # Fraction of L2 that holds reusable operand panels (H100's L2 is two partitions that may duplicate).
 L2_USABLE_FRACTION = 0.5
-# Stream-K cuts a remainder tile into at most this many K slices (families/sm90.SK_MAX_SLICES).
-SK_MAX_SLICES = 16
 # The in-kernel fix-up's fixed cost (a gpu-scope fence after the partial stores, the flag's trip through L2,
 # the owner's wait): 128x128 Stream-K took ~16 us at 1024^3 where data-parallel 64x128 with the same MMA work
 # per CTA took 10.4 us, ~5 us more (docs/perf-notes.md, Stream-K; one data point, refit when there are more).
@@ -374,11 +372,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
         # S = min(slots // rem, K tiles, 16) K slices, so that wave takes 1/S of a tile's time; where that
         # wave is more than half full (S = 1), its K iterations dealt out to every slot in contiguous ranges
         # (range mode, S = 0 here): the wave takes ceil(rem * K tiles / slots) iterations.
-        sk_rem = tiles % slots
-        if sk_rem:
-            sk_slices = max(1, min(slots // sk_rem, k_tiles, SK_MAX_SLICES))
-            if sk_slices == 1 and k_tiles >= 2:
-                sk_slices = 0
+        sk_rem, sk_slices = streamk_remainder(tiles, slots, k_tiles)
     if sk_slices > 1:
         units = tiles - sk_rem + sk_rem * sk_slices
         waves = tiles / slots

@@ -98,6 +98,25 @@ class DecompKind(str, Enum):
     STREAM_K = "streamk"
 
 
+# Stream-K cuts a remainder tile into at most this many K slices (the template's SK_MAX_SLICES).
+SK_MAX_SLICES = 16
+
+
+def streamk_remainder(tiles: int, grid: int, k_tiles: int) -> "tuple[int, int]":
+    """How Stream-K splits the last partial wave of `tiles` output tiles on `grid` resident CTAs with `k_tiles`
+    K tiles each, as the sm90 template's Walk does: (rem, slices). rem tiles remain after the full waves;
+    slices >= 2 cuts each into that many equal K slices (the wave at most half full); 0 is range mode (the
+    wave more than half full: its K iterations dealt out to every CTA in contiguous ranges); 1 leaves the
+    remainder an ordinary partial wave (none, or a single K tile)."""
+    rem = tiles % grid
+    if rem == 0:
+        return 0, 1
+    slices = min(grid // rem, k_tiles, SK_MAX_SLICES)
+    if slices == 1 and k_tiles >= 2:
+        return rem, 0
+    return rem, max(1, slices)
+
+
 @dataclass(frozen=True)
 class Decomposition:
     """How work is divided among CTAs: one tile each (dp), K split in `splits` parts, or Stream-K."""

@@ -36,11 +36,9 @@ from gemmgen.manifest import make_manifest, workspace_zero  # noqa: E402
 from gemmgen.problem import Problem  # noqa: E402
 from gemmgen.tiles import Kernel, TileConfig  # noqa: E402
 
+from ab_lab import SUITE  # noqa: E402  (the suite's shapes: one list for the lab scripts)
+
 LAYOUTS = (("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"))
-SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (4096, 4096, 4096),
-         "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096), "llm_up": (4096, 28672, 4096),
-         "llm_down": (4096, 4096, 14336), "skinny_m16": (16, 4096, 4096), "skinny_m128": (128, 8192, 8192),
-         "largek": (1024, 1024, 65536), "odd3000": (3000, 3000, 3000)}
 
 
 def sk(cta: str, warp: str, stages: int = 4) -> TileConfig:
@@ -206,8 +204,7 @@ def main() -> int:
     report["correctness"] = results
 
     # (b) the flags' invariant, and (c) timing, in this process
-    from gemmgen.bench import GpuBenchmark, TimingPolicy, threshold, verdict
-    from gemmgen.device import Buffer
+    from gemmgen.bench import GpuBenchmark, threshold, verdict
     from gemmgen.reference import compare
 
     bench = GpuBenchmark(verify=False)

@@ -15,7 +15,7 @@ from ..arch import Arch, lookup_gpu
 from ..constraints import sm90_epi_boxes, sm90_epi_warp_bytes, smem_bytes
 from ..errors import InvalidInput
 from ..problem import Layout, Operands, Problem
-from ..tiles import DecompKind, Family, Kernel, Schedule
+from ..tiles import SK_MAX_SLICES, DecompKind, Family, Kernel, Schedule, streamk_remainder
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
@@ -37,9 +37,6 @@ EPI_FAST = True
 # The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
 # (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
 EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
-# Stream-K cuts each tile of the last partial wave into at most this many K slices (the template's
-# SK_MAX_SLICES): the owner adds the others' partials one after another.
-SK_MAX_SLICES = 16
 
 
 def consumer_regs(consumers: int) -> int:
@@ -164,12 +161,8 @@ def streamk_slices(kernel: Kernel, problem: Problem, grid: int) -> "tuple[int, i
     remainder's K iterations dealt out to every CTA in contiguous ranges, where the last wave is more than
     half full)."""
     tiles = cluster_tiles(kernel, problem)
-    k_tiles = math.ceil(problem.k / kernel.config.cta.k)
-    rem = tiles % grid
-    slices = 1 if rem == 0 else min(grid // rem, k_tiles, SK_MAX_SLICES)
-    if slices == 1 and rem > 0 and k_tiles >= 2:
-        return tiles - rem, 0
-    return (tiles - rem if slices > 1 else tiles), max(1, slices)
+    rem, slices = streamk_remainder(tiles, grid, math.ceil(problem.k / kernel.config.cta.k))
+    return (tiles if slices == 1 else tiles - rem), slices
 
 
 def splits(kernel: Kernel) -> int:
