@@ -119,6 +119,29 @@ class TimingPolicy:
     min_warmup: int = 3
     l2_factor: float = 2.0
     batch: int = 100  # timed runs queued behind one hold kernel
+    # Sustained: run back to back without hold kernels (whose idle gaps let the card cool and clock up between
+    # batches), so the timing sees the clock a long run settles at. Only kernels longer than the host's enqueue
+    # time can be timed that way; shorter ones keep the holds.
+    sustained: bool = False
+
+
+# How the tuner times its finalists and cuBLAS (`--timing`). Burst: ~0.1 s per kernel in batches behind hold
+# kernels, the card near its boost clock. Sustained: ~1 s of back-to-back runs first, then ~0.5 s timed: the
+# power- and heat-limited clock a training loop runs at (docs/perf-notes.md, "Sustained runs"), which can
+# rank kernels differently when they draw different power.
+TIMINGS = {
+    "burst": TimingPolicy(),
+    "sustained": TimingPolicy(warmup_s=1.0, measure_s=0.5, max_reps=20000, batch=20000, sustained=True),
+}
+# Below this a run is shorter than enqueueing it from Python, so back-to-back runs would leave the GPU idle.
+HOST_BOUND_S = 50e-6
+
+
+def timing_policy(name: str) -> TimingPolicy:
+    try:
+        return TIMINGS[name]
+    except KeyError:
+        raise InvalidInput(f"--timing must be one of {', '.join(TIMINGS)}", name) from None
 
 
 # Host time to enqueue one timed run (two events and a launch; torch's dispatch is the slowest, ~20 us),
@@ -173,6 +196,7 @@ class GpuBenchmark:
     def __init__(self, ordinal: int = 0, reference: str = "auto", policy: TimingPolicy = TimingPolicy(),
                  seed: "int | None" = None, verify: bool = True):
         self.ordinal, self.reference, self.policy, self.verify_first = ordinal, reference, policy, verify
+        self._own_policy = policy
         self._seed = seed
         self._rng = random.Random(seed)
         self._device = None
@@ -184,7 +208,7 @@ class GpuBenchmark:
         self.healthy = True  # False after a sticky CUDA error: the owner must replace this process
 
     def __getstate__(self):
-        return {"ordinal": self.ordinal, "reference": self.reference, "policy": self.policy, "verify": self.verify_first,
+        return {"ordinal": self.ordinal, "reference": self.reference, "policy": self._own_policy, "verify": self.verify_first,
                 "seed": self._seed}
 
     def __setstate__(self, state):
@@ -211,6 +235,11 @@ class GpuBenchmark:
         """Verification only (no timing)."""
         cubin = getattr(cubin, "cubin", cubin)
         return self._guarded(problem, lambda: self._measure(manifest, bytes(cubin), problem, timing=False))
+
+    def set_timing(self, name: "str | None") -> None:
+        """Time from now on with the named policy of TIMINGS, or with the one given at construction (None).
+        The tuner switches for its finalist rounds."""
+        self.policy = self._own_policy if name is None else timing_policy(name)
 
     def cublas_time(self, problem: Problem, fresh: bool = False) -> "float | None":
         """Median seconds of cuBLAS on this problem (torch.matmul, or addmm with C/bias; the activation is
@@ -309,10 +338,19 @@ class GpuBenchmark:
             run_one(0)
             end.record(stream)
             dev.synchronize(what)
-        warmup, reps = plan_runs(end.elapsed_s(start), self.policy)
+        estimate = end.elapsed_s(start)
+        warmup, reps = plan_runs(estimate, self.policy)
         for i in range(warmup):
             run_one(i)
         pairs = [self._event_pair(i) for i in range(reps)]
+        if self.policy.sustained and estimate >= HOST_BOUND_S:
+            # The warm-up left the queue deep: the GPU never waits for the host, and no hold lets it idle.
+            for i, (s, e) in enumerate(pairs):
+                s.record(stream)
+                run_one(i)
+                e.record(stream)
+            dev.synchronize(what)
+            return [e.elapsed_s(s) for s, e in pairs]
         # Runs go in batches queued behind a hold kernel: a short kernel (sq1024 takes ~7 us) launched
         # straight from Python would otherwise be timed with the host's launch overhead, which differs
         # between our cuLaunchKernel and torch's dispatch and so skews the ratio to cuBLAS.

@@ -50,6 +50,7 @@ SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the 
 FALLBACK_AFTER = 3  # sampler proposals in a row that give nothing new before the model's next pick is queued
 # Configurations re-measured first when the study's earlier trials timed older kernel code (the best by old time).
 REMEASURE_STALE = 8
+FINALIST_TIMINGS = ("burst", "sustained")  # bench.TIMINGS' names (search imports nothing from bench)
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -69,6 +70,7 @@ class TuneOptions:
     max_idle_asks: int = 300  # sampler proposals in a row that yield nothing new before giving up
     stale_after_s: float = 3600.0  # a RUNNING trial of another host older than this is abandoned
     replay: "str | None" = None  # simulation mode: recorded in the record so nobody mistakes it
+    timing: str = "burst"  # how the finalist rounds time the finalists and cuBLAS: a bench.TIMINGS name
 
     def validate(self) -> "TuneOptions":
         if self.trials < 1:
@@ -83,6 +85,8 @@ class TuneOptions:
             raise InvalidInput(f"--sampler must be one of {', '.join(SAMPLERS)}", self.sampler)
         if self.jobs < 0:
             raise InvalidInput("--jobs must be zero (compile inline) or a positive integer", self.jobs)
+        if self.timing not in FINALIST_TIMINGS:
+            raise InvalidInput(f"--timing must be one of {', '.join(FINALIST_TIMINGS)}", self.timing)
         return self
 
 
@@ -655,7 +659,21 @@ class _Search:
         errors: "dict[str, float]" = {}
         failed: "dict[str, str]" = {}
         cublas = []
-        self.emit("finalists", {"count": len(entries), "rounds": self.options.rounds})
+        self.emit("finalists", {"count": len(entries), "rounds": self.options.rounds, "timing": self.options.timing})
+        # The search's trials are screened in bursts; the finalists and cuBLAS are timed as --timing says.
+        set_timing = getattr(self.measurer, "set_timing", None) if self.options.timing != "burst" else None
+        if set_timing is not None:
+            set_timing(self.options.timing)
+        try:
+            self._finalist_rounds(entries, times, errors, failed, cublas)
+        finally:
+            if set_timing is not None:
+                set_timing(None)
+        self.cublas_time_s = statistics.median(cublas) if cublas else None
+        self.cublas_times_s = tuple(cublas)
+        self._finalists_from(entries, times, errors, failed)
+
+    def _finalist_rounds(self, entries, times, errors, failed, cublas) -> None:
         for _ in range(self.options.rounds):
             for s, config, kernel, compiled, manifest in entries:
                 if config.tag in failed:
@@ -674,8 +692,8 @@ class _Search:
             t = self.measurer.cublas_time(self.problem, fresh=True)
             if t:
                 cublas.append(t)
-        self.cublas_time_s = statistics.median(cublas) if cublas else None
-        self.cublas_times_s = tuple(cublas)
+
+    def _finalists_from(self, entries, times, errors, failed) -> None:
         for s, config, kernel, compiled, manifest in entries:
             self.finalists.append(Finalist(kernel.name, config, tuple(times[config.tag]),
                                            self.by_tag[config.tag].time_s, self.problem.flops,
@@ -728,7 +746,8 @@ class _Search:
             "study": {"name": self.name, "storage": safe_url(self.storage_url)},
             "search": {"sampler": self.options.sampler, "trials": self.options.trials,
                        "timeout_s": self.options.timeout_s, "patience": self.options.patience,
-                       "top_k": self.options.top_k, "space_size": len(self.space), "space_version": self.space.version},
+                       "top_k": self.options.top_k, "space_size": len(self.space), "space_version": self.space.version,
+                       "finalist_timing": self.options.timing},
             "elapsed_s": round(self.elapsed(), 3), "stop_reason": self.stop_reason, "counts": self.counts,
             "model_top": [{"rank": r.rank, "config_tag": r.config.tag, "predicted_time_s": r.time_s,
                            "predicted_tflops": r.tflops, "bound": r.bound} for r in self.ranking[:10]],

@@ -219,7 +219,8 @@ def run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, measurer, op
                     row = SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, tflops, cublas,
                                    tflops / cublas if tflops and cublas else None, result.elapsed_s,
                                    w.kernel if w else "", w.predicted_time_s and problem.flops / w.predicted_time_s / 1e12
-                                   if w else None, "" if w else "no configuration ran correctly")
+                                   if w else None, ("sustained timing" if options.timing == "sustained" else "")
+                                   if w else "no configuration ran correctly")
                 rows.append(row)
                 done[key] = row
                 if on_row:
@@ -279,7 +280,10 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
             device = device or record.get("environment", {}).get("gpu_name", "")
             cublas = (record.get("cublas") or {}).get("tflops")
             pred = w.get("predicted_time_s")
-            note = "simulated (replayed timings)" if record.get("simulated") else ""
+            notes = ["simulated (replayed timings)"] if record.get("simulated") else []
+            if (record.get("search") or {}).get("finalist_timing") == "sustained":
+                notes.append("sustained timing")
+            note = "; ".join(notes)
             key = problem_key(shape.problem(dtype))
             if key in first_name:   # one record serves every name of the same product (llm_o is sq4096)
                 note = f"same problem as {first_name[key]}" + (f"; {note}" if note else "")

@@ -125,6 +125,9 @@ def _serve(conn, factory: Callable[[], object]) -> None:
                 answer = as_outcome(_call_measure(bench, manifest, cubin, problem))
             elif op == "cublas":
                 answer = bench.cublas_time(request[1], *request[2:])
+            elif op == "timing":
+                setter = getattr(bench, "set_timing", None)  # a replay has no clock to heat: it ignores this
+                answer = setter(request[1]) if setter is not None else None
             else:
                 raise ValueError(f"unknown request {op!r}")
             conn.send(("ok", answer))
@@ -144,6 +147,8 @@ class WorkerBenchmark:
     watchdog_s: float = 60.0
     start_timeout_s: float = 180.0
     restarts: int = 0
+    timing: "str | None" = None  # a bench.TIMINGS name, or None for the factory's own policy
+    _child_timing: "str | None" = field(default=None, repr=False)
     _proc: object = field(default=None, repr=False)
     _conn: object = field(default=None, repr=False)
     _ready: bool = field(default=False, repr=False)
@@ -196,8 +201,25 @@ class WorkerBenchmark:
         answer = self._request(("cublas", problem, fresh), "timing cuBLAS")
         return answer if isinstance(answer, (int, float)) and not isinstance(answer, bool) else None
 
+    def set_timing(self, name: "str | None") -> None:
+        """Time with bench.TIMINGS[name] from the next request on, or with the factory's own policy again
+        (None). The child is told lazily, and again after every replacement (a new child starts with its own)."""
+        from .bench import timing_policy
+
+        if name is not None:
+            timing_policy(name)  # a bad name fails here, in the parent, with the rule
+        self.timing = name
+
     def _request(self, request: tuple, what: str):
         """Send one request; a failed Outcome if the child errs, dies or misses the watchdog."""
+        if self.timing != self._child_timing:
+            answer = self._send(("timing", self.timing), "setting the timing policy")
+            if isinstance(answer, Outcome):
+                return answer
+            self._child_timing = self.timing
+        return self._send(request, what)
+
+    def _send(self, request: tuple, what: str):
         try:
             self.start()
             self._conn.send(request)
@@ -231,6 +253,7 @@ class WorkerBenchmark:
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
         self._ready = False
+        self._child_timing = None  # the next child starts with its factory's policy
         if conn is not None:
             conn.close()
         if proc is not None and proc.is_alive():

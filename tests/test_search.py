@@ -607,3 +607,55 @@ def test_trials_that_timed_older_kernel_code_are_remeasured_first_not_carried(tm
     assert again == [t.user_attrs["config_tag"] for t in old_best]
     assert all(t.user_attrs.get("source", "").startswith("re-measure") for t in measured[:len(old_best)])
     assert second.calls[:len(old_best)] == again
+
+
+def test_sustained_timing_covers_the_finalist_rounds_and_cublas_only_and_is_recorded(tmp_path):
+    """--timing sustained: the search screens in bursts; the finalists and cuBLAS beside them are timed
+    sustained (the measurer is switched before the first round and back after the last), and the record says so."""
+    import json as _json
+
+    from gemmgen.results import record_path
+    from gemmgen.search import tune
+
+    class Timed(Recorded):
+        def __init__(self):
+            super().__init__()
+            self.timing = None
+            self.log: "list[tuple]" = []
+
+        def set_timing(self, name):
+            self.timing = name
+            self.log.append(("timing", name))
+
+        def measure(self, manifest, cubin, problem):
+            self.log.append(("measure", self.timing))
+            return super().measure(manifest, cubin, problem)
+
+        def cublas_time(self, problem, fresh=False):
+            self.log.append(("cublas", self.timing))
+            return super().cublas_time(problem, fresh)
+
+    m = Timed()
+    result = tune(PROBLEM, GPU, m, options(tmp_path, trials=8, finalists=2, rounds=3, timing="sustained"),
+                  engines=engines())
+    first = m.log.index(("timing", "sustained"))
+    assert m.log[-1] == ("timing", None) and m.log.count(("timing", "sustained")) == 1
+    assert all(t is None for kind, t in m.log[:first] if kind == "measure")          # the search: bursts
+    rounds = m.log[first + 1:-1]
+    assert rounds.count(("measure", "sustained")) == 2 * 3 and rounds.count(("cublas", "sustained")) == 3
+    assert result.winner is not None
+    record = _json.loads(record_path(GPU, PROBLEM).read_text())
+    assert record["search"]["finalist_timing"] == "sustained"
+
+
+def test_burst_timing_leaves_the_measurer_alone_and_a_bad_timing_is_one_rule(tmp_path):
+    from gemmgen.errors import InvalidInput
+    from gemmgen.search import tune
+
+    class Strict(Recorded):
+        def set_timing(self, name):  # pragma: no cover - must not be called
+            raise AssertionError("burst timing must not switch the measurer")
+
+    tune(PROBLEM, GPU, Strict(), options(tmp_path, trials=6, finalists=2, rounds=2), engines=engines())
+    with pytest.raises(InvalidInput, match="--timing must be one of burst, sustained"):
+        options(tmp_path, timing="fast").validate()

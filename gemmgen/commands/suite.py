@@ -6,7 +6,7 @@ import sys
 from ..arch import lookup_gpu
 from ..errors import InvalidInput
 from ._common import add_gpu_arg, resolve_gpu, table
-from .tune import Progress, measurer_for, options_from_args, sigterm_as_interrupt
+from .tune import Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
 
 
 def register(subparsers) -> None:
@@ -26,6 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=None, help="NVRTC processes (default: cores - 1)")
     p.add_argument("--finalists", type=int, default=3, help="re-measured interleaved per shape (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    add_timing_arg(p)
     p.add_argument("--watchdog", type=float, default=60.0, metavar="S", help="per-measurement watchdog (default 60)")
     p.add_argument("--storage", default=None, metavar="URL", help="Optuna storage (default results/<gpu>/studies.db)")
     p.add_argument("--out", default=None, metavar="DIR", help="export each winner to DIR/<problem>/")

@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
     p.add_argument("--finalists", type=int, default=3, help="configurations re-measured interleaved (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved re-measurement rounds (default 5)")
+    add_timing_arg(p)
     p.add_argument("--watchdog", type=float, default=60.0, metavar="S",
                    help="seconds one measurement may take before the worker is killed as hung (default 60)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
@@ -44,6 +45,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def add_timing_arg(p) -> None:
+    p.add_argument("--timing", default="burst", metavar="MODE",
+                   help="how the finalists and cuBLAS are timed: burst (default; ~0.1 s each, near boost clock) "
+                        "or sustained (1 s back to back first, then 0.5 s timed: the power-limited clock of a "
+                        "training loop; ~4x longer)")
+
+
 def options_from_args(args, **override):
     import os
 
@@ -52,7 +60,7 @@ def options_from_args(args, **override):
     jobs = args.jobs if args.jobs is not None else max(1, (os.cpu_count() or 2) - 1)
     fields = dict(trials=args.trials, timeout_s=args.timeout, patience=args.patience, top_k=args.top_k,
                   sampler=args.sampler.lower(), jobs=jobs, finalists=args.finalists, rounds=args.rounds,
-                  seed=args.seed, storage=args.storage, out=args.out,
+                  seed=args.seed, storage=args.storage, out=args.out, timing=getattr(args, "timing", "burst"),
                   replay=str(args.replay) if getattr(args, "replay", None) else None)
     fields.update(override)
     if fields["finalists"] < 1 or fields["rounds"] < 1:
@@ -139,7 +147,8 @@ class Progress:
                       f"{what}; {best}", file=sys.stderr)
         elif kind == "finalists":
             self.close()
-            print(f"{self.label}re-measuring the best {info['count']} interleaved, {info['rounds']} rounds",
+            timing = " (sustained timing)" if info.get("timing") == "sustained" else ""
+            print(f"{self.label}re-measuring the best {info['count']} interleaved, {info['rounds']} rounds{timing}",
                   file=sys.stderr)
         elif kind == "done":
             self.close()

@@ -1,0 +1,112 @@
+"""Timing policies without a GPU: the hold-kernel batching of bursts against back-to-back sustained runs, and
+the policy switch through the measuring process."""
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gemmgen.bench import TIMINGS, GpuBenchmark, TimingPolicy, timing_policy  # noqa: E402
+from gemmgen.errors import InvalidInput  # noqa: E402
+
+
+class FakeEvent:
+    def __init__(self, clock):
+        self.clock, self.t = clock, None
+
+    def record(self, stream):
+        self.t = self.clock.now
+
+    def elapsed_s(self, start):
+        return self.t - start.t
+
+
+class FakeDevice:
+    """A GPU whose every run takes `run_s`; counts the hold kernels queued."""
+
+    def __init__(self, run_s):
+        self.now, self.run_s, self.holds, self.runs = 0.0, run_s, 0, 0
+
+    def event(self):
+        return FakeEvent(self)
+
+    def hold_stream(self, seconds, stream):
+        self.holds += 1
+
+    def synchronize(self, what):
+        pass
+
+    def run(self, i):
+        self.runs += 1
+        self.now += self.run_s
+
+
+def timed(policy, run_s):
+    bench = GpuBenchmark(policy=policy)
+    dev = FakeDevice(run_s)
+    bench._device = dev
+    times = bench._timed(dev.run, 0, "timing a fake")
+    return times, dev
+
+
+def test_bursts_queue_their_runs_behind_hold_kernels():
+    times, dev = timed(TIMINGS["burst"], 185e-6)
+    assert len(times) == 541 and dev.holds == 6          # 0.1 s of 185 us runs in batches of 100
+    assert all(t == pytest.approx(185e-6) for t in times)
+
+
+def test_sustained_runs_back_to_back_after_a_long_warm_up():
+    times, dev = timed(TIMINGS["sustained"], 185e-6)
+    assert dev.holds == 0                                 # no idle gap for the card to cool in
+    assert len(times) == 2703 and dev.runs >= 2 + 5406 + 2703   # 1 s warm-up, then 0.5 s timed
+
+
+def test_sustained_keeps_the_holds_for_kernels_shorter_than_their_launch():
+    policy = TimingPolicy(warmup_s=0.01, measure_s=0.005, sustained=True)
+    times, dev = timed(policy, 10e-6)
+    assert dev.holds == 5 and len(times) == 500
+
+
+def test_the_policy_switch_names_its_rule_and_restores_the_constructed_policy():
+    own = TimingPolicy(warmup_s=0.002, measure_s=0.005, min_reps=3)
+    bench = GpuBenchmark(policy=own)
+    bench.set_timing("sustained")
+    assert bench.policy is TIMINGS["sustained"]
+    assert pickle.loads(pickle.dumps(bench)).policy == own   # a child starts from the constructed policy
+    bench.set_timing(None)
+    assert bench.policy is own
+    with pytest.raises(InvalidInput, match="--timing must be one of burst, sustained"):
+        timing_policy("steady")
+
+
+def test_the_worker_passes_the_timing_to_its_child_and_again_after_a_replacement(tmp_path):
+    import json
+
+    from gemmgen.problem import Problem
+    from gemmgen.tiles import TileConfig
+    from gemmgen.worker import WorkerBenchmark, replay_factory
+
+    config = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                   "stages": 3, "smem_layout": "swizzle", "raster": {"order": "row", "group": 8}})
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps({"timings": {config.tag: 1e-3, "broken": {"error": "CUDA_ERROR_ILLEGAL_ADDRESS"}},
+                                "cublas_time_s": 2e-3}))
+    problem = Problem.create(256, 256, 256, "bf16")
+    manifest = {"config": config.to_dict()}
+    with WorkerBenchmark(replay_factory(str(path)), watchdog_s=30) as worker:
+        with pytest.raises(InvalidInput):
+            worker.set_timing("steady")
+        worker.set_timing("sustained")
+        assert worker.measure(manifest, b"", problem).ok     # a replay ignores the policy
+        assert worker._child_timing == "sustained"
+        worker._replace()                                     # a new child starts with its own policy ...
+        assert worker._child_timing is None
+        assert worker.cublas_time(problem) == 2e-3            # ... and is told again before its first request
+        assert worker._child_timing == "sustained"
+        worker.set_timing(None)
+        assert worker.measure(manifest, b"", problem).ok and worker._child_timing is None
