@@ -149,6 +149,8 @@ def main() -> int:
                     help="run only the --config configurations, not the stored winners (e.g. sm80_mma ones)")
     ap.add_argument("--verify", action="append", default=[],
                     help="MxNxK:ab (e.g. 4097x1000x3000:rc) extra problems on which every B variant is verified")
+    ap.add_argument("--timing", default="burst", help="gemmgen.bench TIMINGS policy: burst (default) or sustained "
+                                                      "(1 s back to back before each 0.5 s timing; far less spread)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     override = {}
@@ -210,9 +212,9 @@ def main() -> int:
               f"rel {o.rel_error}", flush=True)
     worker.close()
 
-    from gemmgen.bench import GpuBenchmark
+    from gemmgen.bench import GpuBenchmark, timing_policy
 
-    bench = GpuBenchmark(verify=False)
+    bench = GpuBenchmark(verify=False, policy=timing_policy(args.timing))
     times, cublas = {}, {}
     t0 = time.time()
     for r in range(args.rounds):
@@ -239,12 +241,13 @@ def main() -> int:
                      "A_ratio": statistics.median(ca) / statistics.median(a),
                      "B_ratio": statistics.median(ca) / statistics.median(b)})
     report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "override": override,
+              "config_override": config_override, "timing": args.timing,
               "device": bench.device.props.to_dict(), "rows": rows,
               "cases": [{k: v for k, v in c.items() if k in ("shape", "variant", "config", "verified", "rel_error",
                                                              "reason")} for c in cases]}
     (out / "ab_lab.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"\nverified {sum(c['verified'] for c in cases)}/{len(cases)}")
-    print(f"A = as gemmgen renders; B = {override}; device {bench.device.props.name}")
+    print(f"A = as gemmgen renders; B = {override} {config_override}; {args.timing} timing; device {bench.device.props.name}")
     print(f"{'shape':12s} {'A us':>8s} {'B us':>8s} {'cuBLAS':>8s} {'B/A':>6s} {'A ratio':>8s} {'B ratio':>8s}")
     for row in rows:
         if row.get("missing"):
