@@ -105,6 +105,9 @@ def template_params(kernel: Kernel) -> dict:
         "epi_defer_store": 0,
         # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
         "epi_store_warp": uses_store_warp(kernel),
+        # 1, 2 or 3 only in scripts/ab_lab.py: that many producer warps (from warp 1) copy the staged boxes to D with
+        # ld.shared/st.global.v4 instead of one warp issuing TMA stores (keeps D's stores off the TMA unit)
+        "sw_lsu": 0,
         "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
         "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
         "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
