@@ -906,6 +906,16 @@ def test_store_warp_renders_the_store_loop_in_the_producer_warpgroup_and_hands_b
     assert "#error" in render_lab(Kernel(Arch.SM90A, ops(), pingpong), epi_store_warp=True)
 
 
+def test_sw_lsu_lab_switch_copies_d_through_the_store_warps_and_counts_their_arrivals():
+    # Lab only (scripts/ab_lab.py --set sw_lsu=N, measured slower sustained): N producer warps copy the boxes
+    # with ld.shared/st.global.v4, and STORE_EMPTY expects one arrival from each of them.
+    source = render_lab(Kernel(Arch.SM90A, ops(), store_warp_config()), sw_lsu=2)
+    assert "else if (threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= 2) {" in source
+    assert "mbar_init(store_bar + 16 + 8 * h, 2);" in source
+    assert "st.global.v4.b32" in source
+    assert "sw_lsu" not in render(Kernel(Arch.SM90A, ops(), store_warp_config()))   # gemmgen never sets it
+
+
 @pytest.mark.parametrize("stages,cluster", [(3, (2, 1)), (4, (1, 1))])
 def test_store_warp_kernel_stores_through_tma_without_local_memory(stages, cluster):
     # s3: the warp's whole share of boxes in one group; s4: two halves alternating (EPI_HALVES == 2).
