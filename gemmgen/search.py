@@ -674,7 +674,7 @@ class _Search:
         self._finalists_from(entries, times, errors, failed)
 
     def _finalist_rounds(self, entries, times, errors, failed, cublas) -> None:
-        for _ in range(self.options.rounds):
+        for r in range(self.options.rounds):
             for s, config, kernel, compiled, manifest in entries:
                 if config.tag in failed:
                     continue
@@ -692,6 +692,12 @@ class _Search:
             t = self.measurer.cublas_time(self.problem, fresh=True)
             if t:
                 cublas.append(t)
+            # Progress: a sustained round takes ~2 s per finalist, seven of them most of a minute.
+            medians = {tag: statistics.median(v) for tag, v in times.items() if v and tag not in failed}
+            leader = min(medians, key=medians.get) if medians else None
+            self.emit("finalist_round", {"round": r + 1, "rounds": self.options.rounds, "leader": leader,
+                                         "leader_s": medians.get(leader), "cublas_s": statistics.median(cublas)
+                                         if cublas else None})
 
     def _finalists_from(self, entries, times, errors, failed) -> None:
         for s, config, kernel, compiled, manifest in entries:

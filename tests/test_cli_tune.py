@@ -205,6 +205,24 @@ def test_replayed_tune_end_to_end_then_lookup(capsys, tmp_path):
     assert "nearest held: 256x256x256_bf16_rr" in capsys.readouterr().out
 
 
+def test_replayed_tune_with_sustained_timing_reports_each_finalist_round(capsys, tmp_path):
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    replay = replay_file(tmp_path)
+    argv = ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay), "--trials", "3",
+            "--top-k", "3", "--finalists", "2", "--rounds", "2", "--jobs", "2", "--timing", "sustained",
+            "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "re-measuring the best 2 interleaved, 2 rounds (sustained timing)" in err
+    assert "  round 1/2; leading " in err and "  round 2/2; leading " in err
+    from gemmgen.arch import lookup_gpu
+    from gemmgen.problem import Problem
+    from gemmgen.results import record_path
+    record = json.loads(record_path(lookup_gpu("h100"), Problem.create(256, 256, 256), simulated=True).read_text())
+    assert record["search"]["finalist_timing"] == "sustained"
+
+
 def test_lookup_with_nothing_stored_is_one_line(capsys):
     assert "no tuning results stored for h100-sxm" in one_line_error(capsys, ["lookup", "64", "64", "64",
                                                                                "--gpu", "h100"])

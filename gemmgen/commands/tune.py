@@ -150,6 +150,10 @@ class Progress:
             timing = " (sustained timing)" if info.get("timing") == "sustained" else ""
             print(f"{self.label}re-measuring the best {info['count']} interleaved, {info['rounds']} rounds{timing}",
                   file=sys.stderr)
+        elif kind == "finalist_round":
+            lead = f"; leading {info['leader']} at {info['leader_s'] * 1e3:.4f} ms" if info.get("leader") else ""
+            blas = f", cuBLAS {info['cublas_s'] * 1e3:.4f} ms" if info.get("cublas_s") else ""
+            print(f"{self.label}  round {info['round']}/{info['rounds']}{lead}{blas}", file=sys.stderr)
         elif kind == "done":
             self.close()
 
