@@ -161,3 +161,18 @@ def test_ab_lab_refuses_lab_switches_that_would_leave_the_store_warp_waiting():
     for switch in ({"skip_epilogue": 1}, {"epi_defer_store": 1}):
         with pytest.raises(SystemExit, match="store warp"):
             ab_lab.build(kernel, switch)
+
+
+def test_kernel_trace_exits_2_with_one_line_without_a_driver():
+    import subprocess
+
+    from gemmgen.errors import NoGpu
+    try:
+        from gemmgen.device import Device
+        Device().open().close()
+        pytest.skip("a CUDA driver is present: this check is for machines without one")
+    except NoGpu:
+        pass
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_trace.py"), "--out", "/tmp/kernel_trace_test"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "no GPU available" in proc.stderr.splitlines()[-1]
