@@ -9,7 +9,8 @@ each suite shape's stored winner (bf16, A and B row-major; verified first) and c
 up for --warmup seconds back to back, then records --launches launches under torch.profiler and takes, from
 the GPU's own timestamps, each kernel's duration, the period from one kernel's start to the next and the gap
 between one's end and the next's start (negative where kernels overlap, as programmatic dependent launch
-allows). Rounds alternate the order. Prints medians per kernel and writes kernel_trace.json to --out.
+allows); then, without the profiler, the period of the same launches back to back (one event pair around
+all) and the median of an event pair around each launch (what gemmgen.bench times). Rounds alternate the order. Prints medians per kernel and writes kernel_trace.json to --out.
 """
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def trace(run_one, launches: int, warmup_s: float) -> dict:
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                       and "memset" not in e.name.lower() and "memcpy" not in e.name.lower()),
                      key=lambda e: e.time_range.start)
+    # The same launches without the profiler: one event pair around all of them (the period), then a pair
+    # around each (what gemmgen.bench times), back to back.
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    for _ in range(launches):
+        run_one()
+    last.record()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(launches)]
+    for a, b in pairs:
+        a.record()
+        run_one()
+        b.record()
+    torch.cuda.synchronize()
+    batch_period = first.elapsed_time(last) * 1e3 / launches
+    per_launch = statistics.median(a.elapsed_time(b) * 1e3 for a, b in pairs)
     starts = [e.time_range.start for e in kernels]
     ends = [e.time_range.end for e in kernels]
     durations = [b - a for a, b in zip(starts, ends)]
@@ -58,7 +74,8 @@ def trace(run_one, launches: int, warmup_s: float) -> dict:
             "duration_us": statistics.median(durations) if durations else None,
             "period_us": statistics.median(periods) if periods else None,
             "gap_us": statistics.median(gaps) if gaps else None,
-            "min_gap_us": min(gaps) if gaps else None}
+            "min_gap_us": min(gaps) if gaps else None,
+            "unprofiled_period_us": batch_period, "event_per_launch_us": per_launch}
 
 
 def main() -> int:
@@ -114,18 +131,20 @@ def main() -> int:
                     runs[name].append(trace(runners[name], args.launches, args.warmup))
                 print(f"{shape}: round {r + 1}/{args.rounds}", flush=True)
             med = {name: {key: statistics.median(x[key] for x in rs)
-                          for key in ("duration_us", "period_us", "gap_us", "min_gap_us")}
+                          for key in ("duration_us", "period_us", "gap_us", "min_gap_us", "unprofiled_period_us",
+                                      "event_per_launch_us")}
                    for name, rs in runs.items()}
             report["shapes"][shape] = {"median": med, "runs": runs}
 
     write_report(args.out, "kernel_trace.json", report)
     print(f"\ndevice {report['device'].get('name')}; medians over {args.rounds} rounds of {args.launches} launches "
           f"after {args.warmup:g} s back to back")
-    print(f"{'shape':8s} {'kernel':90s} {'kernel us':>9s} {'period us':>9s} {'gap us':>7s} {'min gap':>7s}")
+    print(f"{'shape':8s} {'kernel':60s} {'kernel us':>9s} {'period us':>9s} {'gap us':>7s} {'min gap':>7s} "
+          f"{'period*':>8s} {'events*':>8s}   (* without the profiler)")
     for shape, row in report["shapes"].items():
         for name, md in row["median"].items():
-            print(f"{shape:8s} {name[:90]:90s} {md['duration_us']:9.2f} {md['period_us']:9.2f} {md['gap_us']:7.2f} "
-                  f"{md['min_gap_us']:7.2f}")
+            print(f"{shape:8s} {name[:60]:60s} {md['duration_us']:9.2f} {md['period_us']:9.2f} {md['gap_us']:7.2f} "
+                  f"{md['min_gap_us']:7.2f} {md['unprofiled_period_us']:8.2f} {md['event_per_launch_us']:8.2f}")
         for name, rs in row["runs"].items():
             print(f"  {name[:60]}: kernels seen {[x['kernels'] for x in rs]}, names {rs[0]['names'][:2]}")
     return 0
