@@ -10,7 +10,7 @@ up for --warmup seconds back to back, then records --launches launches under tor
 the GPU's own timestamps, each kernel's duration, the period from one kernel's start to the next and the gap
 between one's end and the next's start (negative where kernels overlap, as programmatic dependent launch
 allows); then, without the profiler, the period of the same launches back to back (one event pair around
-all) and the median of an event pair around each launch (what gemmgen.bench times). Rounds alternate the order. Prints medians per kernel and writes kernel_trace.json to --out.
+all), the median of an event pair around each launch (what gemmgen.bench times), and the period again. Rounds alternate the order. Prints medians per kernel and writes kernel_trace.json to --out.
 """
 from __future__ import annotations
 
@@ -52,18 +52,26 @@ def trace(run_one, launches: int, warmup_s: float) -> dict:
                      key=lambda e: e.time_range.start)
     # The same launches without the profiler: one event pair around all of them (the period), then a pair
     # around each (what gemmgen.bench times), back to back.
-    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    first.record()
-    for _ in range(launches):
-        run_one()
-    last.record()
+    # The batch is timed before and after the per-launch pairs, so a drift of the clock between the two phases
+    # shows as two different periods.
+    def batch() -> "tuple":
+        first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        first.record()
+        for _ in range(launches):
+            run_one()
+        last.record()
+        return first, last
+
+    before = batch()
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(launches)]
     for a, b in pairs:
         a.record()
         run_one()
         b.record()
+    after = batch()
     torch.cuda.synchronize()
-    batch_period = first.elapsed_time(last) * 1e3 / launches
+    batch_period = before[0].elapsed_time(before[1]) * 1e3 / launches
+    batch_after = after[0].elapsed_time(after[1]) * 1e3 / launches
     per_launch = statistics.median(a.elapsed_time(b) * 1e3 for a, b in pairs)
     starts = [e.time_range.start for e in kernels]
     ends = [e.time_range.end for e in kernels]
@@ -75,7 +83,8 @@ def trace(run_one, launches: int, warmup_s: float) -> dict:
             "period_us": statistics.median(periods) if periods else None,
             "gap_us": statistics.median(gaps) if gaps else None,
             "min_gap_us": min(gaps) if gaps else None,
-            "unprofiled_period_us": batch_period, "event_per_launch_us": per_launch}
+            "unprofiled_period_us": batch_period, "event_per_launch_us": per_launch,
+            "unprofiled_period_after_us": batch_after}
 
 
 def main() -> int:
@@ -132,7 +141,7 @@ def main() -> int:
                 print(f"{shape}: round {r + 1}/{args.rounds}", flush=True)
             med = {name: {key: statistics.median(x[key] for x in rs)
                           for key in ("duration_us", "period_us", "gap_us", "min_gap_us", "unprofiled_period_us",
-                                      "event_per_launch_us")}
+                                      "event_per_launch_us", "unprofiled_period_after_us")}
                    for name, rs in runs.items()}
             report["shapes"][shape] = {"median": med, "runs": runs}
 
@@ -140,11 +149,12 @@ def main() -> int:
     print(f"\ndevice {report['device'].get('name')}; medians over {args.rounds} rounds of {args.launches} launches "
           f"after {args.warmup:g} s back to back")
     print(f"{'shape':8s} {'kernel':60s} {'kernel us':>9s} {'period us':>9s} {'gap us':>7s} {'min gap':>7s} "
-          f"{'period*':>8s} {'events*':>8s}   (* without the profiler)")
+          f"{'period*':>8s} {'events*':>8s} {'period*':>8s}   (* without the profiler, in this order)")
     for shape, row in report["shapes"].items():
         for name, md in row["median"].items():
             print(f"{shape:8s} {name[:60]:60s} {md['duration_us']:9.2f} {md['period_us']:9.2f} {md['gap_us']:7.2f} "
-                  f"{md['min_gap_us']:7.2f} {md['unprofiled_period_us']:8.2f} {md['event_per_launch_us']:8.2f}")
+                  f"{md['min_gap_us']:7.2f} {md['unprofiled_period_us']:8.2f} {md['event_per_launch_us']:8.2f} "
+                  f"{md['unprofiled_period_after_us']:8.2f}")
         for name, rs in row["runs"].items():
             print(f"  {name[:60]}: kernels seen {[x['kernels'] for x in rs]}, names {rs[0]['names'][:2]}")
     return 0
