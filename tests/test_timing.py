@@ -110,3 +110,9 @@ def test_the_worker_passes_the_timing_to_its_child_and_again_after_a_replacement
         assert worker._child_timing == "sustained"
         worker.set_timing(None)
         assert worker.measure(manifest, b"", problem).ok and worker._child_timing is None
+
+
+def test_the_tuner_offers_exactly_the_benchmarks_timing_policies():
+    # search.py keeps its own list of names (the search never imports the benchmark): they must not drift apart.
+    from gemmgen.search import FINALIST_TIMINGS
+    assert set(FINALIST_TIMINGS) == set(TIMINGS)
