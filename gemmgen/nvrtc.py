@@ -37,6 +37,9 @@ class Resources:
     spill_load_bytes: int = 0
     stack_bytes: int = 0
     smem_static_bytes: int = 0
+    # ptxas put a wait after every wgmma (advisory C7511/C7514: "wgmma.mma_async instructions are serialized"):
+    # the tensor pipe then runs one MMA at a time, a silent slowdown of ~2x that no spill count shows.
+    wgmma_serialized: bool = False
 
     @property
     def spill_bytes(self) -> int:
@@ -120,6 +123,7 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized.*?in the function '([^']+)'")
 
 
 def parse_ptxas_log(log: str) -> "dict[str, Resources]":
@@ -147,11 +151,12 @@ def parse_ptxas_log(log: str) -> "dict[str, Resources]":
             smem = _SMEM.search(line)
             usage[entry] = (int(match.group(1)), int(smem.group(1)) if smem else 0)
             entry = None
+    serialized = {m.group(1) for m in map(_SERIALIZED.search, log.splitlines()) if m}
     out = {}
     for name in usage.keys() | frames.keys():
         regs, smem = usage.get(name, (0, 0))
         stack, stores, loads = frames.get(name, (0, 0, 0))
-        out[name] = Resources(regs, stores, loads, stack, smem)
+        out[name] = Resources(regs, stores, loads, stack, smem, name in serialized)
     return out
 
 

@@ -42,6 +42,15 @@ def test_parse_ptxas_log_per_entry():
     assert entries["gemm_reduce"].registers == 20 and entries["gemm_reduce"].spill_bytes == 0
 
 
+def test_parse_ptxas_log_flags_serialized_wgmma_per_entry():
+    # The advisory as ptxas 13 wrote it for a lab kernel whose epilogue overlapped its last MMAs (2026-11-23).
+    log = LOG + ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                 "due to insufficient register resources for the wgmma pipeline in the function 'gemm' in line 483\n")
+    entries = parse_ptxas_log(log)
+    assert entries["gemm"].wgmma_serialized and not entries["gemm_reduce"].wgmma_serialized
+    assert not parse_ptxas_log(LOG)["gemm"].wgmma_serialized
+
+
 def test_nvrtc_version_is_major_minor():
     major, minor = nvrtc.nvrtc_version().split(".")
     assert int(major) >= 12 and int(minor) >= 0

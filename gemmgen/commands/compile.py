@@ -42,8 +42,9 @@ def run(args) -> int:
     print(f"kernel     {kernel.name}")
     print(f"target     {kernel.arch.value} (NVRTC {compiled.nvrtc_version}){' [cached]' if compiled.cached else ''}")
     for entry, res in compiled.entries:
+        serialized = "; ptxas serialized its wgmma (a wait after each: slow)" if res.wgmma_serialized else ""
         print(f"entry      {entry}: {res.registers} registers, {res.spill_store_bytes} B spill stores, "
-              f"{res.spill_load_bytes} B spill loads, {res.stack_bytes} B stack")
+              f"{res.spill_load_bytes} B spill loads, {res.stack_bytes} B stack{serialized}")
     for launch in manifest["launches"]:
         print(f"launch     {launch['entry']}: grid {launch['grid']} block {launch['block']} "
               f"dynamic smem {launch['dynamic_smem']} B")

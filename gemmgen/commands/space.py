@@ -63,13 +63,16 @@ def run(args) -> int:
             rows.append([kernel.config.tag, "FAILED", "", "", str(result)])
         else:
             spill = result.spill_bytes
-            rows.append([kernel.config.tag, "ok", result.resources.registers, spill,
-                         "spills" if spill else ""])
+            serialized = result.resources.wgmma_serialized or any(e.wgmma_serialized for _, e in result.entries)
+            note = ", ".join(n for n, on in (("spills", spill), ("wgmma serialized", serialized)) if on)
+            rows.append([kernel.config.tag, "ok", result.resources.registers, spill, note])
     if args.json:
         print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels), "failed": len(failures),
                     "results": [dict(zip(["config", "status", "registers", "spill_bytes", "note"], r)) for r in rows]})
     else:
         print(table(rows, ["configuration", "status", "regs", "spill B", "note"]))
         spilled = sum(1 for r in rows if r[1] == "ok" and r[3])
-        print(f"{len(kernels)} compiled for {arch.value}: {len(failures)} failed, {spilled} spill")
+        serial = sum(1 for r in rows if r[1] == "ok" and "wgmma serialized" in r[4])
+        print(f"{len(kernels)} compiled for {arch.value}: {len(failures)} failed, {spilled} spill, "
+              f"{serial} with serialized wgmma")
     return 1 if failures else 0
