@@ -674,30 +674,38 @@ class _Search:
         self._finalists_from(entries, times, errors, failed)
 
     def _finalist_rounds(self, entries, times, errors, failed, cublas) -> None:
+        if self.options.timing == "sustained":
+            # One round first whose times are dropped (its checks and failures count): the card comes from the
+            # search's short bursts, and the first sustained round ran 2-8% off the rest on the H100
+            # (docs/perf-notes.md, "Sustained timing").
+            self._finalist_round(entries, {tag: [] for tag in times}, errors, failed, [])
         for r in range(self.options.rounds):
-            for s, config, kernel, compiled, manifest in entries:
-                if config.tag in failed:
-                    continue
-                outcome = self.measurer.measure(manifest, compiled.cubin, self.problem)
-                if outcome.ok:
-                    times[config.tag].append(outcome.time_s)
-                    if outcome.rel_error is not None:
-                        errors[config.tag] = max(errors.get(config.tag, 0.0), outcome.rel_error)
-                else:
-                    failed[config.tag] = f"failed on re-measurement: {outcome.reason}"
-                    if outcome.kind in QUARANTINED_KINDS:
-                        self.quarantine.add(kernel.name, failed[config.tag], outcome.kind, self.problem)
-            # cuBLAS again in every round, beside the finalists: a figure taken minutes earlier, at other
-            # clocks (the H100 slows as it heats towards its power limit), would skew the ratio either way.
-            t = self.measurer.cublas_time(self.problem, fresh=True)
-            if t:
-                cublas.append(t)
+            self._finalist_round(entries, times, errors, failed, cublas)
             # Progress: a sustained round takes ~2 s per finalist, seven of them most of a minute.
             medians = {tag: statistics.median(v) for tag, v in times.items() if v and tag not in failed}
             leader = min(medians, key=medians.get) if medians else None
             self.emit("finalist_round", {"round": r + 1, "rounds": self.options.rounds, "leader": leader,
                                          "leader_s": medians.get(leader), "cublas_s": statistics.median(cublas)
                                          if cublas else None})
+
+    def _finalist_round(self, entries, times, errors, failed, cublas) -> None:
+        for s, config, kernel, compiled, manifest in entries:
+            if config.tag in failed:
+                continue
+            outcome = self.measurer.measure(manifest, compiled.cubin, self.problem)
+            if outcome.ok:
+                times[config.tag].append(outcome.time_s)
+                if outcome.rel_error is not None:
+                    errors[config.tag] = max(errors.get(config.tag, 0.0), outcome.rel_error)
+            else:
+                failed[config.tag] = f"failed on re-measurement: {outcome.reason}"
+                if outcome.kind in QUARANTINED_KINDS:
+                    self.quarantine.add(kernel.name, failed[config.tag], outcome.kind, self.problem)
+        # cuBLAS again in every round, beside the finalists: a figure taken minutes earlier, at other
+        # clocks (the H100 slows as it heats towards its power limit), would skew the ratio either way.
+        t = self.measurer.cublas_time(self.problem, fresh=True)
+        if t:
+            cublas.append(t)
 
     def _finalists_from(self, entries, times, errors, failed) -> None:
         for s, config, kernel, compiled, manifest in entries:

@@ -214,7 +214,7 @@ def test_replayed_tune_with_sustained_timing_reports_each_finalist_round(capsys,
             "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "re-measuring the best 2 interleaved, 2 rounds (sustained timing)" in err
+    assert "re-measuring the best 2 interleaved, 2 rounds (sustained timing, after one settling round)" in err
     assert "  round 1/2; leading " in err and "  round 2/2; leading " in err
     from gemmgen.arch import lookup_gpu
     from gemmgen.problem import Problem

@@ -611,7 +611,8 @@ def test_trials_that_timed_older_kernel_code_are_remeasured_first_not_carried(tm
 
 def test_sustained_timing_covers_the_finalist_rounds_and_cublas_only_and_is_recorded(tmp_path):
     """--timing sustained: the search screens in bursts; the finalists and cuBLAS beside them are timed
-    sustained (the measurer is switched before the first round and back after the last), and the record says so."""
+    sustained (the measurer is switched before the first round and back after the last) after one settling round
+    whose times are dropped, and the record says so."""
     import json as _json
 
     from gemmgen.results import record_path
@@ -642,10 +643,10 @@ def test_sustained_timing_covers_the_finalist_rounds_and_cublas_only_and_is_reco
     assert m.log[-1] == ("timing", None) and m.log.count(("timing", "sustained")) == 1
     assert all(t is None for kind, t in m.log[:first] if kind == "measure")          # the search: bursts
     rounds = m.log[first + 1:-1]
-    assert rounds.count(("measure", "sustained")) == 2 * 3 and rounds.count(("cublas", "sustained")) == 3
-    assert result.winner is not None
+    assert rounds.count(("measure", "sustained")) == 2 * (1 + 3) and rounds.count(("cublas", "sustained")) == 1 + 3
+    assert result.winner is not None and all(len(f.times_s) == 3 for f in result.finalists)
     record = _json.loads(record_path(GPU, PROBLEM).read_text())
-    assert record["search"]["finalist_timing"] == "sustained"
+    assert record["search"]["finalist_timing"] == "sustained" and len(record["cublas"]["times_s"]) == 3
 
 
 def test_burst_timing_leaves_the_measurer_alone_and_a_bad_timing_is_one_rule(tmp_path):

@@ -147,7 +147,7 @@ class Progress:
                       f"{what}; {best}", file=sys.stderr)
         elif kind == "finalists":
             self.close()
-            timing = " (sustained timing)" if info.get("timing") == "sustained" else ""
+            timing = " (sustained timing, after one settling round)" if info.get("timing") == "sustained" else ""
             print(f"{self.label}re-measuring the best {info['count']} interleaved, {info['rounds']} rounds{timing}",
                   file=sys.stderr)
         elif kind == "finalist_round":
