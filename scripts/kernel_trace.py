@@ -26,10 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from lab_common import run_main, write_report  # noqa: E402
-from ab_lab import build, stored_winner  # noqa: E402
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.tiles import Kernel, TileConfig  # noqa: E402
+from lab_runners import runners as make_runners, verified_builds  # noqa: E402
 
 
 def trace(run_one, launches: int, warmup_s: float) -> dict:
@@ -97,43 +94,16 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from gemmgen.bench import GpuBenchmark
     from gemmgen.device import Device
 
-    variants = {}
-    bench = GpuBenchmark(verify=True)
-    for shape in args.shapes.split(","):
-        problem, winner = stored_winner(shape)
-        built = []
-        for cfg in [winner] + [TileConfig.from_text(Path(f).read_text(), f) for f in args.config]:
-            kernel = Kernel(Arch.SM90A, problem.operands, cfg)
-            _, (cubin, _, _) = build(kernel, {})
-            manifest = make_manifest(kernel, problem)
-            verdict = bench.verify(manifest, cubin, problem)
-            print(f"{shape} {cfg.tag}: {'verified' if verdict.ok else 'NOT verified: ' + verdict.reason}", flush=True)
-            if verdict.ok:
-                built.append((cfg.tag, manifest, cubin))
-        variants[shape] = (problem, built)
-    bench.close()
+    variants = verified_builds(args.shapes, args.config)   # each verified first
 
     report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "launches": args.launches,
               "warmup_s": args.warmup, "rounds": args.rounds, "shapes": {}}
     with Device() as dev:
-        import torch
-
         report["device"] = dev.props.to_dict()
         for shape, (problem, built) in variants.items():
-            m, n, k = problem.m, problem.n, problem.k
-            A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            B = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            D = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            runners = {"cuBLAS": lambda: torch.matmul(A, B, out=D)}
-            for tag, manifest, cubin in built:
-                dev.make_current()
-                module = dev.load(cubin)
-                ws = dev.alloc(max(256, manifest["workspace_bytes"]))
-                seq = dev.prepare(manifest, module, {"A": A.data_ptr(), "B": B.data_ptr(), "D": D.data_ptr()}, ws)
-                runners[tag] = seq.run
+            runners = make_runners(dev, problem, built)
             runs = {name: [] for name in runners}
             for r in range(args.rounds):
                 for name in (list(runners) if r % 2 == 0 else list(reversed(list(runners)))):

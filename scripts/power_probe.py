@@ -30,12 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from ab_lab import build, parse_value, stored_winner  # noqa: E402
-from gemmgen.arch import Arch  # noqa: E402
+from ab_lab import parse_value  # noqa: E402
 from gemmgen.errors import NoGpu  # noqa: E402
-from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.tiles import Kernel, TileConfig  # noqa: E402
 from lab_common import run_main, write_report  # noqa: E402
+from lab_runners import runners as make_runners, verified_builds  # noqa: E402
 
 NVML_CLOCK_SM = 1
 SAMPLE_S = 0.02
@@ -135,25 +133,10 @@ def main() -> int:
         name, value = item.split("=", 1)
         override[name] = parse_value(value)
 
-    from gemmgen.bench import GpuBenchmark
     from gemmgen.device import Device
 
     nvml = Nvml()   # fails with one line on a machine without a GPU driver, before anything compiles
-    variants = {}   # shape -> (problem, [(tag, manifest, cubin)]), each verified first
-    bench = GpuBenchmark(verify=True)
-    for shape in args.shapes.split(","):
-        problem, winner = stored_winner(shape)
-        built = []
-        for cfg in [winner] + [TileConfig.from_text(Path(f).read_text(), f) for f in args.config]:
-            kernel = Kernel(Arch.SM90A, problem.operands, cfg)
-            _, (cubin, _, _) = build(kernel, override)
-            manifest = make_manifest(kernel, problem)
-            verdict = bench.verify(manifest, cubin, problem)
-            print(f"{shape} {cfg.tag}: {'verified' if verdict.ok else 'NOT verified: ' + verdict.reason}", flush=True)
-            if verdict.ok:
-                built.append((cfg.tag, manifest, cubin))
-        variants[shape] = (problem, built)
-    bench.close()
+    variants = verified_builds(args.shapes, args.config, override)   # each verified first
 
     report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "override": override,
               "seconds": args.seconds, "rounds": args.rounds, "shapes": {}}
@@ -162,18 +145,8 @@ def main() -> int:
 
         report["device"] = dev.props.to_dict()
         for shape, (problem, built) in variants.items():
-            m, n, k = problem.m, problem.n, problem.k
-            flop = 2.0 * m * n * k
-            A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            B = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            D = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            runners = {"cuBLAS": lambda: torch.matmul(A, B, out=D)}
-            for tag, manifest, cubin in built:
-                dev.make_current()
-                module = dev.load(cubin)
-                ws = dev.alloc(max(256, manifest["workspace_bytes"]))
-                seq = dev.prepare(manifest, module, {"A": A.data_ptr(), "B": B.data_ptr(), "D": D.data_ptr()}, ws)
-                runners[tag] = seq.run
+            flop = 2.0 * problem.m * problem.n * problem.k
+            runners = make_runners(dev, problem, built)
             counts = {}
             for name, run_one in runners.items():
                 # Warm up first, then time 50 launches for the count that lasts --seconds: the first calls of
