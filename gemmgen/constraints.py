@@ -161,6 +161,25 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(operands.a_dtype in FAMILY_DTYPES[fam], f"family {fam.value} supports dtypes", operands.a_dtype.value,
              sorted(d.value for d in FAMILY_DTYPES[fam]))
 
+    # The operand swap: the main loop computes D^T = B^T @ A^T, and the staged epilogue (data-parallel) or the
+    # reduction launch (split-K) writes D in the caller's frame. Every rule below about A, B and the tile then
+    # reads the swapped operands (cta.m tiles the problem's N, cta.n its M).
+    if config.swap_ab:
+        rule(fam is Family.SM90_WGMMA, "the operand swap is implemented in sm90_wgmma only", fam.value,
+             Family.SM90_WGMMA.value)
+        rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
+             "a swapped kernel writes D transposed from its staged epilogue or its reduction launch: it needs "
+             "data-parallel tiles or split-K without the fused reduction", decomp.tag, "dp or splitk<S>")
+        rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp, "a swapped kernel stores D from "
+             "its consumers (cooperative schedule, no store warp)", config.schedule.value + ("+sw" if config.store_warp else ""),
+             Schedule.COOPERATIVE.value)
+        rule(config.cluster.size == 1, "the operand swap is implemented without clusters", str(config.cluster), "1x1")
+        if problem is not None:
+            rule(problem.m <= cta.n, "the operand swap serves skinny products: M must fit the swapped tile's N",
+                 problem.m, cta.n)
+        if operands is not None:
+            operands = operands.swapped()
+
     # Divisibility between tile levels.
     rule(cta.m % warp.m == 0, "CTA tile M must be a multiple of warp tile M", f"{cta.m} % {warp.m}", 0)
     rule(cta.n % warp.n == 0, "CTA tile N must be a multiple of warp tile N", f"{cta.n} % {warp.n}", 0)
@@ -211,15 +230,32 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         if config.warps_m * config.warps_n == 3:
             rule(config.warps_n == 1, "three consumer warpgroups are stacked in M (warpgroup tile N = CTA tile N)",
                  f"{config.warps_m}x{config.warps_n}", "3x1")
-        rule(2 <= config.stages <= 8, "pipeline stages must be 2..8", config.stages, "2..8")
+        # 16 bytes of mbarriers per stage in a 256-byte region (the template's BARRIER_REGION).
+        rule(2 <= config.stages <= 12, "pipeline stages must be 2..12", config.stages, "2..12")
         rule(config.cluster.m in (1, 2) and config.cluster.n in (1, 2) and config.cluster.size <= 2,
              "cluster must be 1x1, 2x1 or 1x2", str(config.cluster), "size<=2")
         rule(arch.has_wgmma or config.cluster.size == 1, "clusters need sm_90a", arch.value, "sm_90a")
         acc = warp.m * warp.n // 128
         rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
-        # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each).
-        rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
-             "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
+        # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
+        # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
+        # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
+        if cta.n < 64:
+            rule(cta.n in (16, 32) and warp.n == cta.n and cta.m % 64 == 0, "sm90 tiles narrower than 64 columns "
+                 "must be 16 or 32 wide, one warpgroup wide, with CTA tile M a multiple of 64",
+                 f"{cta.m}x{cta.n}/{warp.n}", "Mx16 or Mx32")
+            rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
+                 "sm90 tiles narrower than 64 columns use the staged epilogue: they need data-parallel tiles or "
+                 "split-K without the fused reduction", decomp.tag, "dp or splitk<S>")
+            rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp, "sm90 tiles narrower than 64 "
+                 "columns use the staged epilogue: cooperative schedule, no store warp",
+                 config.schedule.value + ("+sw" if config.store_warp else ""), Schedule.COOPERATIVE.value)
+            if operands is not None:
+                rule(operands.b_layout.value == "col", "sm90 tiles narrower than 64 columns need B K-major in "
+                     "shared memory (column-major B, or row-major A when swapped)", operands.b_layout.value, "col")
+        else:
+            rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
+                 "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
         rule(cta.m <= 256 and cta.n <= 256, "sm90 CTA tile M and N must be at most 256 (TMA box limit)",
              f"{cta.m}x{cta.n}", 256)
         rule(config.warp_specialized, "sm90_wgmma is warp-specialized (a producer warpgroup issues TMA)",

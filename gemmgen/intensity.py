@@ -350,6 +350,10 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     violations = check(config, gpu, problem=problem)
     if violations:
         raise InvalidConfig(Kernel(gpu.arch, problem.operands, config).name, violations)
+    if config.swap_ab:
+        # The main loop runs on D^T = B^T @ A^T: the same FLOPs and bytes, tiled the other way round (the bias,
+        # counted per column below, is a handful of bytes either way).
+        problem = problem.swapped()
     ops = problem.operands
     elt, c_elt = problem.a_dtype.bytes, problem.c_dtype.bytes
     m, n, k = problem.m, problem.n, problem.k

@@ -19,6 +19,11 @@ class Layout(str, Enum):
     def letter(self) -> str:
         return "r" if self is Layout.ROW else "c"
 
+    @property
+    def flipped(self) -> "Layout":
+        """The layout of the transposed matrix: a row-major X is a column-major X^T."""
+        return Layout.COL if self is Layout.ROW else Layout.ROW
+
     @classmethod
     def parse(cls, text: "str | Layout") -> "Layout":
         if isinstance(text, Layout):
@@ -97,6 +102,13 @@ class Operands:
         epi = Epilogue(bias=self.bias, activation=self.activation).tag
         return f"{dts}_{self.a_layout.letter}{self.b_layout.letter}_a{self.align_a}x{self.align_b}x{self.align_c}_{epi}"
 
+    def swapped(self) -> "Operands":
+        """The operands of D^T = B^T @ A^T as a swapped kernel's main loop sees them: A' = B^T and B' = A^T
+        (dtypes, flipped layouts and alignments exchanged). C, D, the bias and align_c stay the caller's: only
+        the reduction launch touches them, in the caller's frame."""
+        return replace(self, a_dtype=self.b_dtype, b_dtype=self.a_dtype, a_layout=self.b_layout.flipped,
+                       b_layout=self.a_layout.flipped, align_a=self.align_b, align_b=self.align_a)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -167,6 +179,14 @@ class Problem:
     @property
     def label(self) -> str:
         return f"{self.m}x{self.n}x{self.k}_{self.a_dtype.value}_{self.a_layout.letter}{self.b_layout.letter}"
+
+    def swapped(self) -> "Problem":
+        """The product a swapped kernel's main loop computes: D^T (N x M) = B^T @ A^T over the same memory.
+        B^T of a row-major B is column-major with B's leading dimension, so lda/ldb of the result are ldb/lda
+        of this one. Its C, D and bias are not the caller's (D^T is column-major): launch code takes those, and
+        ldc, from the original problem."""
+        return replace(self, m=self.n, n=self.m, a_dtype=self.b_dtype, b_dtype=self.a_dtype,
+                       a_layout=self.b_layout.flipped, b_layout=self.a_layout.flipped)
 
     def with_shape(self, m: int, n: int, k: int) -> "Problem":
         return replace(self, m=m, n=n, k=k)

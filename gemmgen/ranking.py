@@ -13,9 +13,9 @@ from .tiles import (Cluster, Decomposition, DecompKind, Family, Raster, RasterOr
 
 
 # Bump when the mapping between parameters and configurations changes: it is part of study names.
-SPACE_FORMAT = 3  # 2: the schedule axis (cooperative | pingpong); 3: the store_warp axis
+SPACE_FORMAT = 4  # 2: the schedule axis (cooperative | pingpong); 3: the store_warp axis; 4: swap_ab
 AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_group", "decomposition", "cluster",
-        "warp_specialized", "persistent", "schedule", "store_warp")
+        "warp_specialized", "persistent", "schedule", "store_warp", "swap_ab")
 
 
 def axis_values(config: TileConfig) -> dict:
@@ -28,6 +28,7 @@ def axis_values(config: TileConfig) -> dict:
         "warp_specialized": config.warp_specialized, "persistent": config.persistent,
         "schedule": config.schedule.value,
         "store_warp": config.store_warp,
+        "swap_ab": config.swap_ab,
     }
 
 
@@ -57,7 +58,7 @@ def config_from_axes(family: str, values: dict) -> TileConfig:
         decomposition=_decomposition(str(values["decomposition"])), cluster=Cluster(cm, cn),
         warp_specialized=bool(values["warp_specialized"]), persistent=bool(values["persistent"]),
         schedule=Schedule(values.get("schedule", Schedule.COOPERATIVE.value)),
-        store_warp=bool(values.get("store_warp", False)))
+        store_warp=bool(values.get("store_warp", False)), swap_ab=bool(values.get("swap_ab", False)))
 
 
 def _sort_key(value):

@@ -6,7 +6,7 @@ configuration of the product is kept only if constraints.check accepts it.
 
 Axes: tiles (list of {cta: MxN, warp: MxN}), bk, mma, stages, smem_layout, raster ({order, group}),
 decomposition ({kind, splits}); for Hopper also cluster (MxN), warp_specialized, persistent,
-schedule (cooperative | pingpong), store_warp (true | false).
+schedule (cooperative | pingpong), store_warp (true | false), swap_ab (true | false).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ OPTIONAL_AXES = {
     "persistent": [False],
     "schedule": ["cooperative"],
     "store_warp": [False],
+    "swap_ab": [False],
 }
 AXES = set(REQUIRED_AXES) | set(OPTIONAL_AXES) | {"name"}
 
@@ -103,7 +104,7 @@ def _expand(path: Path, where: str, family_value: str, axes) -> "list[TileConfig
                 "smem_layout": point["smem_layout"], "raster": point["raster"], "decomposition": point["decomposition"],
                 "cluster": point["cluster"], "warp_specialized": point["warp_specialized"],
                 "persistent": point["persistent"], "schedule": point["schedule"],
-                "store_warp": point["store_warp"]})
+                "store_warp": point["store_warp"], "swap_ab": point["swap_ab"]})
         except (UserError, ValueError, TypeError) as exc:
             raise _bad(path, f"{where}: every value must form a configuration ({exc})", point) from None
         out.append(config)

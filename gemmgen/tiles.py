@@ -194,6 +194,10 @@ class TileConfig:
     # sm90_wgmma, cooperative data-parallel: D's TMA stores issued by a warp of the producer warpgroup, so the
     # consumers go from filling the store boxes straight to the next tile (docs/perf-notes.md, "The store warp").
     store_warp: bool = False
+    # sm90_wgmma, split-K: the kernel computes D^T = B^T @ A^T, so the problem's M (a handful of rows, as in
+    # decoding) becomes wgmma's N and its N fills the 64-row wgmma M; cta.m then tiles the problem's N and cta.n
+    # its M. The reduction launch writes D back in the caller's frame (docs/perf-notes.md, "Operand swap").
+    swap_ab: bool = False
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -229,6 +233,8 @@ class TileConfig:
             parts.append("pp")
         if self.store_warp:
             parts.append("sw")
+        if self.swap_ab:
+            parts.append("swap")
         return "_".join(parts)
 
     # --- serialisation ------------------------------------------------------------------
@@ -248,6 +254,7 @@ class TileConfig:
             "schedule": self.schedule.value,
             # omitted when false, so records written before the field existed stay identical
             **({"store_warp": True} if self.store_warp else {}),
+            **({"swap_ab": True} if self.swap_ab else {}),
         }
 
     @classmethod
@@ -255,7 +262,7 @@ class TileConfig:
         if not isinstance(d, dict):
             raise InvalidInput("a configuration must be a mapping of fields", type(d).__name__)
         known = {"family", "cta", "warp", "mma", "stages", "smem_layout", "raster", "decomposition",
-                 "cluster", "warp_specialized", "persistent", "schedule", "store_warp"}
+                 "cluster", "warp_specialized", "persistent", "schedule", "store_warp", "swap_ab"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidInput(f"configuration fields must be among {sorted(known)}", unknown[0])
@@ -286,6 +293,7 @@ class TileConfig:
             persistent=bool(d.get("persistent", False)),
             schedule=_enum(Schedule, "schedule", d.get("schedule", "cooperative")),
             store_warp=_bool("store_warp", d.get("store_warp", False)),
+            swap_ab=_bool("swap_ab", d.get("swap_ab", False)),
         )
 
     def to_yaml(self) -> str:

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Every configuration of the sm90_wgmma search space, run and verified on the GPU: the space's hang check.
 
-    PYTHONPATH=$PWD python3 scripts/space_check.py --out $OUT [--limit N] [--watchdog 60]
+    PYTHONPATH=$PWD python3 scripts/space_check.py --out $OUT [--limit N] [--match _swap] [--watchdog 60]
 
 Each valid configuration (search_spaces/sm90_wgmma.yaml on the H100) is compiled with gemmgen's own render
 and NVRTC options, then run through gemmgen.worker (the tuner's measuring process: fresh random inputs, D and
 workspace poisoned with NaN, relative error against cuBLAS, a watchdog that kills a hung kernel) on two odd
-problems, 1096x1000x200 and 640x2304x1544. Layouts and dtypes rotate over the space (a layout a configuration
+problems, 1096x1000x200 and 640x2304x1544 (swapped configurations, which serve M up to their tile's N, on
+13x1000x200 and 16x2304x1544, or 30x... for 32-wide tiles). Layouts and dtypes rotate over the space (a layout a configuration
 rules out passes to the next); every fourth configuration also runs with beta != 0, a bias and GELU, so the
 general epilogue path runs, not only the short one. Prints failures and a summary line; writes space_check.json.
 """
@@ -30,17 +31,20 @@ from gemmgen.space import enumerate_space  # noqa: E402
 from gemmgen.tiles import Family, Kernel  # noqa: E402
 
 SHAPES = ((1096, 1000, 200), (640, 2304, 1544))
+SWAP_SHAPES = {16: ((13, 1000, 200), (16, 2304, 1544)), 32: ((13, 1000, 200), (30, 2304, 1544))}
 LAYOUTS = (("row", "col"), ("row", "row"), ("col", "col"), ("col", "row"))
 
 
-def cases(limit: int) -> "list[tuple[str, Problem, Kernel]]":
+def cases(limit: int, match: str = "") -> "list[tuple[str, Problem, Kernel]]":
     gpu = lookup_gpu("h100")
     out = []
     configs = enumerate_space(Family.SM90_WGMMA, gpu, Arch.SM90A, operands=Problem.create(8, 8, 8).operands)
     for i, cfg in enumerate(configs[:limit] if limit else configs):
+        if match not in cfg.tag:
+            continue
         dtype = "f16" if i % 3 == 0 else "bf16"
         extra = {"beta": 0.5, "bias": True, "activation": "gelu"} if i % 4 == 3 else {}
-        for j, (m, n, k) in enumerate(SHAPES):
+        for j, (m, n, k) in enumerate(SWAP_SHAPES[cfg.cta.n] if cfg.swap_ab else SHAPES):
             for shift in range(len(LAYOUTS)):
                 a, b = LAYOUTS[(i + j + shift) % len(LAYOUTS)]
                 problem = Problem.create(m, n, k, dtype, a, b, **extra)
@@ -54,12 +58,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--limit", type=int, default=0, help="only the first N configurations")
+    ap.add_argument("--match", default="", help="only configurations whose tag contains this (e.g. _swap)")
     ap.add_argument("--watchdog", type=float, default=60.0)
     args = ap.parse_args()
     from gemmgen.nvrtc import CompileError, compile_many
     from gemmgen.worker import WorkerBenchmark
 
-    todo = cases(args.limit)
+    todo = cases(args.limit, args.match)
     t0 = time.time()
     built = compile_many([kernel for _, _, kernel in todo])
     print(f"{len(todo)} runs compiled in {time.time() - t0:.0f}s", flush=True)

@@ -25,6 +25,9 @@ def test_space_check_covers_every_sm90_configuration_twice_with_feasible_layouts
     assert len(per_config) == len(configs) and set(per_config.values()) == {2}
     for _, problem, kernel in runs:
         assert constraints.check(kernel.config, lookup_gpu("h100"), Arch.SM90A, operands=problem.operands) == []
+        assert not kernel.config.swap_ab or problem.m <= kernel.config.cta.n   # swapped tiles on skinny M only
+    assert any(kernel.config.swap_ab for _, _, kernel in runs)
+    assert [r for r in runs if "_swap" in r[2].name] == space_check.cases(0, "_swap")
     assert {p.a_layout.value + p.b_layout.value for _, p, _ in runs} == {"rowrow", "rowcol", "colrow", "colcol"}
     assert any(p.epilogue.beta != 0 and p.epilogue.bias for _, p, _ in runs)   # the general epilogue path runs too
 

@@ -47,6 +47,17 @@ def consumer_regs(consumers: int) -> int:
     return (65536 - 128 * PRODUCER_REGS) // (128 * max(1, consumers)) // 8 * 8
 
 
+def gemm_problem(kernel: Kernel, problem: Problem) -> Problem:
+    """The product the kernel's main loop computes: `problem`, or for a swapped kernel D^T = B^T @ A^T (its
+    M, N, K, lda and ldb are what the kernel's scalars and A/B tensor maps take; ldc and D stay `problem`'s)."""
+    return problem.swapped() if kernel.config.swap_ab else problem
+
+
+def gemm_operands(kernel: Kernel) -> Operands:
+    """The operands as the kernel's main loop sees them (swapped for a swapped kernel)."""
+    return kernel.operands.swapped() if kernel.config.swap_ab else kernel.operands
+
+
 def a_is_kmajor(operands: Operands) -> bool:
     """A (M x K) row-major keeps K contiguous: K-major in shared memory."""
     return operands.a_layout is Layout.ROW
@@ -64,7 +75,7 @@ def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
 
 def template_params(kernel: Kernel) -> dict:
     """Every value templates/sm90_wgmma.cu.j2 reads, derived from a validated Kernel."""
-    cfg, ops = kernel.config, kernel.operands
+    cfg, ops = kernel.config, gemm_operands(kernel)
     if cfg.family is not Family.SM90_WGMMA:
         raise InvalidInput("sm90 template parameters need a sm90_wgmma configuration", cfg.family.value)
     consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
@@ -91,6 +102,9 @@ def template_params(kernel: Kernel) -> dict:
         "producer_regs": PRODUCER_REGS, "consumer_regs": consumer_regs(consumers),
         "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
         "splitk_fused": is_fused(kernel),
+        # The main loop ran on D^T = B^T @ A^T: the epilogue writes D transposed, or the reduction reads partial
+        # (row, col) of D at [col][row].
+        "swap_ab": cfg.swap_ab,
         "streamk": is_streamk(kernel),
         "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
@@ -125,8 +139,10 @@ def template_params(kernel: Kernel) -> dict:
 def uses_tma_store(kernel: Kernel) -> bool:
     """D leaves through TMA stores (a third tensor map) when its rows start on 16-byte boundaries (align_c 8,
     TMA's rule) and the kernel writes D itself: split-K's partials are fp32 plain stores and its D comes from
-    the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global."""
-    return TMA_STORE and kernel.operands.align_c >= 8 and splits(kernel) == 1
+    the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global; so do swapped
+    kernels (their tile is D^T's) and tiles narrower than the 32-column store boxes."""
+    cfg = kernel.config
+    return TMA_STORE and kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
 
 
 def uses_store_warp(kernel: Kernel) -> bool:
@@ -164,6 +180,7 @@ def streamk_slices(kernel: Kernel, problem: Problem, grid: int) -> "tuple[int, i
     remainder's K iterations dealt out to every CTA in contiguous ranges, where the last wave is more than
     half full)."""
     tiles = cluster_tiles(kernel, problem)
+    problem = gemm_problem(kernel, problem)
     rem, slices = streamk_remainder(tiles, grid, math.ceil(problem.k / kernel.config.cta.k))
     return (tiles if slices == 1 else tiles - rem), slices
 
@@ -175,18 +192,21 @@ def splits(kernel: Kernel) -> int:
 
 
 def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
-    """The two tensor-map parameter specs (manifest 'kind': 'tensormap') for A and B."""
-    cfg, ops = kernel.config, kernel.operands
+    """The two tensor-map parameter specs (manifest 'kind': 'tensormap') for A and B. A swapped kernel's tmA
+    reads the caller's B (as B^T) and its tmB the caller's A."""
+    cfg, ops = kernel.config, gemm_operands(kernel)
+    problem = gemm_problem(kernel, problem)
+    a_name, b_name = ("B", "A") if cfg.swap_ab else ("A", "B")
     elt = ops.a_dtype.bytes
     a_k, b_k = a_is_kmajor(ops), b_is_kmajor(ops)
     a_split = cfg.cluster.size if cfg.cluster.n > 1 else 1   # 1x2 clusters multicast A
     b_split = cfg.cluster.size if cfg.cluster.m > 1 else 1   # 2x1 clusters multicast B
-    tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "A", "dtype": ops.a_dtype.value,
+    tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": a_name, "dtype": ops.a_dtype.value,
             "dims": [problem.k, problem.m] if a_k else [problem.m, problem.k],
             "strides_bytes": [problem.lda * elt],
             "box": [BK_ELEMENTS, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B",
             "l2_promotion": L2_PROMOTION}
-    tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "B", "dtype": ops.b_dtype.value,
+    tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": b_name, "dtype": ops.b_dtype.value,
             "dims": [problem.k, problem.n] if b_k else [problem.n, problem.k],
             "strides_bytes": [problem.ldb * elt],
             "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
@@ -211,8 +231,9 @@ def tensormap_d_spec(problem: Problem, dtype, box_cols: int) -> dict:
 
 
 def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
-    """Output tiles counted in clusters."""
+    """Output tiles counted in clusters (tiles of D^T for a swapped kernel)."""
     cfg = kernel.config
+    problem = gemm_problem(kernel, problem)
     tiles_m, tiles_n = math.ceil(problem.m / cfg.cta.m), math.ceil(problem.n / cfg.cta.n)
     return math.ceil(tiles_m / cfg.cluster.m) * math.ceil(tiles_n / cfg.cluster.n)
 
@@ -248,10 +269,12 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     sm_count = sm_count or lookup_gpu("h100").sm_count
     ctype = f"const {ops.c_dtype.cuda_type}*"
     tm_a, tm_b = tensormap_specs(kernel, problem)
-    scalars = [("M", problem.m), ("N", problem.n), ("K", problem.k), ("lda", problem.lda), ("ldb", problem.ldb),
+    gp = gemm_problem(kernel, problem)
+    scalars = [("M", gp.m), ("N", gp.n), ("K", gp.k), ("lda", gp.lda), ("ldb", gp.ldb),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     params = [tm_a, tm_b] + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
-              {"name": "B", "ctype": ctype, "kind": "tensor", "tensor": "B"},   # read only by a cp.async B
+              {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
+               "tensor": "A" if cfg.swap_ab else "B"},
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
               {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
               {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"},
@@ -268,7 +291,7 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
              max_clusters: "int | None" = None) -> "tuple[list[dict], int]":
     """The manifest's launches and workspace bytes: the GEMM alone, or for split-K the partial-sum kernel
     then `<name>_reduce` over the same parameters (the sm80 family's reduce ABI and grid), with an fp32
-    workspace[splits][M][N]; for Stream-K the GEMM alone over [flags][one BM x BN fp32 partial per CTA]."""
+    workspace[splits][M][N] (for a swapped kernel [splits][N][M], D^T's partials); for Stream-K the GEMM alone over [flags][one BM x BN fp32 partial per CTA]."""
     main = launch(kernel, problem, sm_count, max_clusters)
     if is_streamk(kernel):
         grid = main["grid"][0]
@@ -278,7 +301,7 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
         return [main], 0
     if is_fused(kernel):
         return [main], fused_counter_words(kernel, problem) * 4 + s * problem.m * problem.n * 4
-    pairs = problem.m * math.ceil(problem.n / 2)  # one reduction thread per two columns
+    pairs = problem.m * math.ceil(problem.n / 2)  # one reduction thread per two columns of D (caller's frame)
     reduce = {"entry": f"{kernel.name}_reduce", "grid": [math.ceil(pairs / REDUCE_THREADS), 1, 1],
               "block": [REDUCE_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": main["params"]}
     return [main, reduce], s * problem.m * problem.n * 4
@@ -304,4 +327,4 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
 
 __all__ = ["template_params", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "SK_MAX_SLICES", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
-           "kernel_for", "a_is_kmajor", "b_is_kmajor"]
+           "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
