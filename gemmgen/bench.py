@@ -334,6 +334,11 @@ class GpuBenchmark:
         dev = self.device
         start, end = self._event_pair(0)
         for _ in range(2):  # the first run may include one-time costs (cuBLAS heuristics, module load)
+            # Behind a hold, so the events bracket the run and not the host's enqueueing of it: on an idle
+            # stream torch's dispatch (~20-40 us) would land inside the estimate, and a 9 us cuBLAS run would
+            # pass for a long one and be timed back to back from Python in sustained mode (host-bound: sq1024's
+            # cuBLAS read 94 TFLOP/s instead of 230 that way on 2026-11-24, docs/perf-notes.md).
+            dev.hold_stream(HOLD_BASE_S, stream)
             start.record(stream)
             run_one(0)
             end.record(stream)
