@@ -149,6 +149,7 @@ def timing_policy(name: str) -> TimingPolicy:
 HOLD_BASE_S = 0.001
 HOLD_PER_RUN_S = 60e-6
 HOLD_MAX_S = 0.02
+HOLD_BATCH = 100   # runs queued behind one hold (HOLD_BASE_S + 100 * HOLD_PER_RUN_S = 7 ms of enqueueing)
 
 
 def plan_runs(estimate_s: float, policy: TimingPolicy = TimingPolicy()) -> "tuple[int, int]":
@@ -359,7 +360,9 @@ class GpuBenchmark:
         # Runs go in batches queued behind a hold kernel: a short kernel (sq1024 takes ~7 us) launched
         # straight from Python would otherwise be timed with the host's launch overhead, which differs
         # between our cuLaunchKernel and torch's dispatch and so skews the ratio to cuBLAS.
-        batch = self.policy.batch
+        # A hold covers the enqueueing of at most HOLD_MAX_S / HOLD_PER_RUN_S runs: a sustained policy's huge batch
+        # would leave all but the first few hundred runs host-bound (sq1024's cuBLAS read 92 TFLOP/s that way).
+        batch = min(self.policy.batch, HOLD_BATCH)
         for first in range(0, reps, batch):
             chunk = pairs[first:first + batch]
             dev.hold_stream(min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)

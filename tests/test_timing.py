@@ -32,21 +32,26 @@ class FakeDevice:
 
     def __init__(self, run_s, enqueue_s=0.0):
         self.now, self.run_s, self.enqueue_s, self.holds, self.runs = 0.0, run_s, enqueue_s, 0, 0
-        self.held = False
+        self.credit = 0
 
     def event(self):
         return FakeEvent(self)
 
     def hold_stream(self, seconds, stream):
+        # While the hold runs, the host enqueues seconds / enqueue_s runs; those then run back to back.
         self.holds += 1
-        self.held = True
+        self.credit = seconds / self.enqueue_s if self.enqueue_s else float("inf")
 
     def synchronize(self, what):
-        self.held = False
+        self.credit = 0
 
     def run(self, i):
         self.runs += 1
-        self.now += self.run_s if self.held else max(self.run_s, self.enqueue_s)
+        if self.credit >= 1:
+            self.credit -= 1
+            self.now += self.run_s
+        else:
+            self.now += max(self.run_s, self.enqueue_s)
 
 
 def timed(policy, run_s, enqueue_s=0.0):
