@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .atomic import atomic_write
 from . import paths
-from .arch import Gpu
+from .arch import Arch, Gpu, lookup_gpu
 from .errors import InvalidInput, UserError
 from .problem import Problem
 
@@ -107,6 +107,10 @@ class Answer:
     exact: bool
     distance: float  # log-distance over M, N, K (0 when exact)
     same_operands: bool  # dtypes and layouts match the question
+    # Whether the held winner's configuration is feasible for the question (a swapped skinny-M winner is not for
+    # a larger M, a K-major one not for another layout); when none held is, the first rule it breaks.
+    fits: bool = True
+    misfit: str = ""
 
     @property
     def problem(self) -> Problem:
@@ -158,13 +162,29 @@ def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
             continue
         same = _operands_key(held) == want
         distance = log_distance(problem, held)
-        # Same operands first, then nearest shape, then the most recent record.
-        rank = (not same, distance, -_timestamp(record))
+        misfit = "" if distance == 0.0 and same else _misfit(record, problem, gpu)
+        # A winner that can run the question first, then same operands, nearest shape, the most recent record.
+        rank = (bool(misfit), not same, distance, -_timestamp(record))
         if best is None or rank < best[0]:
-            best = (rank, Answer(record, path, same and distance == 0.0, distance, same))
+            best = (rank, Answer(record, path, same and distance == 0.0, distance, same, not misfit, misfit))
     if best is None:
         raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
     return best[1]
+
+
+def _misfit(record: dict, problem: Problem, gpu: "Gpu | str") -> str:
+    """'' when the record's winning configuration passes the feasibility check for `problem`, else the first rule
+    it breaks (as 'rule: value')."""
+    from . import constraints
+    from .tiles import TileConfig
+    try:
+        config = TileConfig.from_dict(record["winner"]["config"])
+        target = gpu if isinstance(gpu, Gpu) else lookup_gpu(str(record.get("gpu") or gpu))
+        arch = Arch.parse(record["arch"]) if record.get("arch") else None
+    except (UserError, KeyError, TypeError, ValueError):
+        return "the record's configuration cannot be read"
+    broken = constraints.check(config, target, arch, problem)
+    return f"{broken[0].rule}: {broken[0].value}" if broken else ""
 
 
 def _timestamp(record: dict) -> float:

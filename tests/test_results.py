@@ -125,3 +125,27 @@ def test_export_bundle_writes_cubin_source_and_manifest(tmp_path):
     assert manifest["name"] == kernel.name and manifest["cubin"] == f"{kernel.name}.cubin"
     assert manifest["measured"]["time_s"] == 2e-4 and manifest["verification"]["ok"] is True
     assert manifest["config"] == config.to_dict() and manifest["environment"]["gpu_key"] == ts.GPU.key
+
+
+def test_lookup_prefers_a_held_winner_that_fits_the_question_and_says_when_none_does(tmp_path):
+    from gemmgen.results import gpu_dir, lookup
+
+    _store(tmp_path, ts.PROBLEM)
+    tunes = gpu_dir(ts.GPU) / "tunes"
+    big_path = next(tunes.glob("*.json"))
+    record = json.loads(big_path.read_text())
+    swapped = {"family": "sm90_wgmma", "cta": "64x16x64", "warp": "64x16x64", "mma": "64x16x16", "stages": 12,
+               "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True, "swap_ab": True}
+    skinny = dict(record, problem=Problem.create(16, 4096, 4096).to_dict(), arch="sm_90a",
+                  winner=dict(record["winner"], config=swapped))
+    (tunes / "16x4096x4096_bf16_rr_bf16_linear.json").write_text(json.dumps(skinny))
+
+    near = lookup(Problem.create(8, 4096, 4096), ts.GPU)        # the swapped 16-wide tile serves M = 8
+    assert near.problem.m == 16 and near.fits
+    # M = 40 is nearer 16x4096x4096 than 4096^3, but that winner's tile serves M <= 16: the fitting one is answered.
+    wide = lookup(Problem.create(40, 4096, 4096), ts.GPU)
+    assert wide.problem == ts.PROBLEM and wide.fits and wide.misfit == ""
+
+    big_path.unlink()
+    alone = lookup(Problem.create(40, 4096, 4096), ts.GPU)     # nothing fits: still answered, and says why
+    assert alone.problem.m == 16 and not alone.fits and "skinny products" in alone.misfit

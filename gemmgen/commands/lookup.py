@@ -26,6 +26,8 @@ def describe(answer, problem) -> "list[str]":
         why = "" if answer.same_operands else " (different dtype, layouts or epilogue: none with the same held)"
         lines.append(f"no record for {problem.label}; nearest held: {held.label} "
                      f"(log-distance {answer.distance:.2f}){why}, tuned {record.get('date', '?')}")
+    if not answer.fits:
+        lines.append(f"  note: no held winner fits this problem; this one breaks '{answer.misfit}': tune it")
     if record.get("simulated"):
         lines.append(f"  note: simulated tune (replayed timings from {record.get('replay')}), not a GPU measurement")
     lines.append(f"winner: {w['kernel']}")
@@ -53,6 +55,7 @@ def run(args) -> int:
     answer = lookup(problem, gpu)
     if args.json:
         print_json({"exact": answer.exact, "distance": answer.distance, "same_operands": answer.same_operands,
+                    "fits": answer.fits, "misfit": answer.misfit,
                     "record_path": str(answer.path), "problem": answer.record["problem"],
                     "winner": answer.record["winner"], "cublas": answer.record.get("cublas"),
                     "simulated": answer.record.get("simulated", False)})
