@@ -149,6 +149,16 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         if not ok:
             out.append(Violation(name, value, limit))
 
+    def staged_epilogue(who: str, why: str):
+        # What the staged (non-TMA-store) epilogue of the sm90 template serves: data-parallel tiles or split-K
+        # with the reduction launch, stored by the consumers themselves.
+        rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
+             f"{who} {why}: data-parallel tiles or split-K without the fused reduction only", decomp.tag,
+             "dp or splitk<S>")
+        rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp,
+             f"{who} {why}: cooperative schedule, no store warp",
+             config.schedule.value + ("+sw" if config.store_warp else ""), Schedule.COOPERATIVE.value)
+
     cta, warp, mma = config.cta, config.warp, config.mma
     fam = config.family
     decomp = config.decomposition
@@ -167,12 +177,7 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
     if config.swap_ab:
         rule(fam is Family.SM90_WGMMA, "the operand swap is implemented in sm90_wgmma only", fam.value,
              Family.SM90_WGMMA.value)
-        rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
-             "a swapped kernel writes D transposed from its staged epilogue or its reduction launch: it needs "
-             "data-parallel tiles or split-K without the fused reduction", decomp.tag, "dp or splitk<S>")
-        rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp, "a swapped kernel stores D from "
-             "its consumers (cooperative schedule, no store warp)", config.schedule.value + ("+sw" if config.store_warp else ""),
-             Schedule.COOPERATIVE.value)
+        staged_epilogue("a swapped kernel", "writes D transposed from its staged epilogue or its reduction launch")
         rule(config.cluster.size == 1, "the operand swap is implemented without clusters", str(config.cluster), "1x1")
         if problem is not None:
             rule(problem.m <= cta.n, "the operand swap serves skinny products: M must fit the swapped tile's N",
@@ -244,12 +249,7 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
             rule(cta.n in (16, 32) and warp.n == cta.n and cta.m % 64 == 0, "sm90 tiles narrower than 64 columns "
                  "must be 16 or 32 wide, one warpgroup wide, with CTA tile M a multiple of 64",
                  f"{cta.m}x{cta.n}/{warp.n}", "Mx16 or Mx32")
-            rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
-                 "sm90 tiles narrower than 64 columns use the staged epilogue: they need data-parallel tiles or "
-                 "split-K without the fused reduction", decomp.tag, "dp or splitk<S>")
-            rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp, "sm90 tiles narrower than 64 "
-                 "columns use the staged epilogue: cooperative schedule, no store warp",
-                 config.schedule.value + ("+sw" if config.store_warp else ""), Schedule.COOPERATIVE.value)
+            staged_epilogue("sm90 tiles narrower than 64 columns", "use the staged epilogue")
             if operands is not None:
                 rule(operands.b_layout.value == "col", "sm90 tiles narrower than 64 columns need B K-major in "
                      "shared memory (column-major B, or row-major A when swapped)", operands.b_layout.value, "col")

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import atomic_write
-from . import paths
+from . import constraints, paths
 from .arch import Arch, Gpu, lookup_gpu
 from .errors import InvalidInput, UserError
 from .problem import Problem
+from .tiles import TileConfig
 
 RECORD_FORMAT = "gemmgen-tune/1"
 
@@ -175,8 +176,6 @@ def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
 def _misfit(record: dict, problem: Problem, gpu: "Gpu | str") -> str:
     """'' when the record's winning configuration passes the feasibility check for `problem`, else the first rule
     it breaks (as 'rule: value')."""
-    from . import constraints
-    from .tiles import TileConfig
     try:
         config = TileConfig.from_dict(record["winner"]["config"])
         target = gpu if isinstance(gpu, Gpu) else lookup_gpu(str(record.get("gpu") or gpu))

@@ -194,9 +194,10 @@ class TileConfig:
     # sm90_wgmma, cooperative data-parallel: D's TMA stores issued by a warp of the producer warpgroup, so the
     # consumers go from filling the store boxes straight to the next tile (docs/perf-notes.md, "The store warp").
     store_warp: bool = False
-    # sm90_wgmma, split-K: the kernel computes D^T = B^T @ A^T, so the problem's M (a handful of rows, as in
-    # decoding) becomes wgmma's N and its N fills the 64-row wgmma M; cta.m then tiles the problem's N and cta.n
-    # its M. The reduction launch writes D back in the caller's frame (docs/perf-notes.md, "Operand swap").
+    # sm90_wgmma: the kernel computes D^T = B^T @ A^T, so the problem's M (a handful of rows, as in decoding)
+    # becomes wgmma's N and its N fills the 64-row wgmma M; cta.m then tiles the problem's N and cta.n its M. The
+    # staged epilogue (data-parallel) or the split-K reduction launch writes D in the caller's frame
+    # (docs/perf-notes.md, "Operand swap").
     swap_ab: bool = False
 
     # --- derived quantities -------------------------------------------------------------

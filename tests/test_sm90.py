@@ -948,11 +948,28 @@ def test_space_offers_store_warp_variants_of_the_large_cooperative_tiles():
 
 # --- operand swap (D^T = B^T @ A^T for skinny M) ------------------------------------------------------------
 def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4) -> TileConfig:
+    """A swapped configuration: split-K over `splits` slices, data-parallel for splits=1."""
     from gemmgen.tiles import DecompKind, Decomposition
     w = Shape3.parse(warp)
+    decomposition = Decomposition(DecompKind.SPLIT_K, splits) if splits > 1 else Decomposition()
     return TileConfig(Family.SM90_WGMMA, Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
-                      raster=Raster(RasterOrder.ROW, 8), decomposition=Decomposition(DecompKind.SPLIT_K, splits),
+                      raster=Raster(RasterOrder.ROW, 8), decomposition=decomposition,
                       warp_specialized=True, persistent=True, swap_ab=True)
+
+
+def verify_on_gpu(problem: Problem, config: TileConfig, seed: int):
+    """Feasible, then verified by GpuBenchmark.verify: fresh random operands, D poisoned, compared with the
+    float64 / cuBLAS reference."""
+    from gemmgen.bench import GpuBenchmark
+    from gemmgen.manifest import make_manifest
+    from gemmgen.nvrtc import compile_kernel
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    bench = GpuBenchmark(seed=seed)
+    try:
+        return bench.verify(make_manifest(kernel, problem), compile_kernel(kernel).cubin, problem)
+    finally:
+        bench.close()
 
 
 def test_swap_is_named_only_when_chosen_and_round_trips():
@@ -1091,22 +1108,8 @@ def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_fir
 ])
 def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     """Fresh random operands, D poisoned, compared with the float64 / cuBLAS reference (GpuBenchmark.verify)."""
-    from dataclasses import replace
-    from gemmgen.bench import GpuBenchmark
-    from gemmgen.manifest import make_manifest
-    from gemmgen.nvrtc import compile_kernel
-    from gemmgen.tiles import Decomposition
     n = int(cta.split("x")[1])
-    config = swap_config(cta, f"64x{n}x64", 6, max(splits, 2))
-    if splits == 1:
-        config = replace(config, decomposition=Decomposition())
-    assert constraints.check(config, H100, Arch.SM90A, problem) == []
-    kernel = Kernel(Arch.SM90A, problem.operands, config)
-    bench = GpuBenchmark(seed=5)
-    try:
-        result = bench.verify(make_manifest(kernel, problem), compile_kernel(kernel).cubin, problem)
-    finally:
-        bench.close()
+    result = verify_on_gpu(problem, swap_config(cta, f"64x{n}x64", 6, splits), seed=5)
     assert result.ok, result.reason
 
 
@@ -1118,19 +1121,7 @@ def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
 def test_narrow_unswapped_tiles_verify_against_the_reference(problem, splits):
     """A 16- or 32-column tile without the swap (N itself skinny, B K-major): the staged epilogue's narrow chunks."""
     from dataclasses import replace
-    from gemmgen.bench import GpuBenchmark
-    from gemmgen.manifest import make_manifest
-    from gemmgen.nvrtc import compile_kernel
-    from gemmgen.tiles import Decomposition
     n = 16 if problem.n <= 16 else 32
-    config = replace(swap_config(f"128x{n}x64", f"64x{n}x64", 6, max(splits, 2)), swap_ab=False)
-    if splits == 1:
-        config = replace(config, decomposition=Decomposition())
-    assert constraints.check(config, H100, Arch.SM90A, problem) == []
-    kernel = Kernel(Arch.SM90A, problem.operands, config)
-    bench = GpuBenchmark(seed=6)
-    try:
-        result = bench.verify(make_manifest(kernel, problem), compile_kernel(kernel).cubin, problem)
-    finally:
-        bench.close()
+    config = replace(swap_config(f"128x{n}x64", f"64x{n}x64", 6, splits), swap_ab=False)
+    result = verify_on_gpu(problem, config, seed=6)
     assert result.ok, result.reason
