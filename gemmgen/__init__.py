@@ -3,11 +3,11 @@
 The model (tiles, constraints), the calculator (intensity) and rendering import neither
 cuda-python nor Optuna, so they work on any machine.
 """
-from .arch import Arch, DType, Gpu, catalogue, lookup_gpu
-from .errors import (CompileError, CudaError, GemmgenError, InvalidConfig, InvalidInput, NoGpu, UserError,
+from .model.arch import Arch, DType, Gpu, catalogue, lookup_gpu
+from .model.errors import (CompileError, CudaError, GemmgenError, InvalidConfig, InvalidInput, NoGpu, UserError,
                      VerificationError, Violation)
-from .problem import Activation, Epilogue, Layout, Operands, Problem
-from .tiles import Cluster, Decomposition, DecompKind, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
+from .model.problem import Activation, Epilogue, Layout, Operands, Problem
+from .model.tiles import Cluster, Decomposition, DecompKind, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
 
 __version__ = "0.1.0"
 
@@ -21,6 +21,6 @@ __all__ = [
 
 def load(path):
     """Load an exported kernel bundle (manifest .json or its folder) as a callable for torch/cupy arrays."""
-    from .loader import load as _load  # imports cuda-python only when asked
+    from .runtime.loader import load as _load  # imports cuda-python only when asked
 
     return _load(path)

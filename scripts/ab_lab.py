@@ -5,8 +5,8 @@ it (A) and overridden (B), verified, then timed interleaved with cuBLAS (either 
     PYTHONPATH=$PWD python3 scripts/ab_lab.py --set prefetch_tensormaps=false --out $OUT [--rounds 5]
 
 Cases: the stored winner (results/h100-sxm/tunes) of each suite shape named by --shapes (bf16, A and B
-row-major), sm90 winners only. Every variant is verified first (gemmgen.bench: fresh inputs, D and workspace
-NaN-poisoned, fp32 cuBLAS reference) inside a watchdog worker; timing uses gemmgen.bench (events behind a
+row-major), sm90 winners only. Every variant is verified first (gemmgen.tune.bench: fresh inputs, D and workspace
+NaN-poisoned, fp32 cuBLAS reference) inside a watchdog worker; timing uses gemmgen.tune.bench (events behind a
 stream-holding kernel, rotated inputs, median) with A, B and cuBLAS measured in every round, the order
 reversed every other round. Prints a short table last and writes ab_lab.json to --out.
 """
@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.families import sm90  # noqa: E402
-from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import Family, Kernel, TileConfig  # noqa: E402
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.families.sm90_wgmma import launch as sm90  # noqa: E402
+from gemmgen.runtime.manifest import make_manifest  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.model.tiles import Family, Kernel, TileConfig  # noqa: E402
 
 SUITE = {"sq1024": (1024, 1024, 1024), "sq2048": (2048, 2048, 2048), "sq4096": (4096, 4096, 4096),
          "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096), "llm_up": (4096, 28672, 4096),
@@ -73,8 +73,8 @@ def with_fields(cfg: TileConfig, fields: "list[tuple[str, str]]") -> TileConfig:
 def build(kernel: Kernel, override: dict) -> "tuple[str, object]":
     """Render with the family's template context (render.template_context) updated by `override`, compile with
     gemmgen's options."""
-    from gemmgen.nvrtc import compile_source, options_for, parse_ptxas_log
-    from gemmgen.render import environment, render, template_context
+    from gemmgen.codegen.nvrtc import compile_source, options_for, parse_ptxas_log
+    from gemmgen.codegen.render import environment, render, template_context
 
     params = template_context(kernel)
     override = {k: v for k, v in override.items() if k not in LAUNCH_ONLY}
@@ -149,7 +149,7 @@ def main() -> int:
                     help="run only the --config configurations, not the stored winners (e.g. sm80_mma ones)")
     ap.add_argument("--verify", action="append", default=[],
                     help="MxNxK:ab (e.g. 4097x1000x3000:rc) extra problems on which every B variant is verified")
-    ap.add_argument("--timing", default="burst", help="gemmgen.bench TIMINGS policy: burst (default) or sustained "
+    ap.add_argument("--timing", default="burst", help="gemmgen.tune.bench TIMINGS policy: burst (default) or sustained "
                                                       "(1 s back to back before each 0.5 s timing; far less spread)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
@@ -195,7 +195,7 @@ def main() -> int:
                               "timed": False})
     print(f"{len(cases)} variants built; B sets {override} {config_override}", flush=True)
 
-    from gemmgen.worker import WorkerBenchmark
+    from gemmgen.tune.worker import WorkerBenchmark
 
     worker = WorkerBenchmark()
     worker.start()
@@ -212,7 +212,7 @@ def main() -> int:
               f"rel {o.rel_error}", flush=True)
     worker.close()
 
-    from gemmgen.bench import GpuBenchmark, timing_policy
+    from gemmgen.tune.bench import GpuBenchmark, timing_policy
 
     bench = GpuBenchmark(verify=False, policy=timing_policy(args.timing))
     times, cublas = {}, {}

@@ -12,10 +12,10 @@ the search space against cuBLAS measured in the same run.
 (b) Correctness: all four layouts x {bf16, f16} at a tile-multiple shape; M, N, K drawn from
     {1, 17, 1000, 3000, 4097}; beta, bias, ReLU and GELU epilogues; split-K; one case per CTA tile shape
     and shared-memory layout. Each is verified against cuBLAS through torch (fp32) with the dtype thresholds
-    of gemmgen.bench, NaN-poisoned outputs, fresh random inputs.
+    of gemmgen.tune.bench, NaN-poisoned outputs, fresh random inputs.
 (c) The sweep: the model's top-N configurations (all of them with --top 0) on 4096^3 and 8192^3 bf16,
     timed with rotated inputs; cuBLAS timed in the same run; the best three re-measured, interleaved.
-Every measurement runs in a worker process behind a watchdog (gemmgen.worker), so a hang or an illegal
+Every measurement runs in a worker process behind a watchdog (gemmgen.tune.worker), so a hang or an illegal
 address costs one case, not the run; --budget-s stops the sweep early, keeping what was measured.
 Writes gpu_check.json (everything) to --out and prints a short table last.
 """
@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.arch import Arch, lookup_gpu  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.space import enumerate_space, heuristic_time  # noqa: E402
-from gemmgen.tiles import DecompKind, Family, Kernel, SmemLayout, TileConfig  # noqa: E402
+from gemmgen.model.arch import Arch, lookup_gpu  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.rank.space import enumerate_space, heuristic_time  # noqa: E402
+from gemmgen.model.tiles import DecompKind, Family, Kernel, SmemLayout, TileConfig  # noqa: E402
 
 LAYOUTS = (("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"))
 ODD_SHAPES = ((4097, 1000, 17), (1, 4097, 3000), (17, 3000, 4097), (3000, 17, 1000), (1000, 1, 4097),
@@ -62,7 +62,7 @@ class Case:
 def ranked(problem: Problem, gpu, arch: Arch) -> "list[TileConfig]":
     """The sm80_mma space for this problem, best first by the roofline model (heuristic where it has no answer)."""
     try:
-        from gemmgen.intensity import predict
+        from gemmgen.calc.intensity import predict
     except ImportError:
         predict = None
     scored = []
@@ -129,7 +129,7 @@ def build_cases(gpu, arch: Arch, top: int) -> "list[Case]":
 
 def compile_cases(cases, arch: Arch, jobs: int) -> "tuple[dict, dict]":
     """name -> cubin bytes, and name -> compile error text."""
-    from gemmgen.nvrtc import compile_many
+    from gemmgen.codegen.nvrtc import compile_many
 
     kernels = {}
     for case in cases:
@@ -153,7 +153,7 @@ def prepare(folder: Path, arch: Arch, gpu, top: int, jobs: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, cubin in cubins.items():
         (folder / f"{name}.cubin").write_bytes(cubin)
-    from gemmgen.nvrtc import nvrtc_version
+    from gemmgen.codegen.nvrtc import nvrtc_version
 
     (folder / "cases.json").write_text(json.dumps({
         "arch": arch.value, "gpu": gpu.key, "top": top, "nvrtc": nvrtc_version(), "compile_errors": errors,
@@ -173,7 +173,7 @@ def load_prepared(folder: Path) -> "tuple[list[Case], dict, dict, Arch]":
 # --- the environment ------------------------------------------------------------------------------
 
 def environment() -> dict:
-    from gemmgen import device
+    from gemmgen.runtime import device
 
     env = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
            "python": platform.python_version()}
@@ -204,14 +204,14 @@ def environment() -> dict:
 # --- measuring ------------------------------------------------------------------------------------
 
 def manifest_for(case: Case, arch: Arch) -> dict:
-    from gemmgen.manifest import make_manifest
+    from gemmgen.runtime.manifest import make_manifest
 
     return make_manifest(case.kernel(arch), case.problem)
 
 
 def run_cases(cases, cubins, errors, arch, policy, watchdog_s, deadline, log) -> "list[dict]":
-    from gemmgen.bench import GpuBenchmark
-    from gemmgen.worker import WorkerBenchmark
+    from gemmgen.tune.bench import GpuBenchmark
+    from gemmgen.tune.worker import WorkerBenchmark
 
     results = []
     with WorkerBenchmark(factory=functools.partial(GpuBenchmark, policy=policy), watchdog_s=watchdog_s) as worker:
@@ -239,8 +239,8 @@ def run_cases(cases, cubins, errors, arch, policy, watchdog_s, deadline, log) ->
 
 def remeasure(best, cases_by_tag, cubins, arch, policy, rounds: int, log) -> dict:
     """The best few of one sweep, measured again `rounds` times, interleaved: median per config."""
-    from gemmgen.bench import GpuBenchmark
-    from gemmgen.worker import WorkerBenchmark
+    from gemmgen.tune.bench import GpuBenchmark
+    from gemmgen.tune.worker import WorkerBenchmark
 
     import statistics
 
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c.group in wanted]
     print(f"{len(cases)} cases; {report['compiled']}; {len(errors)} compile errors", flush=True)
 
-    from gemmgen.bench import TimingPolicy
+    from gemmgen.tune.bench import TimingPolicy
 
     log_file = open(out_dir / "gpu_check.log", "w")
 

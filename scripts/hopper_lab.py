@@ -28,12 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.manifest import operands_dict
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.problem import Operands, Layout, Problem  # noqa: E402
-from gemmgen.arch import DType  # noqa: E402
-from gemmgen.tiles import (Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig)  # noqa: E402
-from gemmgen.families import sm90  # noqa: E402
+from gemmgen.runtime.manifest import operands_dict
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.model.problem import Operands, Layout, Problem  # noqa: E402
+from gemmgen.model.arch import DType  # noqa: E402
+from gemmgen.model.tiles import (Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig)  # noqa: E402
+from gemmgen.families.sm90_wgmma import launch as sm90  # noqa: E402
 
 BUILD = ROOT / "lab_build"
 NVRTC_OPTIONS = ("--gpu-architecture=sm_90a", "-std=c++17", "--ptxas-options=-v")
@@ -43,7 +43,7 @@ NVRTC_OPTIONS = ("--gpu-architecture=sm_90a", "-std=c++17", "--ptxas-options=-v"
 def render(kernel: Kernel) -> str:
     """render.render when the shared renderer exists, else the same one-environment StrictUndefined render."""
     try:
-        from gemmgen.render import render as shared_render
+        from gemmgen.codegen.render import render as shared_render
         return shared_render(kernel)
     except ImportError:
         import jinja2
@@ -54,15 +54,15 @@ def render(kernel: Kernel) -> str:
 
 
 def compile_cubin(kernel: Kernel, source: str) -> "tuple[bytes, str]":
-    """NVRTC -> (SASS cubin for sm_90a, log): gemmgen.nvrtc when present. Raises CompileError with the log."""
+    """NVRTC -> (SASS cubin for sm_90a, log): gemmgen.codegen.nvrtc when present. Raises CompileError with the log."""
     try:
-        from gemmgen.nvrtc import compile_kernel
+        from gemmgen.codegen.nvrtc import compile_kernel
         compiled = compile_kernel(kernel)
         return compiled.cubin, compiled.log
     except ImportError:
         pass
     from cuda.bindings import nvrtc
-    from gemmgen.errors import CompileError
+    from gemmgen.model.errors import CompileError
 
     def ok(res):
         err, *rest = res
@@ -89,7 +89,7 @@ def compile_cubin(kernel: Kernel, source: str) -> "tuple[bytes, str]":
 # ------------------------------------------------------------------------------- variants
 def config(cta="128x256x64", warp="64x256x64", stages=4, cluster=(1, 1), persistent=True,
            raster=("row", 1), splits=1) -> TileConfig:
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     w = Shape3.parse(warp)
     decomp = Decomposition(DecompKind.SPLIT_K, splits) if splits > 1 else Decomposition()
     return TileConfig(family=Family.SM90_WGMMA, cta=Shape3.parse(cta), warp=w, mma=Shape3(64, w.n, 16),
@@ -99,7 +99,7 @@ def config(cta="128x256x64", warp="64x256x64", stages=4, cluster=(1, 1), persist
 
 
 def operands(dtype="bf16", a="row", b="col", bias=False, activation="none") -> Operands:
-    from gemmgen.problem import Activation
+    from gemmgen.model.problem import Activation
     dt = DType.parse(dtype)
     return Operands(dt, dt, dt, DType.F32, Layout.parse(a), Layout.parse(b), 8, 8, 8, bias, Activation(activation))
 
@@ -148,8 +148,8 @@ def variant_sets() -> "dict[str, list[tuple[str, Kernel, str]]]":
                                  config("256x128x64", "128x128x64", cluster=(1, 2), raster=("row", 8))), "check"),
         ("cl2x1_cr_bias_gelu", k(operands(a="col", b="row", bias=True, activation="gelu"), config(cluster=(2, 1))), "check"),
     ]
-    from gemmgen.arch import lookup_gpu
-    from gemmgen.space import enumerate_space
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import enumerate_space
     layouts = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]
     sweep = []
     for i, cfg in enumerate(enumerate_space(Family.SM90_WGMMA, lookup_gpu("h100"), Arch.SM90A, operands=operands())):
@@ -213,7 +213,7 @@ ROUNDS = int(os.environ.get("LAB_ROUNDS", "3"))
 
 
 def _kernel_from_meta(meta: dict) -> Kernel:
-    from gemmgen.problem import Activation
+    from gemmgen.model.problem import Activation
     o = meta["operands"]
     ops = Operands(DType(o["a_dtype"]), DType(o["b_dtype"]), DType(o["c_dtype"]), DType(o["acc_dtype"]),
                    Layout(o["a_layout"]), Layout(o["b_layout"]), o["align_a"], o["align_b"], o["align_c"],
@@ -233,7 +233,7 @@ def tensormaps(tma, specs: dict, a_store, b_store, d) -> dict:
 def run_one(meta_path: str, perf: bool, sets: int = 3) -> dict:
     import torch
     from cuda.bindings import driver
-    from gemmgen import tma
+    from gemmgen.runtime import tma
 
     meta = json.loads(Path(meta_path).read_text())
     kernel = _kernel_from_meta(meta)
@@ -469,7 +469,7 @@ class Runner:
 
     def __init__(self, meta_path: Path):
         from cuda.bindings import driver
-        from gemmgen import tma
+        from gemmgen.runtime import tma
         self.tma, self.meta = tma, json.loads(meta_path.read_text())
         self.kernel = _kernel_from_meta(self.meta)
         module = tma.check("cuModuleLoadData", driver.cuModuleLoadData(meta_path.with_suffix(".cubin").read_bytes()))
@@ -516,7 +516,7 @@ def _init_torch():
     torch.zeros(1, device="cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     from cuda.bindings import driver
-    from gemmgen import tma
+    from gemmgen.runtime import tma
     tma.check("cuInit", driver.cuInit(0))
     dev = tma.check("cuDeviceGet", driver.cuDeviceGet(0))
     ctx = tma.check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(dev))

@@ -6,7 +6,7 @@
 
 M and N come from the suite shape; K is swept. The kernels are the shape's stored winner (results/h100-sxm/tunes,
 bf16, A and B row-major) and any --config, each with the --config-set changes applied as well when given. Every
-kernel is verified at every K (gemmgen.bench: fresh inputs, poisoned D, cuBLAS fp32 reference) in a watchdog
+kernel is verified at every K (gemmgen.tune.bench: fresh inputs, poisoned D, cuBLAS fp32 reference) in a watchdog
 worker, then timed with cuBLAS in interleaved rounds (events behind a stream-holding kernel, rotated inputs).
 A least-squares line T(K) = fixed + per_k * K over the medians says how much of the gap to cuBLAS is start-up,
 epilogue and exit (fixed) and how much is the main loop (per K). Prints a short table last; writes k_sweep.json.
@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from lab_common import write_report  # noqa: E402
 from ab_lab import SUITE, build, stored_winner, with_fields  # noqa: E402
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import Kernel, TileConfig  # noqa: E402
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.runtime.manifest import make_manifest  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.model.tiles import Kernel, TileConfig  # noqa: E402
 
 
 def fit(ks: "list[int]", ts: "list[float]") -> "tuple[float, float]":
@@ -69,7 +69,7 @@ def main() -> int:
                           "cubin": cubin})
     print(f"{len(cases)} kernels built ({len(configs)} configs x {len(ks)} K)", flush=True)
 
-    from gemmgen.worker import WorkerBenchmark
+    from gemmgen.tune.worker import WorkerBenchmark
 
     worker = WorkerBenchmark()
     worker.start()
@@ -80,7 +80,7 @@ def main() -> int:
             print(f"  FAIL {c['config']} K={c['k']}: {o.reason[:160]}", flush=True)
     worker.close()
 
-    from gemmgen.bench import GpuBenchmark
+    from gemmgen.tune.bench import GpuBenchmark
 
     bench = GpuBenchmark(verify=False)
     ours, cublas = {}, {}

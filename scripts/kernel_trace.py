@@ -3,14 +3,14 @@
 
     PYTHONPATH=$PWD python3 scripts/kernel_trace.py --shapes sq4096 --out $OUT [--config FILE] [--rounds 3]
 
-Event timing (gemmgen.bench) measures from a start event to an end event around one launch: the kernel plus
+Event timing (gemmgen.tune.bench) measures from a start event to an end event around one launch: the kernel plus
 whatever lies between the events and the kernel. This asks which of the two holds cuBLAS's lead at 4096^3: for
 each suite shape's stored winner (bf16, A and B row-major; verified first) and cuBLAS (torch.matmul) it warms
 up for --warmup seconds back to back, then records --launches launches under torch.profiler and takes, from
 the GPU's own timestamps, each kernel's duration, the period from one kernel's start to the next and the gap
 between one's end and the next's start (negative where kernels overlap, as programmatic dependent launch
 allows); then, without the profiler, the period of the same launches back to back (one event pair around
-all), the median of an event pair around each launch (what gemmgen.bench times), and the period again. Rounds alternate the order. Prints medians per kernel and writes kernel_trace.json to --out.
+all), the median of an event pair around each launch (what gemmgen.tune.bench times), and the period again. Rounds alternate the order. Prints medians per kernel and writes kernel_trace.json to --out.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def trace(run_one, launches: int, warmup_s: float) -> dict:
                       and "memset" not in e.name.lower() and "memcpy" not in e.name.lower()),
                      key=lambda e: e.time_range.start)
     # The same launches without the profiler: one event pair around all of them (the period), then a pair
-    # around each (what gemmgen.bench times), back to back.
+    # around each (what gemmgen.tune.bench times), back to back.
     # The batch is timed before and after the per-launch pairs, so a drift of the clock between the two phases
     # shows as two different periods.
     def batch() -> "tuple":
@@ -94,7 +94,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from gemmgen.device import Device
+    from gemmgen.runtime.device import Device
 
     variants = verified_builds(args.shapes, args.config)   # each verified first
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 def run_main(main: Callable[[], int], script: str) -> None:
     """Exit with main()'s status; an error the user can fix (no GPU, a bad argument) prints one line, exit 2."""
-    from gemmgen.errors import UserError
+    from gemmgen.model.errors import UserError
 
     try:
         sys.exit(main())

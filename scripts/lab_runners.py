@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ab_lab import build, stored_winner
-from gemmgen.arch import Arch
-from gemmgen.manifest import make_manifest
-from gemmgen.tiles import Kernel, TileConfig
+from gemmgen.model.arch import Arch
+from gemmgen.runtime.manifest import make_manifest
+from gemmgen.model.tiles import Kernel, TileConfig
 
 
 def verified_builds(shapes: str, config_files: "list[str]", override: "dict | None" = None) -> dict:
     """shape -> (problem, [(tag, manifest, cubin)]): each suite shape's stored winner and the --config files,
-    rendered with `override`, compiled, and kept only if verified (gemmgen.bench: fresh inputs, NaN-poisoned D)."""
-    from gemmgen.bench import GpuBenchmark
+    rendered with `override`, compiled, and kept only if verified (gemmgen.tune.bench: fresh inputs, NaN-poisoned D)."""
+    from gemmgen.tune.bench import GpuBenchmark
 
     variants = {}
     bench = GpuBenchmark(verify=True)

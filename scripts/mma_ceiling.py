@@ -5,7 +5,7 @@
 
 Two kernels. mma_loop, no memory traffic: every warp issues mma.sync.m16n8k16 (bf16 in, fp32 accumulate) on register
 operands, CHAINS independent accumulators deep, ITERS times; grids of 1-4 CTAs of 4-8 warps per SM. Timed with
-CUDA events through gemmgen.device, median of 7 launches after a warm-up; FLOP = warps x ITERS x CHAINS x 4096. The sums are
+CUDA events through gemmgen.runtime.device, median of 7 launches after a warm-up; FLOP = warps x ITERS x CHAINS x 4096. The sums are
 written out so nothing is dead code. Prints TFLOP/s per launch shape, and per SM and clock at the SM clock the
 driver reports (a bound: under load the card clocks lower). The ldsm_mma_* kernels add the family's main-loop
 mix step by step (ldmatrix, the k-tile barrier, cp.async fills in one burst or spread over the k16 steps, and the same fills
@@ -188,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(256) ldsm_mma_bulk_bar(float* out, 
 
 
 def manifest(entry: str, grid: int, block: int, iters: int) -> dict:
-    """A one-launch manifest for gemmgen.device: out as D, the copy source as B, iters as a scalar."""
+    """A one-launch manifest for gemmgen.runtime.device: out as D, the copy source as B, iters as a scalar."""
     return {"name": entry, "launches": [{
         "entry": entry, "grid": [grid, 1, 1], "block": [block, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0,
         "params": [{"name": "out", "kind": "tensor", "tensor": "D"},
@@ -200,8 +200,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
-    from gemmgen.device import Device
-    from gemmgen.nvrtc import compile_source
+    from gemmgen.runtime.device import Device
+    from gemmgen.codegen.nvrtc import compile_source
 
     cubin, log = compile_source("mma_loop", f"#define CHAINS {CHAINS}\n" + SOURCE,
                                 (f"--gpu-architecture={args.arch}", "-std=c++17", "--ptxas-options=-v"))

@@ -8,7 +8,7 @@ bf16, A and B row-major (A K-major, B MN-major), as the suite's odd3000. For eac
 CU_TENSOR_MAP_L2_PROMOTION_{NONE, L2_64B, L2_128B, L2_256B} (the tensor maps of A and B both), 3000^3 with
 A and B at ld 3000 (6000-byte rows), A only copied to ld 3008 (6016-byte rows), B only at ld 3008, both at
 3008; and 4096^3 (aligned control). D stays at ld N. The tensor maps are encoded here with the promotion as a
-parameter (otherwise as gemmgen.tma.encode); lda/ldb kernel scalars follow the padded strides.
+parameter (otherwise as gemmgen.runtime.tma.encode); lda/ldb kernel scalars follow the padded strides.
 
 Timing as scripts/odd_shapes_lab.py: each case a CUDA graph of REPS launches over rotated input sets (more
 bytes than the 50 MB L2), median of 3 replays per round, every case (cuBLAS included) interleaved in each
@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import hopper_lab as lab  # noqa: E402
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.families import sm90  # noqa: E402
-from gemmgen.manifest import operands_dict  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import Kernel, Schedule  # noqa: E402
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.families.sm90_wgmma import launch as sm90  # noqa: E402
+from gemmgen.runtime.manifest import operands_dict  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.model.tiles import Kernel, Schedule  # noqa: E402
 
 BUILD = ROOT / "lab_build" / "odd_promo"
 REPS, ROUNDS = 10, int(os.environ.get("ODD_ROUNDS", "9"))
@@ -66,9 +66,9 @@ def build() -> None:
 
 
 def encode(spec: dict, base_ptr: int, promotion: str) -> bytes:
-    """gemmgen.tma.encode's cuTensorMapEncodeTiled call with the L2 promotion as a parameter."""
+    """gemmgen.runtime.tma.encode's cuTensorMapEncodeTiled call with the L2 promotion as a parameter."""
     from cuda.bindings import driver
-    from gemmgen import tma
+    from gemmgen.runtime import tma
     tma.validate_spec(spec)
     promo = {"NONE": driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
              "64B": driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
@@ -104,7 +104,7 @@ def bind(runner, m, n, k, a_store, b_store, d, lda, ldb, promotion, sm_count=132
 def device() -> None:
     torch = lab._init_torch()
     from cuda.bindings import driver
-    from gemmgen import tma
+    from gemmgen.runtime import tma
     props = torch.cuda.get_device_properties(0)
     _, drv = driver.cuDriverGetVersion()
     header = {"device": props.name, "sms": props.multi_processor_count, "driver_api": drv,

@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import hopper_lab as lab  # noqa: E402
-from gemmgen.manifest import operands_dict
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.families import sm90  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import Kernel  # noqa: E402
+from gemmgen.runtime.manifest import operands_dict
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.families.sm90_wgmma import launch as sm90  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.model.tiles import Kernel  # noqa: E402
 
 BUILD = ROOT / "lab_build" / "odd"
 REPS, ROUNDS = 10, int(os.environ.get("ODD_ROUNDS", "7"))
@@ -78,7 +78,7 @@ def bind(runner, m, n, k, a_store, b_store, d, lda, ldb, ldd, sm_count=132):
 def device() -> None:
     torch = lab._init_torch()
     from cuda.bindings import driver
-    from gemmgen import tma
+    from gemmgen.runtime import tma
     props = torch.cuda.get_device_properties(0)
     _, drv = driver.cuDriverGetVersion()
     header = {"device": props.name, "sms": props.multi_processor_count, "driver_api": drv,

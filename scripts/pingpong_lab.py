@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from gemmgen.manifest import operands_dict
-from gemmgen.arch import Arch, DType  # noqa: E402
-from gemmgen.problem import Layout, Problem  # noqa: E402
-from gemmgen.tiles import Kernel, Schedule  # noqa: E402
-from gemmgen.families import sm90  # noqa: E402
+from gemmgen.runtime.manifest import operands_dict
+from gemmgen.model.arch import Arch, DType  # noqa: E402
+from gemmgen.model.problem import Layout, Problem  # noqa: E402
+from gemmgen.model.tiles import Kernel, Schedule  # noqa: E402
+from gemmgen.families.sm90_wgmma import launch as sm90  # noqa: E402
 import hopper_lab as lab  # noqa: E402
 
 BUILD = ROOT / "lab_build_pp"
@@ -65,7 +65,7 @@ def variants() -> "list[tuple[str, Kernel, str]]":
 
 
 def build() -> None:
-    from gemmgen.sass import dump_sass, instruction_counts
+    from gemmgen.codegen.sass import dump_sass, instruction_counts
     BUILD.mkdir(exist_ok=True)
     for label, kernel, role in variants():
         t0 = time.time()

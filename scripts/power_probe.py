@@ -11,7 +11,7 @@ shape (bf16, A and B row-major): the stored winner, each --config, all rendered 
 parameters, and cuBLAS (torch.matmul) on the same operands, each launched back to back for --seconds, in
 interleaved rounds. NVML (the driver's libnvidia-ml through ctypes) reads the energy counter before and after
 each run and samples the SM clock and the power every 20 ms; CUDA events time the run. Every kernel is verified
-once first (gemmgen.bench: fresh inputs, NaN-poisoned D, fp32 cuBLAS reference). Prints per kernel the median
+once first (gemmgen.tune.bench: fresh inputs, NaN-poisoned D, fp32 cuBLAS reference). Prints per kernel the median
 over rounds of: us per GEMM, TFLOP/s, mean W, median SM MHz, mJ per GEMM, and time and energy relative to cuBLAS;
 writes power_probe.json to --out.
 """
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from ab_lab import parse_value  # noqa: E402
-from gemmgen.errors import NoGpu  # noqa: E402
+from gemmgen.model.errors import NoGpu  # noqa: E402
 from lab_common import run_main, write_report  # noqa: E402
 from lab_runners import runners as make_runners, verified_builds  # noqa: E402
 
@@ -133,7 +133,7 @@ def main() -> int:
         name, value = item.split("=", 1)
         override[name] = parse_value(value)
 
-    from gemmgen.device import Device
+    from gemmgen.runtime.device import Device
 
     nvml = Nvml()   # fails with one line on a machine without a GPU driver, before anything compiles
     variants = verified_builds(args.shapes, args.config, override)   # each verified first

@@ -4,7 +4,7 @@
     PYTHONPATH=$PWD python3 scripts/space_check.py --out $OUT [--limit N] [--match _swap] [--watchdog 60]
 
 Each valid configuration (search_spaces/sm90_wgmma.yaml on the H100) is compiled with gemmgen's own render
-and NVRTC options, then run through gemmgen.worker (the tuner's measuring process: fresh random inputs, D and
+and NVRTC options, then run through gemmgen.tune.worker (the tuner's measuring process: fresh random inputs, D and
 workspace poisoned with NaN, relative error against cuBLAS, a watchdog that kills a hung kernel) on two odd
 problems, 1096x1000x200 and 640x2304x1544 (swapped configurations, which serve M up to their tile's N, on
 13x1000x200 and 16x2304x1544, or 30x... for 32-wide tiles). Layouts and dtypes rotate over the space (a layout a configuration
@@ -23,12 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen import constraints  # noqa: E402
-from gemmgen.arch import Arch, lookup_gpu  # noqa: E402
-from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.space import enumerate_space  # noqa: E402
-from gemmgen.tiles import Family, Kernel  # noqa: E402
+from gemmgen.families import rules as constraints  # noqa: E402
+from gemmgen.model.arch import Arch, lookup_gpu  # noqa: E402
+from gemmgen.runtime.manifest import make_manifest  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.rank.space import enumerate_space  # noqa: E402
+from gemmgen.model.tiles import Family, Kernel  # noqa: E402
 
 SHAPES = ((1096, 1000, 200), (640, 2304, 1544))
 SWAP_SHAPES = {16: ((13, 1000, 200), (16, 2304, 1544)), 32: ((13, 1000, 200), (30, 2304, 1544))}
@@ -61,8 +61,8 @@ def main() -> int:
     ap.add_argument("--match", default="", help="only configurations whose tag contains this (e.g. _swap)")
     ap.add_argument("--watchdog", type=float, default=60.0)
     args = ap.parse_args()
-    from gemmgen.nvrtc import CompileError, compile_many
-    from gemmgen.worker import WorkerBenchmark
+    from gemmgen.codegen.nvrtc import CompileError, compile_many
+    from gemmgen.tune.worker import WorkerBenchmark
 
     todo = cases(args.limit, args.match)
     t0 = time.time()

@@ -4,18 +4,18 @@
     PYTHONPATH=$PWD python3 scripts/streamk_lab.py --out $OUT [--rounds 3] [--only sq1024,odd3000]
 
 Compiles on the GPU machine (NVRTC, process pool), then:
-(a) correctness, each case in a watchdog worker (gemmgen.worker): every Stream-K tile shape on 3000^3; odd
+(a) correctness, each case in a watchdog worker (gemmgen.tune.worker): every Stream-K tile shape on 3000^3; odd
     M, N, K from {1, 17, 1000, 3000, 4097} in all four layouts; fewer tiles than SMs; K of one tile; a tile
     count that is a multiple of the grid (the data-parallel path alone); bias/GELU and beta epilogues; f16;
     range mode (last wave more than half full) on seven problems; then every timed kernel, so that a hang is
     the watchdog's (20 s) and not this process's.
-    gemmgen.bench's verification: fresh inputs, D and workspace NaN-poisoned, relative Frobenius error vs
+    gemmgen.tune.bench's verification: fresh inputs, D and workspace NaN-poisoned, relative Frobenius error vs
     an fp32 cuBLAS reference, NaN fails.
 (b) the flags' invariant: one binding run twice, D poisoned between the runs, the second result verified
     and the flag words read back (all zero after a complete run, or the next launch would misread them).
 (c) timing of the suite shapes (bf16, A and B row-major; --only picks shapes): the stored winner of each shape
     (results/h100-sxm/tunes) against the Stream-K variants, and cuBLAS re-timed in every round; rounds
-    interleave all cases; gemmgen.bench's timing (events, warm-up, rotated inputs, median).
+    interleave all cases; gemmgen.tune.bench's timing (events, warm-up, rotated inputs, median).
 Prints a short table last and writes streamk_lab.json to --out.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.manifest import make_manifest, workspace_zero  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import Kernel, TileConfig  # noqa: E402
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.runtime.manifest import make_manifest, workspace_zero  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.model.tiles import Kernel, TileConfig  # noqa: E402
 
 from ab_lab import SUITE  # noqa: E402  (the suite's shapes: one list for the lab scripts)
 
@@ -96,8 +96,8 @@ def correctness_cases() -> "list[tuple[str, Problem, TileConfig]]":
          SK["sk128x128s6"]),
         ("range 4096x4096x14336 rr", Problem.create(4096, 4096, 14336, "bf16"), SK["sk128x256s4"]),
     ]
-    from gemmgen.arch import lookup_gpu
-    from gemmgen.constraints import check
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.families.rules import check
 
     gpu = lookup_gpu("h100")
     return [c for c in cases if not check(c[2], gpu, Arch.SM90A, c[1])]
@@ -142,7 +142,7 @@ def timing_cases(only: "set[str] | None") -> "list[tuple[str, str, Problem, Tile
 
 
 def compile_all(kernels: "list[Kernel]") -> dict:
-    from gemmgen.nvrtc import compile_many
+    from gemmgen.codegen.nvrtc import compile_many
 
     unique = {}
     for k in kernels:
@@ -183,7 +183,7 @@ def main() -> int:
         return make_manifest(kernel, problem, c), c.cubin
 
     # (a) correctness, behind the watchdog
-    from gemmgen.worker import WorkerBenchmark
+    from gemmgen.tune.worker import WorkerBenchmark
 
     results = []
     if checks:
@@ -204,8 +204,8 @@ def main() -> int:
     report["correctness"] = results
 
     # (b) the flags' invariant, and (c) timing, in this process
-    from gemmgen.bench import GpuBenchmark, threshold, verdict
-    from gemmgen.reference import compare
+    from gemmgen.tune.bench import GpuBenchmark, threshold, verdict
+    from gemmgen.tune.reference import compare
 
     bench = GpuBenchmark(verify=False)
     dev = bench.device

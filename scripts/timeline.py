@@ -7,7 +7,7 @@ For each suite shape's stored sm90 winner (results/h100-sxm/tunes, bf16, A and B
 the template is rendered with its `timeline` lab switch (plus any --set): thread 0 of each CTA stamps kernel
 entry and the end of the start barrier; consumer warpgroup 0's first thread stamps the first full stage, the end
 of each tile's main loop and of its epilogue (first 16 tiles), and its exit. The kernel runs once to warm up,
-then --runs times with the stamps read back after each; D is checked against cuBLAS once (gemmgen.bench's
+then --runs times with the stamps read back after each; D is checked against cuBLAS once (gemmgen.tune.bench's
 worker). Prints, per shape, medians over CTAs and runs: launch skew, start-up, first data, main loop per tile,
 the boxes' fill and the epilogue per tile, the SM clock (%clock64 over %globaltimer) and the main
 loop's FLOP per SM clock (wgmma's peak is 4096 for 16-bit inputs), and the first and last CTA exits from the
@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from lab_common import write_report  # noqa: E402
 from ab_lab import build, parse_value, stored_winner  # noqa: E402
-from gemmgen.arch import Arch  # noqa: E402
-from gemmgen.families import sm90  # noqa: E402
-from gemmgen.manifest import make_manifest  # noqa: E402
-from gemmgen.tiles import Family, Kernel  # noqa: E402
+from gemmgen.model.arch import Arch  # noqa: E402
+from gemmgen.families.sm90_wgmma import launch as sm90  # noqa: E402
+from gemmgen.runtime.manifest import make_manifest  # noqa: E402
+from gemmgen.model.tiles import Family, Kernel  # noqa: E402
 
 TL_TILES = 16                # the template's TL_TILES
 TL_SLOTS = 4 + 3 * TL_TILES  # the template's TL_SLOTS
@@ -90,8 +90,8 @@ def main() -> int:
 
     import numpy as np
 
-    from gemmgen.bench import GpuBenchmark
-    from gemmgen.device import Device
+    from gemmgen.tune.bench import GpuBenchmark
+    from gemmgen.runtime.device import Device
 
     report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "override": override,
               "shapes": {}}
@@ -133,7 +133,7 @@ def main() -> int:
             dev.unload(module)
             print(f"{shape}: {cfg.tag} grid {grid}: {report['shapes'][shape]['median']}", flush=True)
 
-    # The stamps must not change the answer: the same kernel verified once against cuBLAS (gemmgen.bench).
+    # The stamps must not change the answer: the same kernel verified once against cuBLAS (gemmgen.tune.bench).
     bench = GpuBenchmark(verify=True)
     for shape, row in report["shapes"].items():
         problem, manifest, cubin = built[shape]

@@ -48,21 +48,21 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def h100():
-    from gemmgen.arch import lookup_gpu
+    from gemmgen.model.arch import lookup_gpu
 
     return lookup_gpu("h100")
 
 
 @pytest.fixture
 def rtx3090():
-    from gemmgen.arch import lookup_gpu
+    from gemmgen.model.arch import lookup_gpu
 
     return lookup_gpu("rtx3090")
 
 
 def make_config(family, cta, warp, mma, stages, **extra):
     """A TileConfig from the same loose fields a YAML file gives."""
-    from gemmgen.tiles import TileConfig
+    from gemmgen.model.tiles import TileConfig
 
     return TileConfig.from_dict({"family": family, "cta": cta, "warp": warp, "mma": mma, "stages": stages, **extra})
 

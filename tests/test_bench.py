@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen import bench
-from gemmgen.bench import GpuBenchmark, Measurement, TimingPolicy
-from gemmgen.errors import InvalidInput
-from gemmgen.problem import Problem
-from gemmgen.reference import naive_manifest
+from gemmgen.tune import bench
+from gemmgen.tune.bench import GpuBenchmark, Measurement, TimingPolicy
+from gemmgen.model.errors import InvalidInput
+from gemmgen.model.problem import Problem
+from gemmgen.tune.reference import naive_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,14 +121,14 @@ def gpu_bench():
 
 @functools.lru_cache(maxsize=1)
 def _device_cc():
-    from gemmgen.device import Device
+    from gemmgen.runtime.device import Device
 
     with Device() as dev:
         return dev.props.cc
 
 
 def _naive(problem, fault="none", splits=1):
-    from gemmgen.reference import naive_cubin
+    from gemmgen.tune.reference import naive_cubin
 
     return naive_manifest(problem, fault, splits), naive_cubin(problem, _device_cc(), fault, splits)
 
@@ -177,8 +177,8 @@ def test_cublas_is_timed_when_torch_is_there(gpu_bench):
 @pytest.mark.gpu
 def test_illegal_address_is_a_failed_measurement_and_marks_the_worker_unhealthy():
     code = textwrap.dedent("""
-        from gemmgen.bench import GpuBenchmark
-        from gemmgen.problem import Problem
+        from gemmgen.tune.bench import GpuBenchmark
+        from gemmgen.model.problem import Problem
         from tests.test_bench import _naive
         p = Problem.create(64, 64, 64)
         b = GpuBenchmark()

@@ -2,12 +2,12 @@
 
 import pytest
 
-from gemmgen.arch import lookup_gpu
-from gemmgen.calibrate import calibrate, ranks, spearman
-from gemmgen.intensity import predict
-from gemmgen.problem import Problem
-from gemmgen.space import enumerate_space
-from gemmgen.tiles import Family
+from gemmgen.model.arch import lookup_gpu
+from gemmgen.tune.calibrate import calibrate, ranks, spearman
+from gemmgen.calc.intensity import predict
+from gemmgen.model.problem import Problem
+from gemmgen.rank.space import enumerate_space
+from gemmgen.model.tiles import Family
 
 GPU = lookup_gpu("h100")
 

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from gemmgen.arch import Gpu, catalogue, lookup_gpu
-from gemmgen.detect import Detected, detect_gpu, match_name
-from gemmgen.errors import InvalidInput
+from gemmgen.model.arch import Gpu, catalogue, lookup_gpu
+from gemmgen.runtime.detect import Detected, detect_gpu, match_name
+from gemmgen.model.errors import InvalidInput
 
 REQUIRED = ["h100-sxm", "h100-pcie", "h200", "a100-sxm", "a100-pcie", "l40s", "l20", "rtx4090", "rtx3090"]
 
@@ -74,7 +74,7 @@ def test_variants_and_unknown_devices_do_not_match(device_name, sms):
 
 
 def test_detection_without_a_driver_says_so_plainly(monkeypatch):
-    import gemmgen.detect as detect
+    import gemmgen.runtime.detect as detect
 
     monkeypatch.setattr(detect, "read_props", lambda device=0: ({}, "no CUDA driver found (libcuda.so not loadable)"))
     found = detect_gpu()
@@ -82,7 +82,7 @@ def test_detection_without_a_driver_says_so_plainly(monkeypatch):
 
 
 def test_detection_matches_reported_properties_to_the_catalogue(monkeypatch):
-    import gemmgen.detect as detect
+    import gemmgen.runtime.detect as detect
 
     props = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "cc_major": 9, "cc_minor": 0}
     monkeypatch.setattr(detect, "read_props", lambda device=0: (props, ""))

@@ -163,7 +163,7 @@ def test_python_m_gemmgen_intensity_reproduces_the_seed_table():
 
 
 def test_roofline_without_gpu_on_a_machine_without_one_says_so(capsys, monkeypatch):
-    import gemmgen.detect as detect
+    import gemmgen.runtime.detect as detect
 
     monkeypatch.setattr(detect, "read_props", lambda device=0: ({}, "no CUDA driver found (libcuda.so not loadable)"))
     code, _, err = run_cli(capsys, "roofline", "64", "64", "64")

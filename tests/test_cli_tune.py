@@ -38,9 +38,9 @@ def one_line_error(capsys, argv) -> str:
 
 def replay_file(tmp_path, problem_args=("256", "256", "256"), dtype="bf16", hang=()):
     """Replayed timings for the real search space: the real model's time x 1.5 (synthetic)."""
-    from gemmgen.arch import lookup_gpu
-    from gemmgen.problem import Problem
-    from gemmgen.search import default_engines
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.tune.search import default_engines
 
     gpu = lookup_gpu("h100")
     problem = Problem.create(*problem_args, dtype)
@@ -122,7 +122,7 @@ def test_a_truncated_sqlite_file_is_a_one_line_error(capsys, tmp_path):
 
 
 def test_a_locked_database_is_a_one_line_error(capsys, tmp_path):
-    from gemmgen.search import open_storage
+    from gemmgen.tune.search import open_storage
 
     db = tmp_path / "studies.db"
     open_storage(f"sqlite:///{db}").engine.dispose()  # a valid Optuna database
@@ -139,11 +139,11 @@ def test_a_locked_database_is_a_one_line_error(capsys, tmp_path):
 
 def _sass_tools():
     try:
-        from gemmgen.sass import find_tool
+        from gemmgen.codegen.sass import find_tool
 
         find_tool("cuobjdump")
         find_tool("nvdisasm")
-        import gemmgen.nvrtc  # noqa: F401
+        import gemmgen.codegen.nvrtc  # noqa: F401
         from cuda.bindings import nvrtc  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any missing piece means: skip, saying which
         return f"{type(exc).__name__}: {exc}"
@@ -154,10 +154,10 @@ def test_dry_run_exports_the_models_pick_with_sass_of_its_family(capsys, tmp_pat
     missing = _sass_tools()
     if missing:
         pytest.skip(f"NVRTC or cuobjdump unavailable: {missing}")
-    from gemmgen.arch import lookup_gpu
-    from gemmgen.problem import Problem
-    from gemmgen.sass import dump_sass, instruction_counts
-    from gemmgen.space import default_config
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.codegen.sass import dump_sass, instruction_counts
+    from gemmgen.rank.space import default_config
 
     out = tmp_path / "bundle"
     assert main(["tune", "4096", "4096", "4096", "--gpu", "h100", "--dry-run", "--out", str(out),
@@ -216,9 +216,9 @@ def test_replayed_tune_with_sustained_timing_reports_each_finalist_round(capsys,
     err = capsys.readouterr().err
     assert "re-measuring the best 2 interleaved, 2 rounds (sustained timing, after one settling round)" in err
     assert "  round 1/2; leading " in err and "  round 2/2; leading " in err
-    from gemmgen.arch import lookup_gpu
-    from gemmgen.problem import Problem
-    from gemmgen.results import record_path
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.tune.results import record_path
     record = json.loads(record_path(lookup_gpu("h100"), Problem.create(256, 256, 256), simulated=True).read_text())
     assert record["search"]["finalist_timing"] == "sustained"
 
@@ -304,9 +304,9 @@ def test_a_replayed_tune_never_overwrites_a_gpu_record_nor_joins_its_study(capsy
     Simulated tunes now keep their own records (tunes-replay/) and default study file."""
     if _sass_tools():
         pytest.skip("NVRTC unavailable")
-    from gemmgen.arch import lookup_gpu
-    from gemmgen.problem import Problem
-    from gemmgen.results import record_path
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.tune.results import record_path
 
     gpu, problem = lookup_gpu("h100"), Problem.create(256, 256, 256)
     real = record_path(gpu, problem)

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen import device
-from gemmgen.errors import CudaError, InvalidInput, NoGpu
-from gemmgen.problem import Problem
-from gemmgen.reference import naive_manifest
+from gemmgen.runtime import device
+from gemmgen.model.errors import CudaError, InvalidInput, NoGpu
+from gemmgen.model.problem import Problem
+from gemmgen.tune.reference import naive_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,7 +149,7 @@ def test_pack_params_encodes_tensormaps_through_the_encoder():
 
 def test_pack_params_without_an_encoder_says_tma_is_needed():
     spec = {"name": "tmA", "kind": "tensormap", "tensor": "A"}
-    with pytest.raises(InvalidInput, match="gemmgen.tma"):
+    with pytest.raises(InvalidInput, match="gemmgen.runtime.tma"):
         device.pack_params([spec], {"A": 16})
 
 
@@ -233,7 +233,7 @@ def test_device_random_fill_is_uniform_seeded_and_never_zero(dev, dtype):
 
 def _run_naive(dev, problem, splits=1, fault="none"):
     """Launch the naive ABI kernel from its manifest; return D (fp32 host) and the float64 reference."""
-    from gemmgen.reference import naive_cubin
+    from gemmgen.tune.reference import naive_cubin
 
     manifest = naive_manifest(problem, fault, splits)
     module = dev.load(naive_cubin(problem, dev.props.cc, fault, splits))
@@ -273,8 +273,8 @@ def test_manifest_launch_computes_the_product(dev, a, b, splits):
 def test_out_of_bounds_write_surfaces_as_sticky_cuda_error_naming_the_call():
     """Run in a child: an illegal address ruins the context for the rest of its process."""
     code = textwrap.dedent("""
-        from gemmgen import device
-        from gemmgen.problem import Problem
+        from gemmgen.runtime import device
+        from gemmgen.model.problem import Problem
         from tests.test_device import _run_naive
         with device.Device() as dev:
             try:

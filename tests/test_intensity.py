@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from conftest import make_config
-from gemmgen.errors import InvalidConfig
-from gemmgen.intensity import (SEED_MMA, SEED_PEAK_PER_SM, SEED_WARP_SHAPES, cta_level, footprint, mma_level,
+from gemmgen.model.errors import InvalidConfig
+from gemmgen.calc.intensity import (SEED_MMA, SEED_PEAK_PER_SM, SEED_WARP_SHAPES, cta_level, footprint, mma_level,
                                predict, roofline, seed_table, smem_level, warp_level)
-from gemmgen.problem import Problem
-from gemmgen.tiles import Family, RasterOrder, Shape3
+from gemmgen.model.problem import Problem
+from gemmgen.model.tiles import Family, RasterOrder, Shape3
 
 # The seed note's table (../shared/seeds/003_182f5c76a6b8b523.txt), as printed there.
 SEED_TABLE = [
@@ -184,7 +184,7 @@ def test_footprint_of_a_wave_under_rasterization(wave, order, group, expected):
 
 
 def test_calculator_imports_neither_cuda_python_nor_optuna():
-    code = ("import sys, gemmgen.intensity, gemmgen.detect, gemmgen.commands.roofline; "
+    code = ("import sys, gemmgen.calc.intensity, gemmgen.runtime.detect, gemmgen.cli.roofline; "
             "bad = [m for m in sys.modules if m.startswith(('cuda', 'optuna', 'matplotlib'))]; print(bad); "
             "sys.exit(1 if bad else 0)")
     root = Path(__file__).resolve().parent.parent

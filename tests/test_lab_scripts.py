@@ -13,11 +13,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 def test_space_check_covers_every_sm90_configuration_twice_with_feasible_layouts():
     import space_check
-    from gemmgen import constraints
-    from gemmgen.arch import Arch, lookup_gpu
-    from gemmgen.problem import Problem
-    from gemmgen.space import enumerate_space
-    from gemmgen.tiles import Family
+    from gemmgen.families import rules as constraints
+    from gemmgen.model.arch import Arch, lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.rank.space import enumerate_space
+    from gemmgen.model.tiles import Family
 
     runs = space_check.cases(0)
     configs = enumerate_space(Family.SM90_WGMMA, lookup_gpu("h100"), Arch.SM90A, operands=Problem.create(8, 8, 8).operands)
@@ -35,8 +35,8 @@ def test_space_check_covers_every_sm90_configuration_twice_with_feasible_layouts
 @pytest.mark.slow
 def test_mma_ceiling_kernels_are_mma_sync_and_ldmatrix_without_local_memory():
     import mma_ceiling
-    from gemmgen.nvrtc import compile_source
-    from gemmgen.sass import count_prefix, dump_sass, instruction_counts
+    from gemmgen.codegen.nvrtc import compile_source
+    from gemmgen.codegen.sass import count_prefix, dump_sass, instruction_counts
 
     cubin, log = compile_source("mma_loop", f"#define CHAINS {mma_ceiling.CHAINS}\n" + mma_ceiling.SOURCE,
                                 ("--gpu-architecture=sm_90a", "-std=c++17", "--ptxas-options=-v"))
@@ -50,9 +50,9 @@ def test_mma_ceiling_kernels_are_mma_sync_and_ldmatrix_without_local_memory():
 
 def test_ab_lab_launch_grid_resizes_the_persistent_grid_in_whole_clusters():
     import ab_lab
-    from gemmgen.arch import Arch
-    from gemmgen.manifest import make_manifest
-    from gemmgen.tiles import Kernel
+    from gemmgen.model.arch import Arch
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.model.tiles import Kernel
 
     for shape in ("sq4096", "llm_qkv"):
         problem, config = ab_lab.stored_winner(shape)
@@ -69,8 +69,8 @@ def test_ab_lab_launch_grid_resizes_the_persistent_grid_in_whole_clusters():
 def test_ab_lab_deferred_and_spread_stores_compile_without_spills(mode):
     # epi_defer_store 1: all of a warp's boxes after the next tile's first k-tile; 2: one box per k-tile.
     import ab_lab
-    from gemmgen.arch import Arch
-    from gemmgen.tiles import Kernel
+    from gemmgen.model.arch import Arch
+    from gemmgen.model.tiles import Kernel
 
     from dataclasses import replace
     problem, config = ab_lab.stored_winner("sq4096")
@@ -86,10 +86,10 @@ def test_ab_lab_deferred_and_spread_stores_compile_without_spills(mode):
 def test_hopper_lab_encodes_the_d_tensor_map_the_launch_asks_for():
     # hopper_lab.py predated TMA stores and launched them without tmD; its launches now carry every map.
     import hopper_lab
-    from gemmgen.arch import Arch
-    from gemmgen.families import sm90
-    from gemmgen.problem import Problem
-    from gemmgen.tiles import Kernel
+    from gemmgen.model.arch import Arch
+    from gemmgen.families.sm90_wgmma import launch as sm90
+    from gemmgen.model.problem import Problem
+    from gemmgen.model.tiles import Kernel
 
     class FakeTma:
         @staticmethod
@@ -159,8 +159,8 @@ def test_ab_lab_refuses_lab_switches_that_would_leave_the_store_warp_waiting():
     import ab_lab
     from dataclasses import replace
 
-    from gemmgen.arch import Arch
-    from gemmgen.tiles import Kernel
+    from gemmgen.model.arch import Arch
+    from gemmgen.model.tiles import Kernel
 
     problem, config = ab_lab.stored_winner("sq4096")
     kernel = Kernel(Arch.SM90A, problem.operands, replace(config, store_warp=True))
@@ -172,9 +172,9 @@ def test_ab_lab_refuses_lab_switches_that_would_leave_the_store_warp_waiting():
 def test_kernel_trace_exits_2_with_one_line_without_a_driver():
     import subprocess
 
-    from gemmgen.errors import NoGpu
+    from gemmgen.model.errors import NoGpu
     try:
-        from gemmgen.device import Device
+        from gemmgen.runtime.device import Device
         Device().open().close()
         pytest.skip("a CUDA driver is present: this check is for machines without one")
     except NoGpu:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import gemmgen
-from gemmgen.errors import InvalidInput
-from gemmgen.loader import ArrayInfo, check_operand, describe_array, find_manifest, read_bundle
-from gemmgen.problem import Problem
-from gemmgen.reference import naive_manifest
+from gemmgen.model.errors import InvalidInput
+from gemmgen.runtime.loader import ArrayInfo, check_operand, describe_array, find_manifest, read_bundle
+from gemmgen.model.problem import Problem
+from gemmgen.tune.reference import naive_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,8 +98,8 @@ def test_c_and_bias_must_match_how_the_kernel_was_built(tmp_path):
 # --- on the GPU -------------------------------------------------------------------------------------
 
 def _gpu_bundle(folder: Path, problem: Problem, splits: int = 1) -> Path:
-    from gemmgen.device import Device
-    from gemmgen.reference import naive_cubin
+    from gemmgen.runtime.device import Device
+    from gemmgen.tune.reference import naive_cubin
 
     with Device() as dev:
         cc = dev.props.cc
@@ -173,11 +173,11 @@ def test_standalone_script_launches_a_bundle_from_its_manifest(tmp_path, splits)
 def test_standalone_script_launches_an_sm90_bundle_with_its_tensor_maps(tmp_path, cluster):
     # The sm90 ABI: tmA, tmB and (TMA-store epilogue) tmD encoded by the launcher from the manifest's specs.
     pytest.importorskip("torch")
-    from gemmgen.arch import Arch
-    from gemmgen.device import Device
-    from gemmgen.manifest import make_manifest
-    from gemmgen.nvrtc import compile_kernel
-    from gemmgen.tiles import Kernel, TileConfig
+    from gemmgen.model.arch import Arch
+    from gemmgen.runtime.device import Device
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.codegen.nvrtc import compile_kernel
+    from gemmgen.model.tiles import Kernel, TileConfig
 
     with Device() as dev:
         if dev.props.cc != (9, 0):

@@ -12,12 +12,12 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemmgen.arch import Arch, DType, catalogue
-from gemmgen.constraints import check, ctas_per_sm, regs_allocated, regs_estimate, smem_bytes, validate
-from gemmgen.errors import InvalidConfig, Violation
-from gemmgen.intensity import predict
-from gemmgen.problem import Layout, Operands, Problem
-from gemmgen.tiles import (Cluster, DecompKind, Decomposition, Family, Kernel, Raster, RasterOrder, Shape3,
+from gemmgen.model.arch import Arch, DType, catalogue
+from gemmgen.families.rules import check, ctas_per_sm, regs_allocated, regs_estimate, smem_bytes, validate
+from gemmgen.model.errors import InvalidConfig, Violation
+from gemmgen.calc.intensity import predict
+from gemmgen.model.problem import Layout, Operands, Problem
+from gemmgen.model.tiles import (Cluster, DecompKind, Decomposition, Family, Kernel, Raster, RasterOrder, Shape3,
                            SmemLayout, TileConfig)
 
 GPUS = sorted(catalogue().values(), key=lambda g: g.key)

@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from gemmgen import nvrtc
-from gemmgen.arch import Arch, lookup_gpu
-from gemmgen.errors import CompileError
-from gemmgen.nvrtc import Compiled, compile_kernel, compile_many, compile_source, parse_ptxas_log
-from gemmgen.problem import Operands
-from gemmgen.space import enumerate_space
-from gemmgen.tiles import Family, Kernel, Shape3, TileConfig
+from gemmgen.codegen import nvrtc
+from gemmgen.model.arch import Arch, lookup_gpu
+from gemmgen.model.errors import CompileError
+from gemmgen.codegen.nvrtc import Compiled, compile_kernel, compile_many, compile_source, parse_ptxas_log
+from gemmgen.model.problem import Operands
+from gemmgen.rank.space import enumerate_space
+from gemmgen.model.tiles import Family, Kernel, Shape3, TileConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

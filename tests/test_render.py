@@ -8,12 +8,12 @@ from dataclasses import replace
 import jinja2
 import pytest
 
-from gemmgen import constraints
-from gemmgen.arch import Arch, DType
-from gemmgen.errors import InvalidConfig
-from gemmgen.problem import Activation, Layout, Operands
-from gemmgen.render import environment, render, render_unchecked, template_context
-from gemmgen.tiles import (DecompKind, Decomposition, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout,
+from gemmgen.families import rules as constraints
+from gemmgen.model.arch import Arch, DType
+from gemmgen.model.errors import InvalidConfig
+from gemmgen.model.problem import Activation, Layout, Operands
+from gemmgen.codegen.render import environment, render, render_unchecked, template_context
+from gemmgen.model.tiles import (DecompKind, Decomposition, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout,
                            TileConfig)
 
 BASE = TileConfig(Family.SM80_MMA, Shape3(128, 256, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 3)

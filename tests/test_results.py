@@ -13,7 +13,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import test_search as ts  # noqa: E402  (the synthetic space, model and replayed timings)
 
-from gemmgen.problem import Problem  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,7 @@ def _results_dir(tmp_path, monkeypatch):
 
 
 def test_atomic_write_leaves_only_the_final_file(tmp_path):
-    from gemmgen.results import write_json_atomic
+    from gemmgen.tune.results import write_json_atomic
 
     path = write_json_atomic(tmp_path / "a" / "r.json", {"x": 1})
     write_json_atomic(path, {"x": 2})
@@ -45,8 +45,8 @@ class Peeking(ts.Recorded):
 
 
 def test_record_is_written_during_the_tune_and_holds_everything_at_the_end(tmp_path):
-    from gemmgen.results import record_path
-    from gemmgen.search import tune
+    from gemmgen.tune.results import record_path
+    from gemmgen.tune.search import tune
 
     path = record_path(ts.GPU, ts.PROBLEM)
     bench = Peeking(path, delay_s=0.35)
@@ -73,14 +73,14 @@ def test_record_is_written_during_the_tune_and_holds_everything_at_the_end(tmp_p
 
 
 def _store(tmp_path, problem):
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     return tune(problem, ts.GPU, ts.Recorded(), ts.options(tmp_path, trials=3, top_k=3, rounds=1, finalists=1),
                 engines=ts.engines())
 
 
 def test_lookup_answers_the_exact_problem_or_the_nearest_shape_and_says_which(tmp_path):
-    from gemmgen.results import NothingStored, lookup
+    from gemmgen.tune.results import NothingStored, lookup
 
     with pytest.raises(NothingStored):
         lookup(ts.PROBLEM, ts.GPU)
@@ -101,7 +101,7 @@ def test_lookup_answers_the_exact_problem_or_the_nearest_shape_and_says_which(tm
 
 
 def test_lookup_skips_unreadable_records(tmp_path):
-    from gemmgen.results import gpu_dir, lookup
+    from gemmgen.tune.results import gpu_dir, lookup
 
     _store(tmp_path, ts.PROBLEM)
     (gpu_dir(ts.GPU) / "tunes" / "broken.json").write_text("{not json")
@@ -109,9 +109,9 @@ def test_lookup_skips_unreadable_records(tmp_path):
 
 
 def test_export_bundle_writes_cubin_source_and_manifest(tmp_path):
-    from gemmgen.export import export_bundle
-    from gemmgen.results import fingerprint
-    from gemmgen.tiles import Kernel
+    from gemmgen.tune.export import export_bundle
+    from gemmgen.tune.results import fingerprint
+    from gemmgen.model.tiles import Kernel
 
     config = ts.ranking()[0].config
     kernel = Kernel(ts.GPU.arch, ts.PROBLEM.operands, config)
@@ -128,7 +128,7 @@ def test_export_bundle_writes_cubin_source_and_manifest(tmp_path):
 
 
 def test_lookup_prefers_a_held_winner_that_fits_the_question_and_says_when_none_does(tmp_path):
-    from gemmgen.results import gpu_dir, lookup
+    from gemmgen.tune.results import gpu_dir, lookup
 
     _store(tmp_path, ts.PROBLEM)
     tunes = gpu_dir(ts.GPU) / "tunes"

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from gemmgen.arch import Arch, lookup_gpu
-from gemmgen.nvrtc import compile_kernel
-from gemmgen.problem import Problem
-from gemmgen.sass import count_prefix, dump_sass, instruction_counts
-from gemmgen.space import default_config
-from gemmgen.tiles import Kernel
+from gemmgen.model.arch import Arch, lookup_gpu
+from gemmgen.codegen.nvrtc import compile_kernel
+from gemmgen.model.problem import Problem
+from gemmgen.codegen.sass import count_prefix, dump_sass, instruction_counts
+from gemmgen.rank.space import default_config
+from gemmgen.model.tiles import Kernel
 
 H100 = lookup_gpu("h100")
 

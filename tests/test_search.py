@@ -23,11 +23,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.arch import lookup_gpu  # noqa: E402
-from gemmgen.constraints import check  # noqa: E402
-from gemmgen.errors import CompileError  # noqa: E402
-from gemmgen.problem import Problem  # noqa: E402
-from gemmgen.tiles import TileConfig  # noqa: E402
+from gemmgen.model.arch import lookup_gpu  # noqa: E402
+from gemmgen.families.rules import check  # noqa: E402
+from gemmgen.model.errors import CompileError  # noqa: E402
+from gemmgen.model.problem import Problem  # noqa: E402
+from gemmgen.model.tiles import TileConfig  # noqa: E402
 
 RECORDED = HERE / "data" / "recorded_timings.json"
 GPU = lookup_gpu("h100")
@@ -91,7 +91,7 @@ def fake_manifest(kernel, problem, compiled):
 
 
 def engines(fail_compile=()):
-    from gemmgen.search import Engines
+    from gemmgen.tune.search import Engines
 
     return Engines(synthetic_space, synthetic_predict, CountingCompiler(fail_compile), fake_manifest,
                    lambda: "13.5-fake")
@@ -101,7 +101,7 @@ class Recorded:
     """In-process replay of the recorded timings that counts measure() calls per tag."""
 
     def __init__(self, path=RECORDED, overrides=None, delay_s=0.0):
-        from gemmgen.worker import ReplayBenchmark
+        from gemmgen.tune.worker import ReplayBenchmark
 
         self.replay = ReplayBenchmark(path)
         self.replay.timings = dict(self.replay.timings, **(overrides or {}))
@@ -124,13 +124,13 @@ class Recorded:
 
 
 def ranking():
-    from gemmgen.search import rank_configs
+    from gemmgen.tune.search import rank_configs
 
     return rank_configs(synthetic_space(PROBLEM, GPU, GPU.arch), PROBLEM, GPU, synthetic_predict)
 
 
 def options(tmp_path, **kw):
-    from gemmgen.search import TuneOptions
+    from gemmgen.tune.search import TuneOptions
 
     base = dict(trials=12, patience=None, top_k=6, sampler="random", seed=7, finalists=2, rounds=3,
                 storage=f"sqlite:///{tmp_path / 'studies.db'}")
@@ -152,7 +152,7 @@ def load_study(tmp_path, result):
 # --- the space encoding ----------------------------------------------------------------------
 
 def test_every_valid_config_round_trips_through_its_parameters():
-    from gemmgen.search import SearchSpace
+    from gemmgen.tune.search import SearchSpace
 
     configs = synthetic_space(PROBLEM, GPU, GPU.arch)
     space = SearchSpace(configs, lambda c: check(c, GPU, GPU.arch, PROBLEM))
@@ -166,7 +166,7 @@ def test_every_valid_config_round_trips_through_its_parameters():
 def test_infeasible_point_is_explained_by_the_rule_it_breaks():
     import optuna
 
-    from gemmgen.search import SearchSpace
+    from gemmgen.tune.search import SearchSpace
 
     configs = synthetic_space(PROBLEM, GPU, GPU.arch)
     space = SearchSpace(configs[:-1], lambda c: check(c, GPU, GPU.arch, PROBLEM))
@@ -183,7 +183,7 @@ def test_infeasible_point_is_explained_by_the_rule_it_breaks():
 # --- ranking and enqueueing ------------------------------------------------------------------
 
 def test_model_top_k_is_measured_first_in_model_order(tmp_path):
-    from gemmgen.search import model_top, tune
+    from gemmgen.tune.search import model_top, tune
 
     bench = Recorded()
     result = tune(PROBLEM, GPU, bench, options(tmp_path, trials=8, top_k=6), engines=engines())
@@ -196,7 +196,7 @@ def test_model_top_k_is_measured_first_in_model_order(tmp_path):
 
 
 def test_top_k_takes_at_most_a_quarter_per_tile_so_the_tile_choice_is_tested():
-    from gemmgen.search import model_top
+    from gemmgen.tune.search import model_top
 
     top = model_top(ranking(), 8)
     tiles = [(r.config.cta, r.config.warp) for r in top]
@@ -206,7 +206,7 @@ def test_top_k_takes_at_most_a_quarter_per_tile_so_the_tile_choice_is_tested():
 
 
 def test_infeasible_samples_are_pruned_uncompiled_and_do_not_count_as_trials(tmp_path):
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     eng = engines()
     result = tune(PROBLEM, GPU, Recorded(), options(tmp_path, trials=15, top_k=0), engines=eng)
@@ -223,8 +223,8 @@ def test_infeasible_samples_are_pruned_uncompiled_and_do_not_count_as_trials(tmp
 def test_a_sampler_that_repeats_itself_gives_way_to_the_models_next_pick(tmp_path, monkeypatch):
     import optuna
 
-    from gemmgen import search
-    from gemmgen.search import SearchSpace, tune
+    from gemmgen.tune import search
+    from gemmgen.tune.search import SearchSpace, tune
 
     configs = synthetic_space(PROBLEM, GPU, GPU.arch)
     stuck = ranking()[-1].config  # the model's last choice, proposed over and over
@@ -242,7 +242,7 @@ def test_a_sampler_that_repeats_itself_gives_way_to_the_models_next_pick(tmp_pat
 # --- stop rules ------------------------------------------------------------------------------
 
 def test_stops_at_the_trial_budget(tmp_path):
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     bench = Recorded()
     result = tune(PROBLEM, GPU, bench, options(tmp_path, trials=10, rounds=2), engines=engines())
@@ -257,7 +257,7 @@ def test_stops_at_the_trial_budget(tmp_path):
 def test_a_rerun_measures_model_picks_that_earlier_runs_never_tried_even_with_the_budget_spent(tmp_path):
     # e.g. configurations added to the search space: trials carried from earlier runs fill --trials, yet the
     # model's new picks must still be measured, or a grown space is never explored.
-    from gemmgen.search import model_top, tune
+    from gemmgen.tune.search import model_top, tune
 
     first = Recorded()
     tune(PROBLEM, GPU, first, options(tmp_path, trials=4, top_k=4, rounds=2, finalists=1), engines=engines())
@@ -275,7 +275,7 @@ def test_a_rerun_measures_model_picks_that_earlier_runs_never_tried_even_with_th
 
 
 def test_stops_after_patience_trials_without_improvement(tmp_path):
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     # Every kernel but the model's first is slow: the first trial is the best, and stays it.
     best = ranking()[0].config.tag
@@ -290,7 +290,7 @@ def test_stops_after_patience_trials_without_improvement(tmp_path):
 
 
 def test_stops_at_the_timeout(tmp_path):
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     bench = Recorded(delay_s=0.15)
     t0 = time.monotonic()
@@ -303,7 +303,7 @@ def test_stops_at_the_timeout(tmp_path):
 # --- failures and quarantine -----------------------------------------------------------------
 
 def test_failed_trials_keep_their_reason_and_are_quarantined_for_good(tmp_path):
-    from gemmgen.search import model_top, tune
+    from gemmgen.tune.search import model_top, tune
 
     picks = [r.config.tag for r in model_top(ranking(), 6)]
     overrides = {picks[1]: {"error": "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered"},
@@ -327,8 +327,8 @@ def test_failed_trials_keep_their_reason_and_are_quarantined_for_good(tmp_path):
 
 
 def test_hung_kernel_is_killed_by_the_watchdog_and_the_search_continues(tmp_path):
-    from gemmgen.search import model_top, tune
-    from gemmgen.worker import HANG, WorkerBenchmark, replay_factory
+    from gemmgen.tune.search import model_top, tune
+    from gemmgen.tune.worker import HANG, WorkerBenchmark, replay_factory
 
     picks = [r.config.tag for r in model_top(ranking(), 4)]
     data = json.loads(RECORDED.read_text())
@@ -350,11 +350,11 @@ def test_hung_kernel_is_killed_by_the_watchdog_and_the_search_continues(tmp_path
 
 
 def test_failures_outside_the_kernel_are_not_quarantined_and_five_in_a_row_stop_the_tune(tmp_path):
-    from gemmgen.search import Quarantine, open_storage, tune
+    from gemmgen.tune.search import Quarantine, open_storage, tune
 
     class OutOfMemory(Recorded):  # every measurement fails the same way, and not because of the kernel
         def measure(self, manifest, cubin, problem):
-            from gemmgen.worker import as_outcome
+            from gemmgen.tune.worker import as_outcome
 
             self.calls.append(manifest["name"])
             return as_outcome(SimpleNamespace(ok=False, reason="CudaError: cuMemAlloc failed with "
@@ -367,7 +367,7 @@ def test_failures_outside_the_kernel_are_not_quarantined_and_five_in_a_row_stop_
 
 
 def test_an_interrupted_tune_requeues_the_trials_in_flight(tmp_path):
-    from gemmgen.search import model_top, tune
+    from gemmgen.tune.search import model_top, tune
 
     class Interrupting(Recorded):
         def measure(self, manifest, cubin, problem):
@@ -396,9 +396,9 @@ def test_an_interrupted_tune_requeues_the_trials_in_flight(tmp_path):
 
 def test_bench_reasons_map_to_failure_kinds_so_only_kernel_faults_are_quarantined():
     """Pins the contract between bench.py's reason texts and worker.classify."""
-    bench = pytest.importorskip("gemmgen.bench")
-    from gemmgen.errors import CudaError
-    from gemmgen.worker import CUDA_ERROR, OTHER, WRONG, as_outcome
+    bench = pytest.importorskip("gemmgen.tune.bench")
+    from gemmgen.model.errors import CudaError
+    from gemmgen.tune.worker import CUDA_ERROR, OTHER, WRONG, as_outcome
 
     ok = as_outcome(bench.Measurement(ok=True, time_s=2e-3, times_s=(2e-3, 2.1e-3), rel_error=1e-3, flops=4 * 10**12))
     assert ok.ok and ok.kind == "ok" and ok.tflops == pytest.approx(2000.0)
@@ -417,8 +417,8 @@ RESUME_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 import test_search as t
-from gemmgen.search import tune
-from gemmgen.worker import WorkerBenchmark, replay_factory
+from gemmgen.tune.search import tune
+from gemmgen.tune.worker import WorkerBenchmark, replay_factory
 with WorkerBenchmark(replay_factory({replay!r}, {log!r}), watchdog_s=30) as w:
     r = tune(t.PROBLEM, t.GPU, w, t.options(__import__('pathlib').Path({tmp!r}), trials=14, top_k=4, rounds=2,
              finalists=2), engines=t.engines())
@@ -476,10 +476,10 @@ def test_on_the_gpu_an_oob_and_a_hung_kernel_fail_their_trials_while_the_tune_co
     kernel; two trials get its variants that write to an unmapped address and that never finish."""
     from concurrent.futures import Future
 
-    from gemmgen.detect import detect_gpu
-    from gemmgen.reference import naive_cubin, naive_manifest
-    from gemmgen.search import Engines, model_top, rank_configs, tune
-    from gemmgen.worker import CUDA_ERROR, HANG, WorkerBenchmark, gpu_benchmark
+    from gemmgen.runtime.detect import detect_gpu
+    from gemmgen.tune.reference import naive_cubin, naive_manifest
+    from gemmgen.tune.search import Engines, model_top, rank_configs, tune
+    from gemmgen.tune.worker import CUDA_ERROR, HANG, WorkerBenchmark, gpu_benchmark
 
     props = detect_gpu().props
     cc = (props.get("cc_major", 9), props.get("cc_minor", 0))
@@ -513,7 +513,7 @@ def test_on_the_gpu_an_oob_and_a_hung_kernel_fail_their_trials_while_the_tune_co
 
 
 def test_measurements_survive_a_change_of_the_search_space(tmp_path):
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     first = Recorded()
     smaller = engines()
@@ -558,7 +558,7 @@ def test_the_top_table_lists_remeasured_finalists_before_single_search_measureme
     above the winner. Here every second measurement of a config is 20% slower."""
     from dataclasses import replace
 
-    from gemmgen.search import tune
+    from gemmgen.tune.search import tune
 
     class Regressing(Recorded):
         def measure(self, manifest, cubin, problem):
@@ -575,8 +575,8 @@ def test_the_top_table_lists_remeasured_finalists_before_single_search_measureme
 
 
 def test_the_top_table_measures_against_the_hard_roofline_and_the_model_separately(tmp_path):
-    from gemmgen.intensity import roofline
-    from gemmgen.search import tune
+    from gemmgen.calc.intensity import roofline
+    from gemmgen.tune.search import tune
 
     result = tune(PROBLEM, GPU, Recorded(), options(tmp_path, trials=6, finalists=2, rounds=1), engines=engines())
     hard = roofline(PROBLEM, GPU).attainable_flops / 1e12
@@ -586,7 +586,7 @@ def test_the_top_table_measures_against_the_hard_roofline_and_the_model_separate
 
 
 def test_trials_that_timed_older_kernel_code_are_remeasured_first_not_carried(tmp_path, monkeypatch):
-    from gemmgen import search
+    from gemmgen.tune import search
 
     first = Recorded()
     r1 = search.tune(PROBLEM, GPU, first, options(tmp_path, trials=6, top_k=6, rounds=1), engines=engines())
@@ -615,8 +615,8 @@ def test_sustained_timing_covers_the_finalist_rounds_and_cublas_only_and_is_reco
     whose times are dropped, and the record says so."""
     import json as _json
 
-    from gemmgen.results import record_path
-    from gemmgen.search import tune
+    from gemmgen.tune.results import record_path
+    from gemmgen.tune.search import tune
 
     class Timed(Recorded):
         def __init__(self):
@@ -650,8 +650,8 @@ def test_sustained_timing_covers_the_finalist_rounds_and_cublas_only_and_is_reco
 
 
 def test_burst_timing_leaves_the_measurer_alone_and_a_bad_timing_is_one_rule(tmp_path):
-    from gemmgen.errors import InvalidInput
-    from gemmgen.search import tune
+    from gemmgen.model.errors import InvalidInput
+    from gemmgen.tune.search import tune
 
     class Strict(Recorded):
         def set_timing(self, name):  # pragma: no cover - must not be called

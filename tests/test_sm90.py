@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from gemmgen import constraints, tma
-from gemmgen.arch import Arch, DType, lookup_gpu
-from gemmgen.errors import CompileError, InvalidInput
-from gemmgen.families import sm90
-from gemmgen.problem import Activation, Layout, Operands, Problem
-from gemmgen.render import render
-from gemmgen.space import all_configs, enumerate_space
-from gemmgen.tiles import Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig
+from gemmgen.families import rules as constraints
+
+from gemmgen.runtime import tma
+from gemmgen.model.arch import Arch, DType, lookup_gpu
+from gemmgen.model.errors import CompileError, InvalidInput
+from gemmgen.families.sm90_wgmma import launch as sm90
+from gemmgen.model.problem import Activation, Layout, Operands, Problem
+from gemmgen.codegen.render import render
+from gemmgen.rank.space import all_configs, enumerate_space
+from gemmgen.model.tiles import Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig
 
 H100 = lookup_gpu("h100")
 LAYOUTS = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]
@@ -32,18 +34,18 @@ def ops(dtype="bf16", a="row", b="col", bias=False, activation="none") -> Operan
 
 
 def compile_sm90(kernel: Kernel):
-    from gemmgen.nvrtc import compile_kernel
+    from gemmgen.codegen.nvrtc import compile_kernel
     return compile_kernel(kernel)
 
 
 def sass_counts(cubin: bytes):
-    from gemmgen.sass import dump_sass, instruction_counts
+    from gemmgen.codegen.sass import dump_sass, instruction_counts
     return instruction_counts(dump_sass(cubin))
 
 
 def render_lab(kernel: Kernel, **switches) -> str:
     """The sm90 template rendered with lab switches changed (what scripts/ab_lab.py builds)."""
-    from gemmgen.render import environment
+    from gemmgen.codegen.render import environment
     return environment().get_template(kernel.config.family.template).render(
         **dict(sm90.template_params(kernel), **switches))
 
@@ -245,7 +247,7 @@ def test_cluster_kernel_uses_multicast_tma():
 
 @pytest.mark.slow
 def test_every_config_of_the_space_compiles_or_is_rejected():
-    from gemmgen.nvrtc import compile_many
+    from gemmgen.codegen.nvrtc import compile_many
     configs = all_configs(Family.SM90_WGMMA)
     valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
     assert len(valid) >= 40, "the space should offer the tuner real choices"
@@ -265,12 +267,12 @@ def test_every_config_of_the_space_compiles_or_is_rejected():
 # --- split-K ----------------------------------------------------------------------------------------
 def splitk_config(splits: int, cta="128x256x64", warp="64x256x64", stages=4) -> TileConfig:
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.SPLIT_K, splits))
 
 
 def test_split_k_manifest_runs_partials_then_reduce_over_one_workspace():
-    from gemmgen.manifest import make_manifest
+    from gemmgen.runtime.manifest import make_manifest
     problem = Problem.create(1024, 1024, 65536, "bf16", "row", "row")
     kernel = Kernel(Arch.SM90A, problem.operands, splitk_config(4))
     manifest = make_manifest(kernel, problem)
@@ -308,14 +310,14 @@ def test_split_k_kernel_compiles_with_reduce_entry_and_no_local_memory():
     assert compiled.spill_bytes == 0 and not compiled.resources.wgmma_serialized  # C7511/C7514
     counts = sass_counts(compiled.cubin)
     assert count(counts, "HGMMA") > 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
-    from gemmgen.sass import dump_sass
+    from gemmgen.codegen.sass import dump_sass
     assert f"{kernel.name}_reduce" in dump_sass(compiled.cubin)
 
 
 # --- ping-pong schedule -------------------------------------------------------------------------------
 def pingpong_config(cta="128x128x64", stages=6, **changes) -> TileConfig:
     from dataclasses import replace
-    from gemmgen.tiles import Schedule
+    from gemmgen.model.tiles import Schedule
     return replace(hopper_config(cta, cta, stages), schedule=Schedule.PINGPONG, **changes)
 
 
@@ -374,7 +376,7 @@ def test_pingpong_with_a_cluster_multicasts_and_releases_each_stage_to_both_ctas
 
 def test_pingpong_rejects_split_k_and_the_sm80_family():
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition, Schedule
+    from gemmgen.model.tiles import DecompKind, Decomposition, Schedule
     split = pingpong_config(decomposition=Decomposition(DecompKind.SPLIT_K, 2))
     assert any("data-parallel" in v.rule for v in constraints.check(split, H100, Arch.SM90A, operands=ops()))
     sm80 = TileConfig(Family.SM80_MMA, Shape3(128, 128, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 3,
@@ -393,7 +395,7 @@ def test_pingpong_render_orders_mainloops_with_named_barriers():
 
 
 def test_pingpong_space_configs_survive_the_tuner_encoding():
-    from gemmgen.ranking import SearchSpace
+    from gemmgen.rank.ranking import SearchSpace
     valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
     pingpong = [c for c in valid if c.schedule.value == "pingpong"]
     assert pingpong, "the space should offer ping-pong tiles"
@@ -416,7 +418,7 @@ def test_pingpong_compiles_to_hgmma_and_tma_without_local_memory(cta, stages, dt
 # --- Stream-K (data-parallel waves + K-split remainder, fixed up in-kernel) ------------------------------
 def streamk_config(cta="128x256x64", warp="64x256x64", stages=4, **changes) -> TileConfig:
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.STREAM_K), **changes)
 
 
@@ -525,7 +527,7 @@ def test_streamk_walk_covers_every_k_tile_of_every_tile_once_and_each_cta_owes_a
 
 
 def test_streamk_manifest_sizes_flags_and_partials_and_zeroes_the_flags_once():
-    from gemmgen.manifest import make_manifest
+    from gemmgen.runtime.manifest import make_manifest
     problem = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
     kernel = Kernel(Arch.SM90A, problem.operands, streamk_config())
     manifest = make_manifest(kernel, problem)
@@ -546,7 +548,7 @@ def test_streamk_manifest_sizes_flags_and_partials_and_zeroes_the_flags_once():
 
 
 def test_split_k_and_dp_manifests_say_their_workspace_needs_no_zeroing_but_sm80_split_k_does():
-    from gemmgen.manifest import make_manifest, workspace_zero
+    from gemmgen.runtime.manifest import make_manifest, workspace_zero
     problem = Problem.create(1024, 1024, 65536, "bf16", "row", "row")
     split = make_manifest(Kernel(Arch.SM90A, problem.operands, splitk_config(4)), problem)
     assert split["workspace_zero"] == {"bytes": 0, "when": "run"}
@@ -590,7 +592,7 @@ def test_streamk_tiles_compile_without_spills_in_every_layout_and_epilogue():
     # "Stream-K range mode"): every Stream-K tile of the space, all four layouts, plain and bias+GELU epilogues,
     # D through TMA stores. (With plain stores of D, ldc not a multiple of 8, 256x128 and 64x256 spill 8-24 bytes
     # with bias: a known limitation, listed in the README.)
-    from gemmgen.nvrtc import compile_many
+    from gemmgen.codegen.nvrtc import compile_many
     tiles = [("128x256x64", "64x256x64", 3), ("128x256x64", "64x256x64", 4), ("256x128x64", "128x128x64", 4),
              ("128x128x64", "64x128x64", 4), ("128x128x64", "64x128x64", 6)]
     kernels = [Kernel(Arch.SM90A, ops(dtype, a, b, bias, act), streamk_config(cta, warp, stages))
@@ -603,7 +605,7 @@ def test_streamk_tiles_compile_without_spills_in_every_layout_and_epilogue():
 
 
 def test_model_prices_streamk_by_its_remainder_slices():
-    from gemmgen.intensity import predict
+    from gemmgen.calc.intensity import predict
     odd = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
     sk, dp = predict(odd, streamk_config(), H100), predict(odd, hopper_config(), H100)
     assert sk.wave_efficiency > 0.95 > dp.wave_efficiency   # 2 waves + 1/5 of one vs 3 waves for 2.18
@@ -619,7 +621,7 @@ def test_model_prices_streamk_by_its_remainder_slices():
 
 def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():
     # Not in the search space (1.3-2.5x slower on the H100, docs/perf-notes.md); kept compiling for the next try.
-    from gemmgen.nvrtc import compile_source, options_for
+    from gemmgen.codegen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(b="row"), hopper_config())
     assert sm90.template_params(kernel)["b_cpasync"] is False
     # With the stmatrix epilogue this experimental path needs 8 bytes of stack (ptxas, 2026-11-22): it keeps the
@@ -647,12 +649,12 @@ def test_a_1x2_cluster_multicasts_a_k_major_a_in_96_row_slices_but_mn_major_a_on
 # --- fused split-K (the reduction inside the GEMM launch) ---------------------------------------------
 def fused_config(splits: int, cta="64x128x64", warp="64x128x64", stages=6) -> TileConfig:
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     return replace(hopper_config(cta, warp, stages), decomposition=Decomposition(DecompKind.SPLIT_K, splits, True))
 
 
 def test_fused_split_k_is_named_round_trips_and_leaves_unfused_records_unchanged():
-    from gemmgen.ranking import axis_values, config_from_axes
+    from gemmgen.rank.ranking import axis_values, config_from_axes
     fused = fused_config(8)
     assert fused.decomposition.tag == "splitk8f" and "_splitk8f_" in fused.tag
     assert fused.to_dict()["decomposition"] == {"kind": "splitk", "splits": 8, "fused": True}
@@ -667,7 +669,7 @@ def test_fused_split_k_is_named_round_trips_and_leaves_unfused_records_unchanged
 
 def test_fused_reduction_is_a_split_k_option_of_the_sm90_family_only():
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     assert not constraints.check(fused_config(8), H100, Arch.SM90A, operands=ops())
     dp = replace(hopper_config(), decomposition=Decomposition(DecompKind.DATA_PARALLEL, 1, True))
     assert any("a fused reduction is a split-K option" in v.rule
@@ -679,7 +681,7 @@ def test_fused_reduction_is_a_split_k_option_of_the_sm90_family_only():
 
 
 def test_fused_split_k_manifest_is_one_launch_with_counters_zeroed_once_then_partials():
-    from gemmgen.manifest import make_manifest
+    from gemmgen.runtime.manifest import make_manifest
     problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
     kernel = Kernel(Arch.SM90A, problem.operands, fused_config(8))
     manifest = make_manifest(kernel, problem)
@@ -705,7 +707,7 @@ def test_fused_split_k_renders_the_arrival_and_no_reduce_entry_and_compiles_with
 
 
 def test_the_model_prices_fused_split_k_above_the_reduction_launch_where_it_measured_slower():
-    from gemmgen.intensity import predict
+    from gemmgen.calc.intensity import predict
     problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
     fused = predict(problem, fused_config(8), H100)
     plain = predict(problem, splitk_config(8, "64x128x64", "64x128x64", 6), H100)
@@ -723,9 +725,9 @@ def test_fused_split_k_gives_the_separate_reductions_bits_and_leaves_its_counter
     """Same inputs through split-K with the reduction launch and with the fused reduction, three runs each
     (the counters must come back to zero between runs): bitwise the same D, finite, and close to float64."""
     import numpy as np
-    from gemmgen import device
-    from gemmgen.manifest import make_manifest
-    from gemmgen.nvrtc import compile_kernel
+    from gemmgen.runtime import device
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.codegen.nvrtc import compile_kernel
 
     problem = Problem.create(m, n, k, dtype, a, b)
     sizes = {"A": m * k, "B": k * n, "D": m * n}
@@ -782,7 +784,7 @@ def test_cluster_kernels_exit_after_the_producer_saw_every_stage_released_not_th
 
 def test_fast_epilogue_is_rendered_by_default_and_compiles_without_spills():
     # Measured on the H100 (docs/perf-notes.md, "The short epilogue"): interior tiles with beta == 0 skip C and bounds.
-    from gemmgen.nvrtc import compile_source, options_for
+    from gemmgen.codegen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(bias=True, activation="relu"), hopper_config())
     source = render(kernel)
     assert "finish_fast(" in source and "if (beta == 0.0f && m0 + wm + WM <= M && n0 + wn + WN <= N)" in source
@@ -820,7 +822,7 @@ def test_whole_share_epilogue_fences_once_and_streamk_runs_the_same_epilogue():
 
 
 def test_lab_64_column_store_boxes_halve_the_tma_stores():
-    from gemmgen.nvrtc import compile_source, options_for
+    from gemmgen.codegen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(), hopper_config(stages=3))
     counts = {}
     for cols in (32, 64):
@@ -833,7 +835,7 @@ def test_lab_64_column_store_boxes_halve_the_tma_stores():
 
 def test_lab_timeline_stamps_render_and_compile_without_spills():
     # scripts/timeline.py: %globaltimer stamps per CTA (run on the H100 2026-11-23, docs/perf-notes.md).
-    from gemmgen.nvrtc import compile_source, options_for
+    from gemmgen.codegen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1)))
     source = render_lab(kernel, timeline=True)
     # entry, start barrier, first stage, exit, main-loop end, epilogue end, and the fill's end in both paths
@@ -850,7 +852,7 @@ def store_warp_config(**changes) -> TileConfig:
 
 
 def test_store_warp_is_named_only_when_chosen_and_round_trips():
-    from gemmgen.ranking import axis_values, config_from_axes
+    from gemmgen.rank.ranking import axis_values, config_from_axes
     config = store_warp_config()
     plain = hopper_config(stages=3)
     assert config.tag == plain.tag + "_sw" and not plain.tag.endswith("_sw")
@@ -871,7 +873,7 @@ def test_store_warp_is_named_only_when_chosen_and_round_trips():
 ])
 def test_store_warp_rejects_what_the_template_does_not_implement(changes, operands, rule):
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition, Schedule
+    from gemmgen.model.tiles import DecompKind, Decomposition, Schedule
     config = store_warp_config()
     if changes.get("schedule"):
         config = replace(config, schedule=Schedule.PINGPONG, cta=Shape3(128, 128, 64), warp=Shape3(128, 128, 64),
@@ -932,7 +934,7 @@ def test_store_warp_kernel_stores_through_tma_without_local_memory(stages, clust
 
 
 def test_model_exposes_less_epilogue_with_a_store_warp():
-    from gemmgen.intensity import STORE_WARP_EXPOSED, predict
+    from gemmgen.calc.intensity import STORE_WARP_EXPOSED, predict
     problem = Problem.create(4096, 4096, 4096)
     with_sw, without = predict(problem, store_warp_config(), H100), predict(problem, hopper_config(stages=3), H100)
     assert 0 < STORE_WARP_EXPOSED < 1
@@ -949,7 +951,7 @@ def test_space_offers_store_warp_variants_of_the_large_cooperative_tiles():
 # --- operand swap (D^T = B^T @ A^T for skinny M) ------------------------------------------------------------
 def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4) -> TileConfig:
     """A swapped configuration: split-K over `splits` slices, data-parallel for splits=1."""
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     w = Shape3.parse(warp)
     decomposition = Decomposition(DecompKind.SPLIT_K, splits) if splits > 1 else Decomposition()
     return TileConfig(Family.SM90_WGMMA, Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
@@ -960,9 +962,9 @@ def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4) -> TileCon
 def verify_on_gpu(problem: Problem, config: TileConfig, seed: int):
     """Feasible, then verified by GpuBenchmark.verify: fresh random operands, D poisoned, compared with the
     float64 / cuBLAS reference."""
-    from gemmgen.bench import GpuBenchmark
-    from gemmgen.manifest import make_manifest
-    from gemmgen.nvrtc import compile_kernel
+    from gemmgen.tune.bench import GpuBenchmark
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.codegen.nvrtc import compile_kernel
     assert constraints.check(config, H100, Arch.SM90A, problem) == []
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     bench = GpuBenchmark(seed=seed)
@@ -974,7 +976,7 @@ def verify_on_gpu(problem: Problem, config: TileConfig, seed: int):
 
 def test_swap_is_named_only_when_chosen_and_round_trips():
     from dataclasses import replace
-    from gemmgen.ranking import axis_values, config_from_axes
+    from gemmgen.rank.ranking import axis_values, config_from_axes
     config = swap_config()
     plain = replace(config, swap_ab=False)
     assert config.tag == plain.tag + "_swap" and "swap_ab" not in plain.to_dict()
@@ -1018,7 +1020,7 @@ def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame(
 ])
 def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rule):
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition
+    from gemmgen.model.tiles import DecompKind, Decomposition
     config = swap_config()
     if changes.get("streamk"):
         config = replace(config, decomposition=Decomposition(DecompKind.STREAM_K, 1))
@@ -1037,7 +1039,7 @@ def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rul
 
 def test_narrow_tiles_take_the_staged_epilogue_with_dp_or_split_k_and_k_major_b():
     from dataclasses import replace
-    from gemmgen.tiles import DecompKind, Decomposition, Schedule
+    from gemmgen.model.tiles import DecompKind, Decomposition, Schedule
     narrow = replace(swap_config(), swap_ab=False)
     tall = Problem.create(4096, 16, 4096, b="col")
     assert constraints.check(narrow, H100, Arch.SM90A, tall) == []
@@ -1054,7 +1056,7 @@ def test_narrow_tiles_take_the_staged_epilogue_with_dp_or_split_k_and_k_major_b(
 
 def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_workspace():
     from dataclasses import replace
-    from gemmgen.tiles import Decomposition
+    from gemmgen.model.tiles import Decomposition
     problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
     kernel = Kernel(Arch.SM90A, problem.operands, replace(swap_config("64x16x64", "64x16x64", 10), decomposition=Decomposition()))
     runs, workspace, _ = sm90.manifest_launches(kernel, problem, sm_count=132)
@@ -1075,7 +1077,7 @@ def test_swapped_kernel_compiles_to_narrow_hgmma_without_local_memory_and_reduce
     assert "workspace + (size_t)col * N + row" in source and "constexpr int EPI_CW = WN < 32 ? WN : 32;" in source
     compiled = compile_sm90(kernel)
     assert compiled.spill_bytes == 0
-    from gemmgen.sass import dump_sass
+    from gemmgen.codegen.sass import dump_sass
     text = dump_sass(compiled.cubin)
     counts = sass_counts(compiled.cubin)
     assert f"HGMMA.64x{Shape3.parse(warp).n}x16.F32.BF16" in text and count(counts, "UTMALDG") > 0
@@ -1083,8 +1085,8 @@ def test_swapped_kernel_compiles_to_narrow_hgmma_without_local_memory_and_reduce
 
 
 def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_first():
-    from gemmgen.intensity import predict
-    from gemmgen.space import enumerate_space
+    from gemmgen.calc.intensity import predict
+    from gemmgen.rank.space import enumerate_space
     skinny = [c for c in enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, Problem.create(16, 4096, 4096))
               if c.swap_ab]
     assert skinny and all(c.cta.n in (16, 32) for c in skinny)

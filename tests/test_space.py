@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from gemmgen import constraints, paths, space
-from gemmgen.arch import Arch, lookup_gpu
-from gemmgen.errors import InvalidInput
-from gemmgen.problem import Problem
-from gemmgen.tiles import DecompKind, Family, SmemLayout
+from gemmgen.families import rules as constraints
+
+from gemmgen.model import paths
+
+from gemmgen.rank import space
+from gemmgen.model.arch import Arch, lookup_gpu
+from gemmgen.model.errors import InvalidInput
+from gemmgen.model.problem import Problem
+from gemmgen.model.tiles import DecompKind, Family, SmemLayout
 
 H100 = lookup_gpu("h100")
 A100 = lookup_gpu("a100")
@@ -84,7 +88,7 @@ def test_malformed_space_file_names_file_and_rule(tmp_path, monkeypatch, text, r
 
 
 def test_a_leading_dimension_tma_cannot_load_rules_out_sm90_and_says_why():
-    from gemmgen.space import excluded_families
+    from gemmgen.rank.space import excluded_families
 
     gpu = lookup_gpu("h100")
     odd = Problem.create(4096, 4096, 4097, "bf16")  # A row-major: lda = 4097 elements, not 16-byte rows

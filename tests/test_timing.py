@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.bench import TIMINGS, GpuBenchmark, TimingPolicy, timing_policy  # noqa: E402
-from gemmgen.errors import InvalidInput  # noqa: E402
+from gemmgen.tune.bench import TIMINGS, GpuBenchmark, TimingPolicy, timing_policy  # noqa: E402
+from gemmgen.model.errors import InvalidInput  # noqa: E402
 
 
 class FakeEvent:
@@ -102,9 +102,9 @@ def test_the_policy_switch_names_its_rule_and_restores_the_constructed_policy():
 def test_the_worker_passes_the_timing_to_its_child_and_again_after_a_replacement(tmp_path):
     import json
 
-    from gemmgen.problem import Problem
-    from gemmgen.tiles import TileConfig
-    from gemmgen.worker import WorkerBenchmark, replay_factory
+    from gemmgen.model.problem import Problem
+    from gemmgen.model.tiles import TileConfig
+    from gemmgen.tune.worker import WorkerBenchmark, replay_factory
 
     config = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
                                    "stages": 3, "smem_layout": "swizzle", "raster": {"order": "row", "group": 8}})
@@ -129,5 +129,5 @@ def test_the_worker_passes_the_timing_to_its_child_and_again_after_a_replacement
 
 def test_the_tuner_offers_exactly_the_benchmarks_timing_policies():
     # search.py keeps its own list of names (the search never imports the benchmark): they must not drift apart.
-    from gemmgen.search import FINALIST_TIMINGS
+    from gemmgen.tune.search import FINALIST_TIMINGS
     assert set(FINALIST_TIMINGS) == set(TIMINGS)

@@ -1,0 +1,63 @@
+"""Command-line entry point: argument parsing and dispatch only.
+
+Each subcommand lives in gemmgen/commands/<name>.py with `register(subparsers)` and `run(args)`.
+User errors print as one line on stderr and exit with status 2; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..model.errors import GemmgenError, UserError
+
+# Order here is the order in `gemmgen --help`.
+COMMANDS = ("tune", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "calibrate",
+            "gpus")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line with exit status 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gemmgen", description="GEMM autotuner and CUDA code generator.")
+    parser.add_argument("--version", action="version", version="gemmgen 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"gemmgen.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"gemmgen.cli.{name}":
+                continue  # command not built yet in this checkout
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"gemmgen {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"gemmgen {args.command}: interrupted; results already stored are kept", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except GemmgenError as exc:
+        print(f"gemmgen {args.command}: failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

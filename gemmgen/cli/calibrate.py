@@ -1,0 +1,49 @@
+"""`gemmgen calibrate [--gpu]`: the model's predictions against the measurements stored in results/."""
+from __future__ import annotations
+
+from ..model.errors import InvalidInput
+from ._common import add_gpu_arg, print_json, resolve_gpu, table
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="predicted vs measured over the stored tunes (rank correlation, "
+                                                "suggested model constants)",
+                              description="Re-predict every measured trial in results/<gpu>/tunes with the current "
+                                          "model; print Spearman's rank correlation per tune and the measured/"
+                                          "predicted ratio per kernel family with the efficiency it suggests.")
+    add_gpu_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..tune.calibrate import calibrate
+    from ..tune.results import gpu_dir, load_records
+
+    gpu = resolve_gpu(args.gpu)
+    records = [record for _, record in load_records(gpu)]
+    tunes, families = calibrate(records, gpu)
+    if not tunes:
+        raise InvalidInput(f"calibration needs measured tunes in {gpu_dir(gpu) / 'tunes'}", gpu.key,
+                           f"run `gemmgen tune M N K` on a {gpu.key} first")
+    if args.json:
+        print_json({"gpu": gpu.key,
+                    "tunes": [{"problem": t.label, "trials": t.trials, "spearman": t.spearman,
+                               "median_measured_over_predicted": t.median_ratio} for t in tunes],
+                    "families": [{"family": f.family.value, "trials": f.trials, "median_measured_over_predicted":
+                                  f.median_ratio, "efficiency_now": f.efficiency_now,
+                                  "efficiency_suggested": f.efficiency_suggested} for f in families]})
+        return 0
+    rows = [[t.label, t.trials, "-" if t.spearman is None else f"{t.spearman:+.2f}", f"{t.median_ratio:.2f}"]
+            for t in tunes]
+    print(f"model vs measurement on {gpu.key}, {len(tunes)} tunes (current model re-applied to every trial)")
+    print(table(rows, ["problem", "trials", "Spearman rho", "measured/predicted"]))
+    rhos = [t.spearman for t in tunes if t.spearman is not None]
+    if rhos:
+        rhos.sort()
+        print(f"median rho {rhos[len(rhos) // 2]:+.2f} (1 = the model orders configurations exactly as measured)")
+    print()
+    print(table([[f.family.value, f.trials, f"{f.median_ratio:.2f}", f"{f.efficiency_now:.2f}",
+                  f"{f.efficiency_suggested:.2f}"] for f in families],
+                ["family", "trials", "measured/predicted", "efficiency now", "suggested"]))
+    return 0

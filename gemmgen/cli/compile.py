@@ -1,0 +1,54 @@
+"""`gemmgen compile M N K [--dtype] [--a] [--b] [--arch] [--config FILE] [--gpu] --out DIR`.
+
+Writes <name>.cu, <name>.cubin and <name>.json (the launch manifest) for the model's pick or the given
+configuration, and prints registers and spills.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..model.errors import InvalidInput
+from ._common import add_gpu_arg, add_problem_args
+from ._kernel import add_kernel_args, kernel_from_args
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("compile", help="compile a kernel to a cubin and a launch manifest",
+                                   description="Compile the model's pick for M N K (or --config) with NVRTC.")
+    add_problem_args(parser)
+    add_gpu_arg(parser)
+    add_kernel_args(parser)
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for <name>.cu, .cubin and .json")
+    parser.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for profilers)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..runtime.manifest import make_manifest
+    from ..codegen.nvrtc import compile_kernel
+
+    kernel, problem, gpu = kernel_from_args(args)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput("--out must be a folder that can be created", args.out, exc.strerror) from None
+    compiled = compile_kernel(kernel, gpu, lineinfo=args.lineinfo)
+    manifest = make_manifest(kernel, problem, compiled)
+    (out / f"{kernel.name}.cu").write_text(compiled.source)
+    (out / f"{kernel.name}.cubin").write_bytes(compiled.cubin)
+    (out / f"{kernel.name}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"kernel     {kernel.name}")
+    print(f"target     {kernel.arch.value} (NVRTC {compiled.nvrtc_version}){' [cached]' if compiled.cached else ''}")
+    for entry, res in compiled.entries:
+        serialized = "; ptxas serialized its wgmma (a wait after each: slow)" if res.wgmma_serialized else ""
+        print(f"entry      {entry}: {res.registers} registers, {res.spill_store_bytes} B spill stores, "
+              f"{res.spill_load_bytes} B spill loads, {res.stack_bytes} B stack{serialized}")
+    for launch in manifest["launches"]:
+        print(f"launch     {launch['entry']}: grid {launch['grid']} block {launch['block']} "
+              f"dynamic smem {launch['dynamic_smem']} B")
+    if manifest["workspace_bytes"]:
+        print(f"workspace  {manifest['workspace_bytes']} B")
+    print(f"wrote      {out / kernel.name}.{{cu,cubin,json}}")
+    return 0

@@ -1,0 +1,129 @@
+"""`gemmgen roofline M N K`: the problem on the GPU's roofline, and the model's prediction for
+configurations: given ones (--config FILE), or else a handful of reference configurations.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..model.arch import Gpu
+from ..families.rules import check
+from ..model.errors import InvalidInput
+from ..calc.intensity import predict, roofline
+from ..model.problem import Problem
+from ..model.tiles import Family, TileConfig
+from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table
+
+# Hand-picked examples of each family, from large tiles to skinny split-K, shown when no --config
+# is given. They illustrate the model's ranking; they are not the search space (search_spaces/).
+REFERENCE_CONFIGS = (
+    {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3,
+     "raster": {"order": "row", "group": 8}, "cluster": "2x1", "warp_specialized": True, "persistent": True},
+    {"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+     "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True},
+    {"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+     "warp_specialized": True},
+    {"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16", "stages": 4,
+     "raster": {"order": "row", "group": 8}},
+    {"family": "sm80_mma", "cta": "128x64x32", "warp": "64x32x32", "mma": "16x8x16", "stages": 4},
+    {"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16", "stages": 4},
+    {"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16", "stages": 4,
+     "decomposition": {"kind": "splitk", "splits": 4}},
+    {"family": "sm80_mma", "cta": "32x64x64", "warp": "16x32x64", "mma": "16x8x16", "stages": 4,
+     "decomposition": {"kind": "splitk", "splits": 4}},
+    {"family": "sm80_mma", "cta": "16x64x64", "warp": "16x16x64", "mma": "16x8x16", "stages": 4,
+     "decomposition": {"kind": "splitk", "splits": 8}},
+)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "roofline", help="roofline and predicted time of a problem on a GPU",
+        description="Minimum-traffic roofline of M x N x K on a GPU, and the model's prediction (tiled traffic, "
+                    "L2 reuse, waves, occupancy, time, bound) for each --config, or for reference configurations.")
+    add_problem_args(parser)
+    add_gpu_arg(parser)
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="a configuration (YAML/JSON, or a manifest); repeat for several")
+    parser.add_argument("--plot", metavar="FILE", help="draw the roofline chart to FILE (.png, .svg, .pdf)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run)
+
+
+def reference_configs(problem: Problem, gpu: Gpu) -> "list[TileConfig]":
+    """The reference configurations that are feasible for `problem` on `gpu`."""
+    configs = [TileConfig.from_dict(d) for d in REFERENCE_CONFIGS]
+    return [c for c in configs if not check(c, gpu, problem=problem)]
+
+
+def _load_config(path: str) -> TileConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidInput("--config must name a readable file", path, exc.strerror or str(exc)) from None
+    return TileConfig.from_text(text, path)
+
+
+def label(config: TileConfig) -> str:
+    """A short human label: family, CTA/warp tiles, stages, decomposition, cluster, flags."""
+    fam = "sm90" if config.family is Family.SM90_WGMMA else "sm80"
+    parts = [fam, f"{config.cta}/{config.warp}", f"s{config.stages}", config.decomposition.tag]
+    if config.cluster.size > 1:
+        parts.append(f"cl{config.cluster}")
+    if config.warp_specialized:
+        parts.append("ws")
+    if config.persistent:
+        parts.append("pers")
+    return " ".join(parts)
+
+
+def run(args) -> int:
+    problem = problem_from_args(args)
+    gpu = resolve_gpu(args.gpu)
+    given = [_load_config(p) for p in args.config]
+    configs = given or reference_configs(problem, gpu)
+    roof = roofline(problem, gpu)
+    # A given configuration that breaks a rule raises InvalidConfig here: one line, exit 2.
+    ranked = sorted(((predict(problem, c, gpu), c) for c in configs), key=lambda pc: pc[0].time_s)
+    best = ranked[0][0] if ranked else None
+
+    if args.plot:
+        from ..tune.plot import roofline_chart  # matplotlib only when asked
+
+        roofline_chart(roof, args.plot, [(label(c), p) for p, c in ranked])
+
+    if args.json:
+        payload = roof.to_dict()
+        payload["configs_given"] = bool(given)
+        payload["predictions"] = [{"config": c.to_dict(), "label": label(c), "tag": c.tag, **p.to_dict()}
+                                  for p, c in ranked]
+        payload["predicted_bound"] = best.bound if best else None
+        if args.plot:
+            payload["plot"] = args.plot
+        print_json(payload)
+        return 0
+
+    p = problem
+    dt = p.a_dtype.value
+    print(f"problem   {p.m}x{p.n}x{p.k} {dt}, A {p.a_layout.value}, B {p.b_layout.value}: "
+          f"{p.flops / 1e9:.1f} GFLOP, minimum traffic {p.min_bytes / 1e6:.1f} MB")
+    print(f"GPU       {gpu.key} ({gpu.name}): {roof.peak_flops / 1e12:.1f} TFLOP/s {dt} dense, "
+          f"{roof.bandwidth / 1e12:.2f} TB/s DRAM, ridge {roof.ridge:.1f} FLOP/byte")
+    print(f"roofline  {roof.min_intensity:.1f} FLOP/byte at minimum traffic: {roof.bound}-bound; "
+          f"at best {roof.time_lower_bound_s * 1e6:.1f} us ({roof.attainable_flops / 1e12:.1f} TFLOP/s)")
+    if not ranked:
+        print(f"\nno reference configuration supports {dt} on {gpu.key}; pass --config FILE")
+        return 0
+    which = "given configurations" if given else "reference configurations (pass --config FILE for others)"
+    print(f"\nmodel predictions, fastest first, for the {which}:")
+    rows = [[label(c), pr.units, f"{pr.waves:.2f}", f"{pr.wave_efficiency:.2f}",
+             pr.ctas_per_sm, f"{pr.occupancy:.2f}", f"{pr.tiled_bytes / 1e6:.1f}", f"{pr.dram_bytes / 1e6:.1f}",
+             f"{pr.intensity:.1f}", pr.bound, pr.limiter, f"{pr.time_s * 1e6:.1f}", f"{pr.tflops:.1f}"]
+            for pr, c in ranked]
+    print(table(rows, ["configuration", "CTAs", "waves", "wave eff", "CTAs/SM", "occupancy", "tiled MB",
+                       "DRAM MB", "FLOP/byte", "bound", "limiter", "time us", "TFLOP/s"]))
+    top_pred, top = ranked[0]
+    print(f"\nbound: {top_pred.bound} (model's pick {label(top)}: {top_pred.time_s * 1e6:.1f} us, "
+          f"{top_pred.tflops:.1f} TFLOP/s, {top_pred.tflops * 1e12 / roof.peak_flops:.0%} of peak)")
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0

@@ -1,0 +1,78 @@
+"""`gemmgen space [--arch] [--dtype] [--a] [--b] [--gpu] [--compile] [--jobs N]`: the valid configurations."""
+from __future__ import annotations
+
+import sys
+
+from ..model.arch import Arch
+from ..model.problem import Layout, Operands
+from ..model.arch import DType
+from ._common import add_gpu_arg, print_json, resolve_gpu, table
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("space", help="list (and optionally compile) the valid configurations",
+                                   description="List the configurations of the search spaces that pass the "
+                                               "feasibility check; --compile compiles them all.")
+    parser.add_argument("--arch", default=None, help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
+    parser.add_argument("--dtype", default="bf16", help="bf16 (default) or f16")
+    parser.add_argument("--a", dest="a_layout", default="row", help="layout of A: row (default) or col")
+    parser.add_argument("--b", dest="b_layout", default="row", help="layout of B: row (default) or col")
+    add_gpu_arg(parser)
+    parser.add_argument("--compile", action="store_true", help="compile every configuration and report")
+    parser.add_argument("--jobs", type=int, default=None, help="compile processes (default: all cores)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..model.errors import InvalidInput
+    from ..rank.space import enumerate_space, families_for
+    from ..model.tiles import Kernel
+
+    gpu = resolve_gpu(args.gpu)
+    arch = Arch.parse(args.arch) if args.arch else gpu.arch
+    if args.jobs is not None and args.jobs < 1:
+        raise InvalidInput("--jobs must be at least 1", args.jobs)
+    dtype = DType.parse(args.dtype)
+    operands = Operands(dtype, dtype, dtype, DType.F32, Layout.parse(args.a_layout), Layout.parse(args.b_layout))
+    kernels = [Kernel(arch, operands, c) for family in families_for(arch)
+               for c in enumerate_space(family, gpu, arch, None, operands)]
+    if not args.compile:
+        if args.json:
+            print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels),
+                        "configurations": [k.config.to_dict() | {"name": k.name} for k in kernels]})
+            return 0
+        print(f"{len(kernels)} valid configurations for {arch.value} on {gpu.key} ({operands.tag})")
+        for k in kernels:
+            print(k.name)
+        return 0
+
+    from ..model.errors import CompileError
+    from ..codegen.nvrtc import compile_many
+
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty() or done == total:
+            end = "\n" if done == total else ""
+            print(f"\rcompiled {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    results = compile_many(kernels, args.jobs, on_done=progress)
+    failures = [r for r in results if isinstance(r, CompileError)]
+    rows = []
+    for kernel, result in zip(kernels, results):
+        if isinstance(result, CompileError):
+            rows.append([kernel.config.tag, "FAILED", "", "", str(result)])
+        else:
+            spill = result.spill_bytes
+            serialized = result.resources.wgmma_serialized or any(e.wgmma_serialized for _, e in result.entries)
+            note = ", ".join(n for n, on in (("spills", spill), ("wgmma serialized", serialized)) if on)
+            rows.append([kernel.config.tag, "ok", result.resources.registers, spill, note])
+    if args.json:
+        print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels), "failed": len(failures),
+                    "results": [dict(zip(["config", "status", "registers", "spill_bytes", "note"], r)) for r in rows]})
+    else:
+        print(table(rows, ["configuration", "status", "regs", "spill B", "note"]))
+        spilled = sum(1 for r in rows if r[1] == "ok" and r[3])
+        serial = sum(1 for r in rows if r[1] == "ok" and "wgmma serialized" in r[4])
+        print(f"{len(kernels)} compiled for {arch.value}: {len(failures)} failed, {spilled} spill, "
+              f"{serial} with serialized wgmma")
+    return 1 if failures else 0

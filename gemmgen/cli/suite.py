@@ -1,0 +1,83 @@
+"""`gemmgen suite FILE.yaml`: tune every shape in bf16 and f16, side by side with cuBLAS."""
+from __future__ import annotations
+
+import sys
+
+from ..model.arch import lookup_gpu
+from ..model.errors import InvalidInput
+from ._common import add_gpu_arg, resolve_gpu, table
+from .tune import Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("suite", help="tune every shape of a YAML suite, side by side with cuBLAS",
+                              description="Tune every shape of FILE (shapes: [{name, M, N, K}]) in each dtype, "
+                                          "with cuBLAS timed in the same run; write results/<gpu>/suite-<date>.md "
+                                          "and .json and print the table with the geomean ratio.")
+    p.add_argument("file", metavar="FILE.yaml", help="suite file, e.g. ../shared/shapes.yaml")
+    add_gpu_arg(p)
+    p.add_argument("--dtypes", default="bf16,f16", help="comma-separated (default bf16,f16)")
+    p.add_argument("--trials", type=int, default=60, help="measured trials per shape and dtype (default 60)")
+    p.add_argument("--timeout-per-shape", type=float, default=120.0, metavar="S",
+                   help="search time per shape and dtype, before the finalists' re-measurement (default 120)")
+    p.add_argument("--patience", type=int, default=25, help="stop a shape after this many trials without improvement")
+    p.add_argument("--top-k", type=int, default=10, help="the model's best, measured first (default 10)")
+    p.add_argument("--sampler", default="tpe", help="tpe (default), random, cmaes, qmc, grid")
+    p.add_argument("--jobs", type=int, default=None, help="NVRTC processes (default: cores - 1)")
+    p.add_argument("--finalists", type=int, default=3, help="re-measured interleaved per shape (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    add_timing_arg(p)
+    p.add_argument("--watchdog", type=float, default=60.0, metavar="S", help="per-measurement watchdog (default 60)")
+    p.add_argument("--storage", default=None, metavar="URL", help="Optuna storage (default results/<gpu>/studies.db)")
+    p.add_argument("--out", default=None, metavar="DIR", help="export each winner to DIR/<problem>/")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--replay", default=None, metavar="FILE", help="simulation mode: replay recorded timings")
+    p.add_argument("--only", default=None, metavar="NAMES", help="tune only these shapes (comma-separated names)")
+    p.add_argument("--from-results", action="store_true",
+                   help="tune nothing: build the table from the records in results/<gpu>/ (e.g. after tuning in parts)")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: the model's pick per shape, compiled, unmeasured")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..tune.suite import dry_run_suite, load_shapes, parse_dtypes, report_from_results, run_suite, select
+
+    shapes = select(load_shapes(args.file), args.only, args.file)
+    dtypes = parse_dtypes(args.dtypes)
+    if args.timeout_per_shape is not None and not args.timeout_per_shape > 0:
+        raise InvalidInput("--timeout-per-shape must be a positive number of seconds", args.timeout_per_shape)
+    args.timeout = args.timeout_per_shape
+    options = options_from_args(args)
+    show = (lambda row: print(f"{row.name} {row.dtype}: " + (f"{row.tflops:.1f} TFLOP/s" if row.tflops else
+                                                              (row.note or "-")), file=sys.stderr))
+    if args.from_results:
+        report = report_from_results(shapes, dtypes, resolve_gpu(args.gpu), source=args.file)
+    elif args.dry_run:
+        if not args.gpu:
+            raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
+        report = dry_run_suite(shapes, dtypes, lookup_gpu(args.gpu), source=args.file, jobs=options.jobs,
+                               on_row=None if args.no_progress else show)
+    else:
+        gpu, measurer, device = measurer_for(args, args.gpu)
+        progress = Progress(not args.no_progress)
+        try:
+            with sigterm_as_interrupt():
+                report = run_suite(shapes, dtypes, gpu, measurer, options, source=args.file, on_event=progress,
+                                   device=device, out=args.out, on_row=None if args.no_progress else show)
+        finally:
+            progress.close()
+            measurer.close()
+    md, js = report.write()
+    rows = [[r.name, f"{r.m}x{r.n}x{r.k}", r.dtype,
+             _f(r.predicted_tflops if report.dry_run else r.tflops), _f(r.cublas_tflops),
+             _f(r.ratio, "{:.2f}x"), f"{r.tuning_s:.1f}", r.note] for r in report.rows]
+    best = "model TFLOP/s" if report.dry_run else "best TFLOP/s"
+    print(table(rows, ["shape", "MxNxK", "dtype", best, "cuBLAS TFLOP/s", "ratio", "tuning s", "note"]))
+    print("geomean ratio to cuBLAS: " + ", ".join(f"{k} {_f(v, '{:.3f}x')}" for k, v in report.geomeans().items()))
+    print(f"written: {md}\n         {js}")
+    return 0
+
+
+def _f(value, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)

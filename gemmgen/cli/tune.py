@@ -1,0 +1,264 @@
+"""`gemmgen tune M N K`: search the tile space on the GPU, export the winner; `--dry-run` without one."""
+from __future__ import annotations
+
+import signal
+import sys
+from contextlib import contextmanager
+
+from ..model.arch import lookup_gpu
+from ..model.errors import InvalidInput, NoGpu
+from ._common import add_gpu_arg, add_problem_args, problem_from_args, table
+
+DRY_RUN_HINT = "to rank by the model and compile without a GPU: gemmgen tune M N K --gpu h100 --dry-run --out DIR"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tune", help="tune a GEMM: model top-k, then an Optuna search, measured on the GPU",
+                              description="Rank every valid configuration with the roofline model, enqueue the "
+                                          "top-k, explore with an Optuna sampler, re-measure the best few "
+                                          "interleaved and export the winner. Re-running the same command resumes.")
+    add_problem_args(p)
+    add_gpu_arg(p)
+    p.add_argument("--trials", type=int, default=100,
+                   help="measured trials in the study, counting resumed runs (default 100)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop searching after S seconds")
+    p.add_argument("--patience", type=int, default=40,
+                   help="stop after this many measured trials without a 0.5%% improvement (default 40)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage, any SQLAlchemy URL (default sqlite:///results/<gpu>/studies.db)")
+    p.add_argument("--out", default=None, metavar="DIR", help="export the winner's .cubin, .cu and .json here")
+    p.add_argument("--sampler", default="tpe", help="tpe (default), random, cmaes, qmc (needs scipy), "
+                                                     "grid (every valid configuration, in model order)")
+    p.add_argument("--top-k", type=int, default=10, help="the model's best, measured first (default 10)")
+    p.add_argument("--jobs", type=int, default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
+    p.add_argument("--finalists", type=int, default=3, help="configurations re-measured interleaved (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved re-measurement rounds (default 5)")
+    add_timing_arg(p)
+    p.add_argument("--watchdog", type=float, default=60.0, metavar="S",
+                   help="seconds one measurement may take before the worker is killed as hung (default 60)")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, "
+                                                          "export the model's pick unmeasured (needs --gpu)")
+    p.add_argument("--replay", default=None, metavar="FILE",
+                   help="simulation mode: replay recorded timings (JSON keyed by config tag) instead of a GPU")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def add_timing_arg(p) -> None:
+    p.add_argument("--timing", default="burst", metavar="MODE",
+                   help="how the finalists and cuBLAS are timed: burst (default; ~0.1 s each, near boost clock) "
+                        "or sustained (1 s back to back first, then 0.5 s timed: the power-limited clock of a "
+                        "training loop; ~4x longer)")
+
+
+def options_from_args(args, **override):
+    import os
+
+    from ..tune.search import TuneOptions
+
+    jobs = args.jobs if args.jobs is not None else max(1, (os.cpu_count() or 2) - 1)
+    fields = dict(trials=args.trials, timeout_s=args.timeout, patience=args.patience, top_k=args.top_k,
+                  sampler=args.sampler.lower(), jobs=jobs, finalists=args.finalists, rounds=args.rounds,
+                  seed=args.seed, storage=args.storage, out=args.out, timing=getattr(args, "timing", "burst"),
+                  replay=str(args.replay) if getattr(args, "replay", None) else None)
+    fields.update(override)
+    if fields["finalists"] < 1 or fields["rounds"] < 1:
+        raise InvalidInput("--finalists and --rounds must be positive integers", (fields["finalists"], fields["rounds"]))
+    return TuneOptions(**fields).validate()
+
+
+def measurer_for(args, gpu_name: "str | None"):
+    """(gpu, measurer, device props): the replay simulator, or the GPU worker; NoGpu says how to dry-run."""
+    from ..tune.worker import WorkerBenchmark, gpu_benchmark, replay_factory
+
+    if args.watchdog is not None and not args.watchdog > 0:
+        raise InvalidInput("--watchdog must be a positive number of seconds", args.watchdog)
+    if getattr(args, "replay", None):
+        if not gpu_name:
+            raise InvalidInput("--replay needs --gpu NAME (the GPU the timings were recorded on)", None)
+        from ..tune.worker import ReplayBenchmark
+
+        ReplayBenchmark(args.replay)  # a bad file is a one-line error here, not a dead worker later
+        return lookup_gpu(gpu_name), WorkerBenchmark(replay_factory(args.replay), args.watchdog), {}
+    from ..runtime.detect import detect_gpu
+
+    found = detect_gpu()
+    if not found.props.get("name"):
+        raise NoGpu(found.reason, DRY_RUN_HINT)
+    gpu = lookup_gpu(gpu_name) if gpu_name else found.gpu
+    if gpu is None:
+        raise NoGpu(found.reason, "pass --gpu NAME for the closest catalogue entry")
+    if found.gpu is not None and found.gpu.key != gpu.key:
+        print(f"note: the driver reports {found.props['name']} ({found.gpu.key}); tuning with the catalogue's "
+              f"{gpu.key} model as --gpu asks", file=sys.stderr)
+    return gpu, WorkerBenchmark(gpu_benchmark, args.watchdog), dict(found.props)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a batch system's time limit, `timeout`) ends a tune like Ctrl-C: the trials in flight
+    are re-queued and the record is marked interrupted, instead of dying between two writes."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread (embedded use): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Progress:
+    """Trials done and the best TFLOP/s: a tqdm bar on a terminal, one line per trial otherwise."""
+
+    def __init__(self, enabled: bool, label: str = ""):
+        self.enabled, self.label = enabled, label
+        self.bar = None
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, kind: str, info: dict) -> None:
+        if not self.enabled:
+            return
+        if kind == "start":
+            resumed = f", resuming with {info['resumed']} measured" if info["resumed"] else ""
+            print(f"{self.label}space {info['space']} valid configurations; study {info['study']}{resumed}",
+                  file=sys.stderr)
+            if self.tty:
+                try:
+                    from tqdm import tqdm
+
+                    self.bar = tqdm(total=info["target"], initial=min(info["resumed"], info["target"]),
+                                    desc="tune", unit="trial", file=sys.stderr, dynamic_ncols=True)
+                except ImportError:
+                    self.bar = None
+        elif kind == "trial":
+            best = f"best {info['best']:.1f} TFLOP/s"
+            if self.bar is not None:
+                self.bar.n = min(info["done"], self.bar.total)
+                self.bar.set_postfix_str(best, refresh=True)
+            else:
+                what = f"{info['tflops']:.1f} TFLOP/s" if info["state"] == "COMPLETE" else f"FAIL {info['reason']}"
+                print(f"{self.label}trial {info['done']}/{info['target']} #{info['number']} {info['tag']}: "
+                      f"{what}; {best}", file=sys.stderr)
+        elif kind == "finalists":
+            self.close()
+            timing = " (sustained timing, after one settling round)" if info.get("timing") == "sustained" else ""
+            print(f"{self.label}re-measuring the best {info['count']} interleaved, {info['rounds']} rounds{timing}",
+                  file=sys.stderr)
+        elif kind == "finalist_round":
+            lead = f"; leading {info['leader']} at {info['leader_s'] * 1e3:.4f} ms" if info.get("leader") else ""
+            blas = f", cuBLAS {info['cublas_s'] * 1e3:.4f} ms" if info.get("cublas_s") else ""
+            print(f"{self.label}  round {info['round']}/{info['rounds']}{lead}{blas}", file=sys.stderr)
+        elif kind == "done":
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def say_fallbacks(problem, gpu) -> None:
+    """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
+    such problems fall back to the sm80 family)."""
+    from ..rank.space import excluded_families
+
+    for family, rule in excluded_families(problem, gpu):
+        print(f"note: family {family.value} cannot run this problem ({rule}); searching the others", file=sys.stderr)
+
+
+def run(args) -> int:
+    from ..tune.search import dry_run, tune
+
+    problem = problem_from_args(args)
+    if args.dry_run:
+        if not args.gpu:
+            raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
+        gpu = lookup_gpu(args.gpu)
+        options = options_from_args(args)
+        if args.storage:
+            from ..tune.storage import check_url
+
+            check_url(args.storage)  # a bad URL is an error even where a dry run will not open it
+            print("note: a dry run measures nothing, so --storage is not opened", file=sys.stderr)
+        say_fallbacks(problem, gpu)
+        result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
+        print_dry_run(result)
+        return 0 if result.pick is not None else 1
+    options = options_from_args(args)
+    gpu, measurer, device = measurer_for(args, args.gpu)
+    say_fallbacks(problem, gpu)
+    progress = Progress(not args.no_progress)
+    try:
+        with sigterm_as_interrupt():
+            result = tune(problem, gpu, measurer, options, on_event=progress, device=device)
+    finally:
+        progress.close()
+        measurer.close()
+    print_result(result)
+    return 0 if result.winner is not None else 1
+
+
+def print_dry_run(result) -> None:
+    p, gpu = result.problem, result.gpu
+    print(f"dry run: {p.label} on {gpu.key} ({gpu.arch.value}); {result.space_size} valid configurations, "
+          f"the model's top {len(result.candidates)} compiled, nothing measured")
+    rows = []
+    for c in result.candidates:
+        if c.ok:
+            res = c.compiled.resources
+            status = f"ok, {res.registers} regs, {getattr(c.compiled, 'spill_bytes', res.spill_bytes)} B spill"
+        else:
+            status = f"compile error: {str(c.compiled)[:60]}"
+        rows.append([str(c.ranked.rank + 1), c.ranked.config.tag, f"{c.ranked.tflops:.1f}",
+                     f"{c.ranked.time_s * 1e3:.3f}", c.ranked.bound, status])
+    print(table(rows, ["rank", "config", "model TFLOP/s", "model ms", "bound", "compile"]))
+    if result.pick is None:
+        print("no candidate compiled: nothing exported")
+        return
+    print(f"model's pick: {result.pick.kernel.name}")
+    if result.bundle is not None:
+        print(f"exported (not measured): {result.bundle.manifest_path}")
+        print(f"                         {result.bundle.cubin_path}")
+        print(f"                         {result.bundle.source_path}")
+
+
+def print_result(result) -> None:
+    p, c = result.problem, result.counts
+    print(f"tuned {p.label} on {result.gpu.key} in {result.elapsed_s:.1f}s: stopped because {result.stop_reason}")
+    print(f"study {result.study_name} in {result.storage_url} (open with: optuna-dashboard {result.storage_url})")
+    print(f"trials: {c['measured']} measured this run ({c['failed']} failed), {c['resumed']} from earlier runs, "
+          f"{c['pruned']} pruned (infeasible or quarantined), {c['duplicates']} duplicates, "
+          f"{c['cancelled']} cancelled; space {result.space_size}")
+    if result.cublas_time_s:
+        print(f"cuBLAS: {result.cublas_time_s * 1e3:.4f} ms = {p.flops / result.cublas_time_s / 1e12:.1f} TFLOP/s "
+              "(same run)")
+    else:
+        print("cuBLAS: not measured (neither torch nor cupy importable in the worker)")
+    if result.top:
+        rows = [[str(i + 1), r.tag, f"{r.tflops:.1f}" + ("" if r.remeasured else "*"), f"{r.predicted_tflops:.1f}",
+                 f"{r.pct_of_prediction:.0f}%",
+                 f"{r.pct_of_roofline:.0f}%" + (" (above the roofline: a measurement error?)"
+                                                 if r.pct_of_roofline > 100 else ""),
+                 f"{r.vs_cublas:.2f}x" if r.vs_cublas else "-"] for i, r in enumerate(result.top)]
+        print(table(rows, ["#", "config", "TFLOP/s", "model TFLOP/s", "% of model", "% of roofline", "vs cuBLAS"]))
+        print("* single search measurement; the others are medians of the interleaved re-measurement")
+    for f in result.finalists:
+        if f.failed:
+            print(f"finalist {f.config.tag}: {f.failed}")
+    w = result.winner
+    if w is None:
+        print("no configuration ran correctly: nothing to export")
+        return
+    q1, q3 = w.quartiles()
+    print(f"winner: {w.kernel}")
+    print(f"  median {w.median_s * 1e3:.4f} ms = {w.tflops:.1f} TFLOP/s over {len(w.times_s)} interleaved rounds "
+          f"(min {min(w.times_s) * 1e3:.4f}, max {max(w.times_s) * 1e3:.4f}, IQR {q1 * 1e3:.4f}-{q3 * 1e3:.4f} ms)")
+    print(f"record: {result.record_path}")
+    if result.bundle is not None:
+        print(f"exported: {result.bundle.manifest_path}")

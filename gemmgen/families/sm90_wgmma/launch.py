@@ -1,0 +1,330 @@
+"""The sm90_wgmma family: template parameters, TMA tensor-map specs and launch manifests.
+
+The kernel (templates/sm90_wgmma.cu.j2) is warp-specialized: one producer warpgroup issues TMA into a
+ring of `stages` 128B-swizzled stages, and one or two consumer warpgroups run wgmma m64nNk16 on them.
+A operand tiles are BM x 64 and B tiles BN x 64 per stage, each as 64-wide blocks of 8 KB; a cluster of
+2 CTAs shares (multicasts) B when it is 2x1 and A when it is 1x2.
+
+Pure Python: no cuda-python import here (tma.py encodes the maps on the device side).
+"""
+from __future__ import annotations
+
+import math
+
+from ...model.arch import Arch, lookup_gpu
+from ..rules import sm90_epi_boxes, sm90_epi_warp_bytes, smem_bytes
+from ...model.errors import InvalidInput
+from ...model.problem import Layout, Operands, Problem
+from ...model.tiles import SK_MAX_SLICES, DecompKind, Family, Kernel, Schedule, streamk_remainder
+
+REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
+PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
+CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
+BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
+# The tensor maps' L2 promotion, recorded in each manifest spec ("l2_promotion") so every launcher encodes
+# the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
+# 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
+L2_PROMOTION = "128B"
+# prefetch.tensormap of both maps at kernel start (scripts/ab_lab.py measures it against False).
+PREFETCH_TENSORMAPS = True
+# D through TMA stores where its rows allow (uses_tma_store). Measured against the vectorized st.global
+# epilogue on six suite winners: a tie (0.99-1.01x, docs/perf-notes.md "Where the epilogue's time goes"); kept
+# because the consumers issue a quarter of the instructions and never wait on D's writes.
+TMA_STORE = True
+# Interior tiles with beta == 0 skip C and the bounds tests in the TMA-store epilogue (one branch per tile).
+# Measured on the 2026-11-23 H100 run: the 128x256 tile's epilogue 3.7 -> 1.7 us, sq2048 0.93x -> 0.98x cuBLAS.
+EPI_FAST = True
+# The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
+# (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
+EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
+
+
+def consumer_regs(consumers: int) -> int:
+    """Registers per consumer thread after setmaxnreg: what the producer warpgroup's release leaves of the
+    65536-register file, in setmaxnreg's steps of 8 (232 for two consumer warpgroups, 152 for three)."""
+    if consumers == 2:
+        return CONSUMER_REGS
+    return (65536 - 128 * PRODUCER_REGS) // (128 * max(1, consumers)) // 8 * 8
+
+
+def gemm_problem(kernel: Kernel, problem: Problem) -> Problem:
+    """The product the kernel's main loop computes: `problem`, or for a swapped kernel D^T = B^T @ A^T (its
+    M, N, K, lda and ldb are what the kernel's scalars and A/B tensor maps take; ldc and D stay `problem`'s)."""
+    return problem.swapped() if kernel.config.swap_ab else problem
+
+
+def gemm_operands(kernel: Kernel) -> Operands:
+    """The operands as the kernel's main loop sees them (swapped for a swapped kernel)."""
+    return kernel.operands.swapped() if kernel.config.swap_ab else kernel.operands
+
+
+def a_is_kmajor(operands: Operands) -> bool:
+    """A (M x K) row-major keeps K contiguous: K-major in shared memory."""
+    return operands.a_layout is Layout.ROW
+
+
+def b_is_kmajor(operands: Operands) -> bool:
+    """B (K x N) column-major keeps K contiguous: K-major in shared memory."""
+    return operands.b_layout is Layout.COL
+
+
+def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
+    """Outer box extent: a K-major box spans the operand's tile (or its slice of a multicast); MN-major 64."""
+    return tile_rows // split if kmajor else 64
+
+
+def template_params(kernel: Kernel) -> dict:
+    """Every value templates/sm90_wgmma.cu.j2 reads, derived from a validated Kernel."""
+    cfg, ops = kernel.config, gemm_operands(kernel)
+    if cfg.family is not Family.SM90_WGMMA:
+        raise InvalidInput("sm90 template parameters need a sm90_wgmma configuration", cfg.family.value)
+    consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
+    return {
+        "name": kernel.name,
+        "ab": ops.a_dtype.ptx,
+        "cd": ops.c_dtype.ptx,
+        "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,
+        "wm": cfg.warp.m, "wn": cfg.warp.n, "wg_n": cfg.warps_n,
+        "nacc": cfg.warp.n // 2,
+        "consumers": consumers,
+        "threads": cfg.threads,
+        "stages": cfg.stages,
+        "a_kmajor": a_is_kmajor(ops), "b_kmajor": b_is_kmajor(ops),
+        "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
+        "persistent": cfg.persistent,
+        "pingpong": cfg.schedule is Schedule.PINGPONG,
+        "raster_order": cfg.raster.order.value, "raster_group": cfg.raster.group,
+        "bias": ops.bias, "activation": ops.activation.value,
+        "align_c": ops.align_c,
+        # setmaxnreg only pays with two or three consumer warpgroups (384 or 512 threads launched at 168 or 128
+        # registers); one consumer warpgroup (256 threads) already gets the most a thread may have.
+        "setmaxnreg": consumers >= 2,
+        "producer_regs": PRODUCER_REGS, "consumer_regs": consumer_regs(consumers),
+        "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
+        "splitk_fused": is_fused(kernel),
+        # The main loop ran on D^T = B^T @ A^T: the epilogue writes D transposed, or the reduction reads partial
+        # (row, col) of D at [col][row].
+        "swap_ab": cfg.swap_ab,
+        "streamk": is_streamk(kernel),
+        "prefetch_tensormaps": PREFETCH_TENSORMAPS,
+        "tma_store": uses_tma_store(kernel),
+        "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
+        # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
+        # TMA-store boxes per consumer warp and the warp's staging bytes come from constraints.sm90_epi_boxes.
+        "epi_fast": EPI_FAST,
+        "epi_boxes": sm90_epi_boxes(cfg, ops),
+        "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
+        "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
+        # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
+        "epi_defer_store": 0,
+        # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
+        "epi_store_warp": uses_store_warp(kernel),
+        # 1, 2 or 3 only in scripts/ab_lab.py: that many producer warps (from warp 1) copy the staged boxes to D with
+        # ld.shared/st.global.v4 instead of one warp issuing TMA stores (keeps D's stores off the TMA unit)
+        "sw_lsu": 0,
+        "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
+        "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
+        "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
+        "b_cpasync": False, "cpasync_producer_fence": False,
+        "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
+        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
+        # 3 fills the TMA-store boxes but issues no store.
+        "skip_epilogue": 0,
+        # True only in scripts/ab_lab.py: Stream-K's range mode without its fix-up (no partials, flags or adds;
+        # D is wrong), to time the range schedule apart from the fix-up.
+        "sk_no_fixup": False,
+    }
+
+
+def uses_tma_store(kernel: Kernel) -> bool:
+    """D leaves through TMA stores (a third tensor map) when its rows start on 16-byte boundaries (align_c 8,
+    TMA's rule) and the kernel writes D itself: split-K's partials are fp32 plain stores and its D comes from
+    the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global; so do swapped
+    kernels (their tile is D^T's) and tiles narrower than the 32-column store boxes."""
+    cfg = kernel.config
+    return TMA_STORE and kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
+
+
+def uses_store_warp(kernel: Kernel) -> bool:
+    """D's TMA stores issued by the producer warpgroup's idle warp 1 instead of by each consumer warp (the
+    template's STORE_WARP): the configuration's `store_warp`, which constraints.check allows for cooperative
+    data-parallel kernels whose D takes TMA stores."""
+    return kernel.config.store_warp and uses_tma_store(kernel)
+
+
+def is_streamk(kernel: Kernel) -> bool:
+    return kernel.config.decomposition.kind is DecompKind.STREAM_K
+
+
+def is_fused(kernel: Kernel) -> bool:
+    """Split-K whose partials are summed in the GEMM launch by each tile's last CTA (no reduction launch)."""
+    decomp = kernel.config.decomposition
+    return decomp.kind is DecompKind.SPLIT_K and decomp.fused and decomp.splits > 1
+
+
+def fused_counter_words(kernel: Kernel, problem: Problem) -> int:
+    """u32 arrival counters at the head of a fused split-K workspace: one per CTA tile (cluster tiles times the
+    cluster size), padded to 64 (256 bytes) as the template's fused_partials() computes it."""
+    return (cluster_tiles(kernel, problem) * kernel.config.cluster.size + 63) // 64 * 64
+
+
+def streamk_flag_words(grid: int) -> int:
+    """u32 flags at the head of a Stream-K workspace: one per CTA, padded to 64 (256 bytes), as the kernel's
+    sk_slot computes from gridDim.x."""
+    return (grid + 63) // 64 * 64
+
+
+def streamk_slices(kernel: Kernel, problem: Problem, grid: int) -> "tuple[int, int]":
+    """(data-parallel tiles, K slices per remainder tile) of a Stream-K launch on `grid` CTAs, as the
+    template's Walk computes them. 1 slice: the remainder runs as an ordinary partial wave; 0: range mode (the
+    remainder's K iterations dealt out to every CTA in contiguous ranges, where the last wave is more than
+    half full)."""
+    tiles = cluster_tiles(kernel, problem)
+    problem = gemm_problem(kernel, problem)
+    rem, slices = streamk_remainder(tiles, grid, math.ceil(problem.k / kernel.config.cta.k))
+    return (tiles if slices == 1 else tiles - rem), slices
+
+
+def splits(kernel: Kernel) -> int:
+    """K slices per output tile: the split-K factor, 1 for data-parallel."""
+    decomp = kernel.config.decomposition
+    return decomp.splits if decomp.kind is DecompKind.SPLIT_K else 1
+
+
+def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
+    """The two tensor-map parameter specs (manifest 'kind': 'tensormap') for A and B. A swapped kernel's tmA
+    reads the caller's B (as B^T) and its tmB the caller's A."""
+    cfg, ops = kernel.config, gemm_operands(kernel)
+    problem = gemm_problem(kernel, problem)
+    a_name, b_name = ("B", "A") if cfg.swap_ab else ("A", "B")
+    elt = ops.a_dtype.bytes
+    a_k, b_k = a_is_kmajor(ops), b_is_kmajor(ops)
+    a_split = cfg.cluster.size if cfg.cluster.n > 1 else 1   # 1x2 clusters multicast A
+    b_split = cfg.cluster.size if cfg.cluster.m > 1 else 1   # 2x1 clusters multicast B
+    tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": a_name, "dtype": ops.a_dtype.value,
+            "dims": [problem.k, problem.m] if a_k else [problem.m, problem.k],
+            "strides_bytes": [problem.lda * elt],
+            "box": [BK_ELEMENTS, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B",
+            "l2_promotion": L2_PROMOTION}
+    tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": b_name, "dtype": ops.b_dtype.value,
+            "dims": [problem.k, problem.n] if b_k else [problem.n, problem.k],
+            "strides_bytes": [problem.ldb * elt],
+            "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
+            "l2_promotion": L2_PROMOTION}
+    return tm_a, tm_b
+
+
+def tensormap_d(kernel: Kernel, problem: Problem) -> dict:
+    """The tensor map the TMA-store epilogue writes D through: boxes of 16 rows x 32 columns with the 64B
+    swizzle, matching the template's per-warp store boxes."""
+    ops = kernel.operands
+    return tensormap_d_spec(problem, ops.c_dtype, EPI_BOX_COLS)
+
+
+def tensormap_d_spec(problem: Problem, dtype, box_cols: int) -> dict:
+    """tmD for store boxes of 16 rows x `box_cols` columns: 64-byte rows take the 64B swizzle, 128-byte rows
+    the 128B one (the template's box_chunk places the chunks the same way)."""
+    return {"name": "tmD", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": "D", "dtype": dtype.value,
+            "dims": [problem.n, problem.m], "strides_bytes": [problem.ldc * dtype.bytes],
+            "box": [box_cols, EPI_BOX_ROWS], "swizzle": "64B" if box_cols * dtype.bytes == 64 else "128B",
+            "l2_promotion": "NONE"}
+
+
+def cluster_tiles(kernel: Kernel, problem: Problem) -> int:
+    """Output tiles counted in clusters (tiles of D^T for a swapped kernel)."""
+    cfg = kernel.config
+    problem = gemm_problem(kernel, problem)
+    tiles_m, tiles_n = math.ceil(problem.m / cfg.cta.m), math.ceil(problem.n / cfg.cta.n)
+    return math.ceil(tiles_m / cfg.cluster.m) * math.ceil(tiles_n / cfg.cluster.n)
+
+
+def work_units(kernel: Kernel, problem: Problem) -> int:
+    """The scheduler's units of work, counted in clusters: each cluster tile once per K slice."""
+    return cluster_tiles(kernel, problem) * splits(kernel)
+
+
+def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "int | None" = None) -> int:
+    """CTAs to launch: one per cluster tile, or for a persistent kernel no more clusters than can be
+    resident at once. `max_clusters` is the driver's cuOccupancyMaxActiveClusters where known: GPCs
+    need not hold a whole number of clusters, and a persistent cluster that cannot start until another
+    finishes its whole tile loop doubles the run time."""
+    cfg = kernel.config
+    clusters = work_units(kernel, problem)
+    if cfg.persistent:
+        resident = max_clusters or max(1, sm_count // cfg.cluster.size)
+        if is_streamk(kernel):
+            # Stream-K cuts the tiles of the last partial wave into K slices (or K ranges) to fill it, so it
+            # uses every resident slot even with fewer tiles than SMs (up to SK_MAX_SLICES slices per tile).
+            dp, slices = streamk_slices(kernel, problem, resident)
+            clusters = resident if slices == 0 else max(1, min(resident, dp + (clusters - dp) * slices))
+        else:
+            clusters = min(clusters, resident)
+    return clusters * cfg.cluster.size
+
+
+def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+           max_clusters: "int | None" = None) -> dict:
+    """The single launch of an sm90_wgmma kernel for `problem`, as a manifest 'launches' entry."""
+    cfg, ops = kernel.config, kernel.operands
+    sm_count = sm_count or lookup_gpu("h100").sm_count
+    ctype = f"const {ops.c_dtype.cuda_type}*"
+    tm_a, tm_b = tensormap_specs(kernel, problem)
+    gp = gemm_problem(kernel, problem)
+    scalars = [("M", gp.m), ("N", gp.n), ("K", gp.k), ("lda", gp.lda), ("ldb", gp.ldb),
+               ("ldc", problem.ldc), ("ldd", problem.ldc)]
+    params = [tm_a, tm_b] + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
+              {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
+               "tensor": "A" if cfg.swap_ab else "B"},
+              {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
+              {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
+              {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"},
+              {"name": "workspace", "ctype": "float*", "kind": "workspace"}]
+    params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
+    params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},
+               {"name": "beta", "ctype": "float", "kind": "scalar", "value": problem.epilogue.beta}]
+    return {"entry": kernel.name, "grid": [grid_size(kernel, problem, sm_count, max_clusters), 1, 1],
+            "block": [cfg.threads, 1, 1], "cluster": [cfg.cluster.size, 1, 1],
+            "dynamic_smem": smem_bytes(cfg, ops), "params": params}
+
+
+def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+             max_clusters: "int | None" = None) -> "tuple[list[dict], int]":
+    """The manifest's launches and workspace bytes: the GEMM alone, or for split-K the partial-sum kernel
+    then `<name>_reduce` over the same parameters (the sm80 family's reduce ABI and grid), with an fp32
+    workspace[splits][M][N] (for a swapped kernel [splits][N][M], D^T's partials); for Stream-K the GEMM alone over [flags][one BM x BN fp32 partial per CTA]."""
+    main = launch(kernel, problem, sm_count, max_clusters)
+    if is_streamk(kernel):
+        grid = main["grid"][0]
+        return [main], streamk_flag_words(grid) * 4 + grid * kernel.config.cta.m * kernel.config.cta.n * 4
+    s = splits(kernel)
+    if s == 1:
+        return [main], 0
+    if is_fused(kernel):
+        return [main], fused_counter_words(kernel, problem) * 4 + s * problem.m * problem.n * 4
+    pairs = problem.m * math.ceil(problem.n / 2)  # one reduction thread per two columns of D (caller's frame)
+    reduce = {"entry": f"{kernel.name}_reduce", "grid": [math.ceil(pairs / REDUCE_THREADS), 1, 1],
+              "block": [REDUCE_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": main["params"]}
+    return [main, reduce], s * problem.m * problem.n * 4
+
+
+def manifest_launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+                      max_clusters: "int | None" = None) -> "tuple[list[dict], int, dict]":
+    """launches() plus the workspace's zeroing rule (manifest 'workspace_zero'): Stream-K's flag words once
+    when bound (the kernel leaves them zero); split-K writes every partial before reading it, so nothing."""
+    runs, workspace = launches(kernel, problem, sm_count, max_clusters)
+    if is_streamk(kernel):
+        return runs, workspace, {"bytes": streamk_flag_words(runs[0]["grid"][0]) * 4, "when": "bind"}
+    if is_fused(kernel):
+        # The last CTA of each tile resets its counter, so the counters are zeroed once, when bound.
+        return runs, workspace, {"bytes": fused_counter_words(kernel, problem) * 4, "when": "bind"}
+    return runs, workspace, {"bytes": 0, "when": "run"}
+
+
+def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
+    """Bind a configuration to `problem`'s operands for sm_90a."""
+    return Kernel(arch, problem.operands, config)
+
+
+__all__ = ["template_params", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "SK_MAX_SLICES", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+           "launches",
+           "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]

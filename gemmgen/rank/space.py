@@ -1,0 +1,221 @@
+"""Search spaces: search_spaces/<family>.yaml -> the valid TileConfigs, and the model's default pick.
+
+A space file lists values per axis. It is either one product (`axes:`) or a union of named products
+(`spaces:`), each the cartesian product of its axes. Feasibility is never written in the file: every
+configuration of the product is kept only if constraints.check accepts it.
+
+Axes: tiles (list of {cta: MxN, warp: MxN}), bk, mma, stages, smem_layout, raster ({order, group}),
+decomposition ({kind, splits}); for Hopper also cluster (MxN), warp_specialized, persistent,
+schedule (cooperative | pingpong), store_warp (true | false), swap_ab (true | false).
+"""
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from ..families import rules as constraints
+from ..model import paths
+from ..model.arch import Arch, Gpu
+from ..model.errors import InvalidInput, UserError
+from ..model.problem import Operands, Problem
+from ..model.tiles import Family, TileConfig
+
+REQUIRED_AXES = ("tiles", "bk", "mma", "stages")
+OPTIONAL_AXES = {
+    "smem_layout": ["swizzle"],
+    "raster": [{"order": "row", "group": 1}],
+    "decomposition": [{"kind": "dp"}],
+    "cluster": ["1x1"],
+    "warp_specialized": [False],
+    "persistent": [False],
+    "schedule": ["cooperative"],
+    "store_warp": [False],
+    "swap_ab": [False],
+}
+AXES = set(REQUIRED_AXES) | set(OPTIONAL_AXES) | {"name"}
+
+
+def space_path(family: Family) -> Path:
+    return paths.SEARCH_SPACES / f"{family.value}.yaml"
+
+
+def _bad(path: Path, rule: str, value) -> InvalidInput:
+    return InvalidInput(f"{path.name}: {rule}", value, str(path))
+
+
+@lru_cache(maxsize=None)
+def _products(path_text: str, family_value: str) -> "tuple[TileConfig, ...]":
+    """Every configuration the file spells out (before the feasibility check), in file order, deduplicated."""
+    path = Path(path_text)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise _bad(path, "search space file must be readable", exc.strerror) from None
+    except yaml.YAMLError as exc:
+        raise _bad(path, "search space file must be valid YAML", str(exc).splitlines()[0]) from None
+    if not isinstance(raw, dict):
+        raise _bad(path, "search space must be a mapping with 'family' and 'axes' or 'spaces'", type(raw).__name__)
+    if raw.get("family") != family_value:
+        raise _bad(path, f"search space 'family' must be {family_value}", raw.get("family"))
+    if ("axes" in raw) == ("spaces" in raw):
+        raise _bad(path, "search space must have exactly one of 'axes' or 'spaces'", sorted(raw))
+    products = [raw["axes"]] if "axes" in raw else raw["spaces"]
+    if not isinstance(products, list) or not products:
+        raise _bad(path, "'spaces' must be a non-empty list of axis mappings", products)
+    seen: dict[str, TileConfig] = {}
+    for index, axes in enumerate(products):
+        where = f"space {index}" + (f" ({axes.get('name')})" if isinstance(axes, dict) and "name" in axes else "")
+        for config in _expand(path, where, family_value, axes):
+            seen.setdefault(config.tag, config)
+    return tuple(seen.values())
+
+
+def _expand(path: Path, where: str, family_value: str, axes) -> "list[TileConfig]":
+    if not isinstance(axes, dict):
+        raise _bad(path, f"{where} must map axis names to value lists", axes)
+    unknown = sorted(set(axes) - AXES)
+    if unknown:
+        raise _bad(path, f"{where}: axes must be among {sorted(AXES - {'name'})}", unknown[0])
+    values = {}
+    for axis in REQUIRED_AXES:
+        if axis not in axes:
+            raise _bad(path, f"{where} must list axis '{axis}'", sorted(axes))
+        values[axis] = axes[axis]
+    for axis, default in OPTIONAL_AXES.items():
+        values[axis] = axes.get(axis, default)
+    for axis, options in values.items():
+        if not isinstance(options, list) or not options:
+            raise _bad(path, f"{where}: axis '{axis}' must be a non-empty list", options)
+    out = []
+    order = list(values)
+    for combo in itertools.product(*(values[a] for a in order)):
+        point = dict(zip(order, combo))
+        tile = point["tiles"]
+        if not isinstance(tile, dict) or set(tile) != {"cta", "warp"}:
+            raise _bad(path, f"{where}: each tiles entry must be {{cta: MxN, warp: MxN}}", tile)
+        bk = point["bk"]
+        try:
+            cta = _mxn(tile["cta"]) + f"x{int(bk)}"
+            warp = _mxn(tile["warp"]) + f"x{int(bk)}"
+            config = TileConfig.from_dict({
+                "family": family_value, "cta": cta, "warp": warp, "mma": point["mma"], "stages": point["stages"],
+                "smem_layout": point["smem_layout"], "raster": point["raster"], "decomposition": point["decomposition"],
+                "cluster": point["cluster"], "warp_specialized": point["warp_specialized"],
+                "persistent": point["persistent"], "schedule": point["schedule"],
+                "store_warp": point["store_warp"], "swap_ab": point["swap_ab"]})
+        except (UserError, ValueError, TypeError) as exc:
+            raise _bad(path, f"{where}: every value must form a configuration ({exc})", point) from None
+        out.append(config)
+    return out
+
+
+def _mxn(text) -> str:
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"tile must be written MxN, got {text!r}")
+    return f"{int(parts[0])}x{int(parts[1])}"
+
+
+def all_configs(family: Family) -> "tuple[TileConfig, ...]":
+    """The file's configurations, feasible or not."""
+    path = space_path(family)
+    if not path.is_file():
+        raise InvalidInput(f"kernel family {family.value} must have a search space file", str(path))
+    return _products(str(path), family.value)
+
+
+def enumerate_space(family: "Family | str", gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,
+                    operands: "Operands | None" = None) -> "list[TileConfig]":
+    """The configurations of `family`'s space that constraints.check accepts on `gpu` for `arch`."""
+    family = family if isinstance(family, Family) else Family(str(family))
+    arch = arch or gpu.arch
+    if operands is None:
+        operands = problem.operands if problem is not None else Operands()
+    return [c for c in all_configs(family) if not constraints.check(c, gpu, arch, problem, operands)]
+
+
+def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[Family, str]]":
+    """Families the target supports that this problem rules out entirely, each with the rule that does it
+    most often (e.g. sm90_wgmma when a leading dimension is not a 16-byte multiple: TMA cannot load it)."""
+    arch = arch or gpu.arch
+    out = []
+    for family in families_for(arch):
+        counts: "dict[str, tuple[int, str]]" = {}
+        feasible = False
+        for config in all_configs(family):
+            broken = constraints.check(config, gpu, arch, problem, problem.operands)
+            if not broken:
+                feasible = True
+                break
+            for v in broken:
+                n, text = counts.get(v.rule, (0, str(v)))
+                counts[v.rule] = (n + 1, text)
+        if not feasible and counts:
+            out.append((family, max(counts.values())[1]))
+    return out
+
+
+def families_for(arch: "Arch | str") -> "list[Family]":
+    """Kernel families that can be compiled for `arch` and have a template and a search space here."""
+    arch = Arch.parse(arch)
+    out = []
+    for family in Family:
+        able = arch.cc >= family.min_arch.cc and (arch.has_wgmma or not family.min_arch.has_wgmma)
+        if able and (paths.TEMPLATES / family.template).is_file() and space_path(family).is_file():
+            out.append(family)
+    return out
+
+
+def heuristic_time(problem: Problem, config: TileConfig, gpu: Gpu, operands: "Operands | None" = None) -> float:
+    """A relative cost without the roofline model (fallback only; smaller is better).
+
+    Work rounded up to whole tiles and whole waves, over a per-tile efficiency that grows with the
+    tile's arithmetic intensity (BM*BN/(BM+BN)) and is discounted for shallow pipelines and for the
+    extra reduction pass of split-K, for padding instead of the swizzle and for ungrouped rasterization.
+    """
+    import math
+
+    ops = operands or problem.operands
+    cta = config.cta
+    splits = config.decomposition.splits
+    tiles = math.ceil(problem.m / cta.m) * math.ceil(problem.n / cta.n) * splits
+    slots = max(1, constraints.ctas_per_sm(config, gpu, ops)) * gpu.sm_count
+    waves = math.ceil(tiles / slots)
+    k_per_cta = math.ceil(math.ceil(problem.k / cta.k) / splits) * cta.k
+    intensity = cta.m * cta.n / (cta.m + cta.n)
+    pipeline = {2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0}.get(config.stages, 0.9)
+    layout = 1.0 if config.smem_layout.value == "swizzle" else 0.97
+    layout *= 1.0 if config.raster.group >= 4 else 0.98  # grouped rasterization: better L2 reuse
+    work = waves * slots / gpu.sm_count * cta.m * cta.n * k_per_cta
+    reduction = 0.0 if splits == 1 else 2.0 * problem.m * problem.n * splits * 64
+    return (work + reduction) / (intensity * pipeline * layout)
+
+
+def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> TileConfig:
+    """The configuration the model ranks first for `problem` on `gpu` (for `arch`)."""
+    arch = arch or gpu.arch
+    candidates = [c for family in families_for(arch)
+                  for c in enumerate_space(family, gpu, arch, problem, problem.operands)]
+    if not candidates:
+        raise InvalidInput("no configuration of the search spaces fits this problem and GPU",
+                           f"{problem.label} on {gpu.key} for {arch.value}")
+    from ..calc.intensity import predict
+
+    ranked = []
+    for config in candidates:
+        try:
+            # The model ties on axes it does not price (layout, rasterization): the heuristic breaks
+            # those ties, then the name, so the pick is deterministic.
+            ranked.append((predict(problem, config, gpu).time_s, heuristic_time(problem, config, gpu),
+                           config.tag, config))
+        except UserError:
+            continue  # the model may know a limit the space check does not; skip, never fail
+    if ranked:
+        return min(ranked, key=lambda r: r[:3])[3]
+    return min(candidates, key=lambda c: (heuristic_time(problem, c, gpu), c.tag))
+
+
+__all__ = ["all_configs", "default_config", "enumerate_space", "families_for", "heuristic_time", "space_path"]

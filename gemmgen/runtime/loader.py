@@ -1,0 +1,207 @@
+"""gemmgen.load(path): an exported kernel bundle (launch manifest .json + .cubin) as a callable.
+
+    k = gemmgen.load("out/")                    # the folder, or the manifest .json itself
+    k(A, B, D)                                  # torch or cupy arrays on the GPU; D is written and returned
+    k(A, B, D, C=C, bias=bias)                  # when the kernel was built with beta != 0 / a bias
+
+A cubin is built for one problem: shapes, dtypes and layouts must match the manifest's, or InvalidInput
+says which one does not. A is M×K and B is K×N in logical shape; a column-major operand is the transposed
+view of a contiguous array (torch: `torch.empty(K, M).t()`). bf16 arrays without a bf16 dtype (cupy) may
+be passed as uint16/int16 holding the bits. The launch goes on the array library's current stream.
+The split-K workspace belongs to the loaded kernel: do not run one loaded kernel on two streams at once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model.errors import InvalidInput
+from ..model.problem import Layout, Problem
+
+MANIFEST_FORMAT = "gemmgen-manifest/1"
+DTYPE_NAMES = {"bf16": {"bfloat16", "uint16", "int16"}, "f16": {"float16"}, "f32": {"float32"}}
+
+
+def find_manifest(path: "str | Path") -> Path:
+    """The manifest of a bundle: `path` itself if it is a .json file, else the one manifest in the folder."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise InvalidInput("a kernel bundle must be a folder or a manifest .json file", str(path))
+    found = []
+    for candidate in sorted(path.glob("*.json")):
+        try:
+            if json.loads(candidate.read_text()).get("format") == MANIFEST_FORMAT:
+                found.append(candidate)
+        except (OSError, ValueError, AttributeError):
+            continue
+    if len(found) != 1:
+        names = [p.name for p in found]
+        raise InvalidInput(f"a bundle folder must hold exactly one {MANIFEST_FORMAT} .json (or pass the file)",
+                           names or str(path))
+    return found[0]
+
+
+def read_bundle(path: "str | Path") -> "tuple[dict, bytes, Path]":
+    """(manifest, cubin bytes, manifest path) of a bundle."""
+    manifest_path = find_manifest(path)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInput("a manifest must be readable JSON", str(manifest_path), str(exc).splitlines()[0]) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise InvalidInput(f"a manifest must have format {MANIFEST_FORMAT}", str(manifest_path))
+    cubin_path = manifest_path.parent / str(manifest.get("cubin") or (manifest.get("name", "") + ".cubin"))
+    try:
+        cubin = cubin_path.read_bytes()
+    except OSError:
+        raise InvalidInput("a bundle must hold the cubin its manifest names", str(cubin_path)) from None
+    return manifest, cubin, manifest_path
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What the loader needs to know of an array: address, logical shape, strides in elements, dtype, stream."""
+
+    ptr: int
+    shape: "tuple[int, ...]"
+    strides: "tuple[int, ...]"
+    dtype: str
+    device: "int | None"
+    stream: int
+
+
+def describe_array(x, what: str) -> ArrayInfo:
+    """Address, shape, element strides, dtype name, device and current stream of a torch tensor or of any
+    object with __cuda_array_interface__ (cupy, numba)."""
+    if hasattr(x, "data_ptr") and hasattr(x, "is_cuda"):  # torch (its CAI refuses bf16, so read it directly)
+        if not x.is_cuda:
+            raise InvalidInput(f"{what} must be on the GPU", str(x.device))
+        import torch
+
+        return ArrayInfo(int(x.data_ptr()), tuple(x.shape), tuple(x.stride()), str(x.dtype).split(".")[-1],
+                         x.device.index, int(torch.cuda.current_stream(x.device).cuda_stream))
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise InvalidInput(f"{what} must be a torch or cupy array on the GPU", type(x).__name__)
+    shape = tuple(cai["shape"])
+    itemsize = int(cai["typestr"][2:])
+    if cai.get("strides"):
+        strides = tuple(s // itemsize for s in cai["strides"])
+    else:
+        strides, step = [], 1
+        for extent in reversed(shape):
+            strides.insert(0, step)
+            step *= extent
+        strides = tuple(strides)
+    dtype = getattr(getattr(x, "dtype", None), "name", None) or _typestr_name(cai["typestr"])
+    return ArrayInfo(int(cai["data"][0]), shape, strides, dtype, None, _current_stream(x))
+
+
+def _typestr_name(typestr: str) -> str:
+    return {"<f2": "float16", "<f4": "float32", "<u2": "uint16", "<i2": "int16"}.get(typestr, typestr)
+
+
+def _current_stream(x) -> int:
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0  # the legacy default stream, which orders against every other blocking stream
+
+
+def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple[int, ...]]]":
+    """(logical shape, element strides) each operand must have."""
+    m, n, k = problem.m, problem.n, problem.k
+    out = {"A": ((m, k), (k, 1) if problem.a_layout is Layout.ROW else (1, m)),
+           "B": ((k, n), (n, 1) if problem.b_layout is Layout.ROW else (1, k)),
+           "D": ((m, n), (n, 1))}
+    if problem.epilogue.beta != 0:
+        out["C"] = ((m, n), (n, 1))
+    if problem.epilogue.bias:
+        out["bias"] = ((n,), (1,))
+    return out
+
+
+def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
+    """InvalidInput unless `info` has the manifest problem's shape, layout and dtype for operand `name`."""
+    shape, strides = expected_layout(problem)[name]
+    if info.shape != shape:
+        raise InvalidInput(f"{name} must have shape {shape} for this kernel", info.shape)
+    # A stride along an axis of extent 1 is never used, and libraries report anything there.
+    if any(extent > 1 and got != want for extent, got, want in zip(shape, info.strides, strides)):
+        layout = {"A": problem.a_layout.value, "B": problem.b_layout.value}.get(name, "row")
+        raise InvalidInput(f"{name} must be {layout}-major with element strides {strides}", info.strides,
+                           "a col-major operand is the transposed view of a contiguous array")
+    dtype = {"A": problem.a_dtype, "B": problem.b_dtype}.get(name, problem.c_dtype)
+    if info.dtype not in DTYPE_NAMES.get(dtype.value, {dtype.value}):
+        raise InvalidInput(f"{name} must have dtype {dtype.value}", info.dtype)
+    if info.ptr % 16:
+        raise InvalidInput(f"{name} must start on a 16-byte boundary (the kernel's vector loads)", hex(info.ptr))
+
+
+class LoadedKernel:
+    """A compiled GEMM for one problem, callable on torch or cupy arrays."""
+
+    def __init__(self, manifest: dict, cubin: bytes, source: str = "<memory>"):
+        self.manifest, self.cubin, self.source = manifest, cubin, source
+        self.problem = Problem.from_dict(manifest["problem"])
+        self.name = str(manifest.get("name", "kernel"))
+        self._device = None
+        self._module = None
+        self._workspace = None
+
+    def __repr__(self) -> str:
+        return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
+
+    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None):
+        ep = self.problem.epilogue
+        given = {"A": A, "B": B, "D": D}
+        if ep.beta != 0:
+            if C is None:
+                raise InvalidInput("C is required: this kernel was built with beta != 0", ep.beta)
+            given["C"] = C
+        elif C is not None:
+            raise InvalidInput("C must be None: this kernel was built with beta = 0 and never reads it", "C")
+        if ep.bias:
+            if bias is None:
+                raise InvalidInput("bias is required: this kernel was built with a bias", "bias=None")
+            given["bias"] = bias
+        elif bias is not None:
+            raise InvalidInput("bias must be None: this kernel was built without a bias", "bias")
+        infos = {name: describe_array(x, name) for name, x in given.items()}
+        for name, info in infos.items():
+            check_operand(name, info, self.problem)
+        devices = {info.device for info in infos.values() if info.device is not None}
+        if len(devices) > 1:
+            raise InvalidInput("all operands must be on one GPU", sorted(devices))
+        dev = self._ensure(devices.pop() if devices else 0)
+        dev.make_current()
+        pointers = {name: info.ptr for name, info in infos.items()}
+        sequence = dev.prepare(self.manifest, self._module, pointers, self._workspace)
+        sequence.run(infos["D"].stream if stream is None else int(stream))
+        return D
+
+    def _ensure(self, ordinal: int):
+        if self._device is None or self._device.ordinal != ordinal:
+            from .device import Device
+
+            self.close()
+            self._device = Device(ordinal).open()
+            self._module = self._device.load(self.cubin)
+            nbytes = int(self.manifest.get("workspace_bytes", 0) or 0)
+            self._workspace = self._device.alloc(nbytes) if nbytes else None
+        return self._device
+
+    def close(self) -> None:
+        if self._device is not None:
+            self._device.close()
+            self._device = self._module = self._workspace = None
+
+
+def load(path: "str | Path") -> LoadedKernel:
+    """Load an exported bundle (a folder holding one manifest .json and its .cubin, or the .json itself)."""
+    manifest, cubin, manifest_path = read_bundle(path)
+    return LoadedKernel(manifest, cubin, str(manifest_path))

@@ -1,0 +1,489 @@
+"""Verification and timing of compiled kernels on the GPU, behind an injectable interface.
+
+The tuner calls `GpuBenchmark().measure(manifest, cubin, problem)` in a worker process that owns the
+CUDA context; a fake with the same two methods (measure, cublas_time) replays recorded timings in CI.
+
+Verification: fresh random inputs in [-1, 1) for every check, D poisoned with NaN first, then the relative
+Frobenius error against an fp32 reference (gemmgen.tune.reference); any NaN/Inf fails.
+Timing: CUDA events around each run, after ~25 ms of warm-up; the median of >= 20 runs (~100 ms), queued in
+batches behind a kernel that holds the stream, so the events see the GPU's time and not the host's launch
+overhead. Inputs
+and outputs rotate over enough buffer sets that together they exceed 2x the L2 cache, so L2 never serves
+a run's operands from the previous run (no L2 flush, so nothing is subtracted). cuBLAS (torch.matmul, or
+addmm with C/bias) is timed the same way, on the same rotated buffers.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+from ..model.arch import DType
+from ..model.errors import CudaError, InvalidInput
+from ..model.problem import Problem
+from .reference import GemmPointers, operand_bytes, storage_shapes
+
+# Relative Frobenius error allowed per output dtype. The inputs are exact in the kernel and the reference,
+# so the error is the rounding of D to its dtype (unit roundoff u: bf16 2^-8 = 3.9e-3, f16 2^-11 = 4.9e-4).
+# Measured on the H100 (scripts/gpu_check.py, 49 cases, docs/device-notes.md): 1.66e-3 for bf16 and 2.1e-4
+# for f16 on every shape, layout and epilogue. The thresholds leave ~6x (bf16) and ~10x (f16) margin and
+# still catch one missing K slice at K = 4097 (error ~ 1/sqrt(K) = 1.6e-2).
+THRESHOLDS = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-5}
+FP32_EPS = 2.0 ** -24
+
+
+def threshold(dtype: "DType | str", k: int) -> float:
+    """Allowed relative error for output `dtype` after a K-long fp32 reduction.
+
+    The K-dependent slack covers a different fp32 summation order (split-K, tile order) from the
+    reference's: a random-walk bound of 8*sqrt(K)*eps32, 1.5e-4 at K = 65536."""
+    dt = DType.parse(dtype)
+    if dt not in THRESHOLDS:
+        raise InvalidInput(f"verification thresholds exist for {sorted(d.value for d in THRESHOLDS)}", dt.value)
+    return THRESHOLDS[dt] + 8.0 * math.sqrt(max(1, k)) * FP32_EPS
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One kernel on one problem: verified or not, and how long it took (median)."""
+
+    ok: bool
+    time_s: "float | None" = None
+    times_s: "tuple[float, ...]" = ()
+    rel_error: "float | None" = None
+    reason: str = ""
+    flops: int = 0
+    threshold: "float | None" = None
+    backend: str = ""
+
+    @property
+    def tflops(self) -> "float | None":
+        if not self.ok or not self.time_s:
+            return None
+        return self.flops / self.time_s / 1e12
+
+    @property
+    def spread(self) -> "float | None":
+        """(p90 - p10) / median of the timed runs: how noisy the timing was."""
+        if len(self.times_s) < 2 or not self.time_s:
+            return None
+        lo, hi = percentile(self.times_s, 10), percentile(self.times_s, 90)
+        return (hi - lo) / self.time_s
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "time_s": self.time_s, "tflops": self.tflops, "rel_error": self.rel_error,
+                "threshold": self.threshold, "reference": self.backend, "reason": self.reason,
+                "runs": len(self.times_s), "spread": self.spread}
+
+
+# --- statistics and plans (pure) -----------------------------------------------------------------
+
+def median(values) -> float:
+    values = list(values)
+    if not values:
+        raise InvalidInput("a median needs at least one value", values)
+    return float(statistics.median(values))
+
+
+def percentile(values, q: float) -> float:
+    """Linear-interpolated q-th percentile."""
+    data = sorted(values)
+    if not data:
+        raise InvalidInput("a percentile needs at least one value", data)
+    pos = (len(data) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return float(data[lo] + (data[hi] - data[lo]) * (pos - lo))
+
+
+def rotation_count(set_bytes: int, l2_bytes: int, factor: float = 2.0, max_sets: int = 64,
+                   max_total_bytes: int = 4 << 30) -> int:
+    """How many buffer sets to rotate over so that together they exceed `factor` x L2.
+
+    One set already larger than that needs no rotation; tiny problems are capped at `max_sets`
+    (and `max_total_bytes`), where launch overhead, not L2, dominates their time anyway."""
+    if set_bytes <= 0:
+        raise InvalidInput("a buffer set must have a positive size", set_bytes)
+    need = math.floor(factor * l2_bytes / set_bytes) + 1
+    return max(1, min(need, max_sets, max(1, max_total_bytes // set_bytes)))
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How long to warm up and to measure; the repetition counts follow from one run's estimate."""
+
+    warmup_s: float = 0.025
+    measure_s: float = 0.100
+    min_reps: int = 20
+    max_reps: int = 2000
+    min_warmup: int = 3
+    l2_factor: float = 2.0
+    batch: int = 100  # timed runs queued behind one hold kernel
+    # Sustained: run back to back without hold kernels (whose idle gaps let the card cool and clock up between
+    # batches), so the timing sees the clock a long run settles at. Only kernels longer than the host's enqueue
+    # time can be timed that way; shorter ones keep the holds.
+    sustained: bool = False
+
+
+# How the tuner times its finalists and cuBLAS (`--timing`). Burst: ~0.1 s per kernel in batches behind hold
+# kernels, the card near its boost clock. Sustained: ~1 s of back-to-back runs first, then ~0.5 s timed: the
+# power- and heat-limited clock a training loop runs at (docs/perf-notes.md, "Sustained runs"), which can
+# rank kernels differently when they draw different power.
+TIMINGS = {
+    "burst": TimingPolicy(),
+    "sustained": TimingPolicy(warmup_s=1.0, measure_s=0.5, max_reps=20000, batch=20000, sustained=True),
+}
+# Below this a run is shorter than enqueueing it from Python, so back-to-back runs would leave the GPU idle.
+HOST_BOUND_S = 50e-6
+
+
+def timing_policy(name: str) -> TimingPolicy:
+    try:
+        return TIMINGS[name]
+    except KeyError:
+        raise InvalidInput(f"--timing must be one of {', '.join(TIMINGS)}", name) from None
+
+
+# Host time to enqueue one timed run (two events and a launch; torch's dispatch is the slowest, ~20 us),
+# with margin: the hold must outlast the enqueueing of its batch.
+HOLD_BASE_S = 0.001
+HOLD_PER_RUN_S = 60e-6
+HOLD_MAX_S = 0.02
+HOLD_BATCH = 100   # runs queued behind one hold (HOLD_BASE_S + 100 * HOLD_PER_RUN_S = 7 ms of enqueueing)
+
+
+def plan_runs(estimate_s: float, policy: TimingPolicy = TimingPolicy()) -> "tuple[int, int]":
+    """(warm-up runs, timed runs) for a kernel that takes about `estimate_s` per run."""
+    est = max(estimate_s, 1e-6)
+    warmup = max(policy.min_warmup, math.ceil(policy.warmup_s / est))
+    reps = min(policy.max_reps, max(policy.min_reps, math.ceil(policy.measure_s / est)))
+    return min(warmup, policy.max_reps), reps
+
+
+def failed(reason: str, problem: "Problem | None" = None, **extra) -> Measurement:
+    return Measurement(ok=False, reason=reason, flops=problem.flops if problem else 0, **extra)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a failed trial's reason."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+def manifest_mismatch(manifest: dict, problem: Problem) -> str:
+    """Why a manifest was made for another problem than `problem` ('' when they agree)."""
+    stored = manifest.get("problem")
+    if not isinstance(stored, dict):
+        return "the manifest has no problem"
+    expected = problem.to_dict()
+    keys = ("M", "N", "K", "a_dtype", "b_dtype", "c_dtype", "a_layout", "b_layout", "alpha", "beta", "bias",
+            "activation")
+    diffs = [f"{k}={stored.get(k)!r} (want {expected[k]!r})" for k in keys if stored.get(k, expected[k]) != expected[k]]
+    return "manifest is for another problem: " + ", ".join(diffs) if diffs else ""
+
+
+# --- the GPU benchmark ---------------------------------------------------------------------------
+
+@dataclass
+class _OperandSet:
+    buffers: dict
+    pointers: GemmPointers
+
+
+class GpuBenchmark:
+    """Verifies and times kernels on one GPU. Constructing it touches no GPU: the context opens on first use,
+    so it can be built in a parent and used in a worker (it pickles as its settings)."""
+
+    def __init__(self, ordinal: int = 0, reference: str = "auto", policy: TimingPolicy = TimingPolicy(),
+                 seed: "int | None" = None, verify: bool = True):
+        self.ordinal, self.reference, self.policy, self.verify_first = ordinal, reference, policy, verify
+        self._own_policy = policy
+        self._seed = seed
+        self._rng = random.Random(seed)
+        self._device = None
+        self._sets: "list[_OperandSet]" = []
+        self._sets_key = None
+        self._workspace = None
+        self._events: list = []
+        self._cublas: dict = {}
+        self.healthy = True  # False after a sticky CUDA error: the owner must replace this process
+
+    def __getstate__(self):
+        return {"ordinal": self.ordinal, "reference": self.reference, "policy": self._own_policy, "verify": self.verify_first,
+                "seed": self._seed}
+
+    def __setstate__(self, state):
+        self.__init__(state["ordinal"], state["reference"], state["policy"], state["seed"], state["verify"])
+
+    # public interface ----------------------------------------------------------------------------
+    @property
+    def device(self):
+        if self._device is None:
+            from ..runtime.device import Device
+
+            self._device = Device(self.ordinal).open()
+        return self._device
+
+    def measure(self, manifest, cubin, problem: Problem) -> Measurement:
+        """Verify, then time. Every failure (wrong result, CUDA error, bad manifest) becomes ok=False with its
+        reason; nothing raises out of here. Also accepts the architecture doc's order (compiled, manifest, problem)."""
+        if not isinstance(manifest, dict) and isinstance(cubin, dict):
+            manifest, cubin = cubin, manifest  # (compiled, manifest, problem)
+        cubin = getattr(cubin, "cubin", cubin)
+        return self._guarded(problem, lambda: self._measure(manifest, bytes(cubin), problem, timing=True))
+
+    def verify(self, manifest: dict, cubin: bytes, problem: Problem) -> Measurement:
+        """Verification only (no timing)."""
+        cubin = getattr(cubin, "cubin", cubin)
+        return self._guarded(problem, lambda: self._measure(manifest, bytes(cubin), problem, timing=False))
+
+    def set_timing(self, name: "str | None") -> None:
+        """Time from now on with the named policy of TIMINGS, or with the one given at construction (None).
+        The tuner switches for its finalist rounds."""
+        self.policy = self._own_policy if name is None else timing_policy(name)
+
+    def cublas_time(self, problem: Problem, fresh: bool = False) -> "float | None":
+        """Median seconds of cuBLAS on this problem (torch.matmul, or addmm with C/bias; the activation is
+        not included), or None where neither torch nor cupy (f16 only) is importable. Remembered per problem;
+        `fresh` measures again (the tuner's finalist rounds time cuBLAS beside each round of its kernels, since
+        the card's clocks drift with its power draw from one minute to the next)."""
+        key = _storage_key(problem)
+        if key in self._cublas and not fresh:
+            return self._cublas[key]
+        try:
+            result = self._time_cublas(problem)
+        except ImportError:
+            result = None
+        except CudaError as exc:
+            self._note(exc)
+            raise
+        self._cublas[key] = result
+        return result
+
+    def close(self) -> None:
+        if self._device is not None:
+            try:
+                self._release_sets()
+            finally:
+                self._device.close()
+                self._device = None
+
+    # internals -----------------------------------------------------------------------------------
+    def _guarded(self, problem: Problem, body) -> Measurement:
+        if not self.healthy:
+            return failed("the CUDA context was lost to an earlier sticky error; replace this worker", problem)
+        try:
+            return body()
+        except Exception as exc:  # noqa: BLE001 - CudaError, a bad manifest, torch's RuntimeError: one failed trial
+            self._note(exc)
+            return failed(describe(exc), problem)
+
+    def _note(self, exc: BaseException) -> None:
+        from ..runtime.device import is_sticky
+
+        if is_sticky(exc) or "illegal memory access" in str(exc) or "unspecified launch failure" in str(exc):
+            self.healthy = False
+
+    def _measure(self, manifest: dict, cubin: bytes, problem: Problem, timing: bool) -> Measurement:
+        mismatch = manifest_mismatch(manifest, problem)
+        if mismatch:
+            return failed(mismatch, problem)
+        dev = self.device
+        dev.make_current()
+        module = dev.load(cubin)
+        try:
+            workspace = self._workspace_for(int(manifest.get("workspace_bytes", 0) or 0))
+            limit = threshold(problem.c_dtype, problem.k)
+            rel, backend = None, ""
+            if self.verify_first:
+                first = self._sets_for(problem, 1)[0]
+                self._refill(first, problem)  # fresh inputs for every check
+                dev.poison(first.buffers["D"], problem.c_dtype)
+                if workspace is not None:
+                    # Partials a kernel reads before writing would pass on a previous run's values; NaN
+                    # shows them. Binding re-zeroes whatever prefix the manifest's workspace_zero names.
+                    dev.poison(workspace, "f32")
+                dev.launch(manifest, module, first.pointers.as_dict(), workspace)
+                dev.synchronize(f"after {manifest.get('name', 'the kernel')}")
+                from .reference import compare
+
+                result = compare(dev, problem, first.pointers, self.reference, seed=self._rng.getrandbits(32))
+                rel, backend = result.rel_error, result.backend
+                reason = verdict(result.rel_error, result.nonfinite, limit, problem, result.sample_rel_error)
+                if reason:
+                    extra = f"; {result.detail}" if result.detail else ""
+                    return failed(reason + extra, problem, rel_error=rel, threshold=limit, backend=backend)
+            if not timing:
+                return Measurement(True, None, (), rel, "", problem.flops, limit, backend)
+            times = self._time_kernel(manifest, module, problem, workspace)
+            return Measurement(True, median(times), tuple(times), rel, "", problem.flops, limit, backend)
+        finally:
+            try:
+                dev.unload(module)
+            except CudaError:
+                pass  # after a sticky error unloading fails too; the error that caused it is the one to report
+
+    def _time_kernel(self, manifest: dict, module, problem: Problem, workspace) -> "list[float]":
+        dev = self.device
+        sets = self._sets_for(problem, self._rotation(problem))
+        sequences = [dev.prepare(manifest, module, s.pointers.as_dict(), workspace) for s in sets]
+        name = manifest.get("name", "the kernel")
+        return self._timed(lambda i: sequences[i % len(sequences)].run(0), 0, f"timing {name}")
+
+    def _timed(self, run_one, stream: int, what: str) -> "list[float]":
+        """Estimate from one run, warm up, then time each run between its own pair of events."""
+        dev = self.device
+        start, end = self._event_pair(0)
+        for _ in range(2):  # the first run may include one-time costs (cuBLAS heuristics, module load)
+            # Behind a hold, so the events bracket the run and not the host's enqueueing of it: on an idle
+            # stream torch's dispatch (~20-40 us) would land inside the estimate, and a 9 us cuBLAS run would
+            # pass for a long one and be timed back to back from Python in sustained mode (host-bound: sq1024's
+            # cuBLAS read 94 TFLOP/s instead of 230 that way on 2026-11-24, docs/perf-notes.md).
+            dev.hold_stream(HOLD_BASE_S, stream)
+            start.record(stream)
+            run_one(0)
+            end.record(stream)
+            dev.synchronize(what)
+        estimate = end.elapsed_s(start)
+        warmup, reps = plan_runs(estimate, self.policy)
+        for i in range(warmup):
+            run_one(i)
+        pairs = [self._event_pair(i) for i in range(reps)]
+        if self.policy.sustained and estimate >= HOST_BOUND_S:
+            # The warm-up left the queue deep: the GPU never waits for the host, and no hold lets it idle.
+            for i, (s, e) in enumerate(pairs):
+                s.record(stream)
+                run_one(i)
+                e.record(stream)
+            dev.synchronize(what)
+            return [e.elapsed_s(s) for s, e in pairs]
+        # Runs go in batches queued behind a hold kernel: a short kernel (sq1024 takes ~7 us) launched
+        # straight from Python would otherwise be timed with the host's launch overhead, which differs
+        # between our cuLaunchKernel and torch's dispatch and so skews the ratio to cuBLAS.
+        # A hold covers the enqueueing of at most HOLD_MAX_S / HOLD_PER_RUN_S runs: a sustained policy's huge batch
+        # would leave all but the first few hundred runs host-bound (sq1024's cuBLAS read 92 TFLOP/s that way).
+        batch = min(self.policy.batch, HOLD_BATCH)
+        for first in range(0, reps, batch):
+            chunk = pairs[first:first + batch]
+            dev.hold_stream(min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)
+            for i, (s, e) in enumerate(chunk, start=first):
+                s.record(stream)
+                run_one(i)
+                e.record(stream)
+            dev.synchronize(what)
+        return [e.elapsed_s(s) for s, e in pairs]
+
+    def _event_pair(self, index: int):
+        while len(self._events) <= index:
+            self._events.append((self.device.event(), self.device.event()))
+        return self._events[index]
+
+    def _rotation(self, problem: Problem) -> int:
+        set_bytes = sum(operand_bytes(problem).values())
+        return rotation_count(set_bytes, self.device.props.l2_bytes, self.policy.l2_factor)
+
+    def _workspace_for(self, nbytes: int):
+        if nbytes <= 0:
+            return None
+        if self._workspace is None or self._workspace.nbytes < nbytes:
+            self.device.free(self._workspace)
+            self._workspace = self.device.alloc(nbytes)
+        return self._workspace
+
+    def _sets_for(self, problem: Problem, count: int) -> "list[_OperandSet]":
+        """`count` operand sets for this problem's storage, reusing those already filled."""
+        key = _storage_key(problem)
+        if key != self._sets_key:
+            self._release_sets()
+            self._sets_key = key
+        while len(self._sets) < count:
+            buffers = {name: self.device.alloc(nbytes) for name, nbytes in operand_bytes(problem).items()}
+            ptr = {name: buf.ptr for name, buf in buffers.items()}
+            entry = _OperandSet(buffers, GemmPointers(ptr["A"], ptr["B"], ptr["D"], ptr.get("C", 0), ptr.get("bias", 0)))
+            self._refill(entry, problem)
+            self._sets.append(entry)
+        return self._sets[:count]
+
+    def _refill(self, entry: _OperandSet, problem: Problem) -> None:
+        """New random inputs (never zeros: they hide unwritten outputs and run faster than real data)."""
+        dtypes = {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "bias": problem.c_dtype,
+                  "D": problem.c_dtype}
+        shapes = storage_shapes(problem)
+        for name, buf in entry.buffers.items():
+            if name == "D":
+                continue  # poisoned before each check; its content does not matter for timing
+            count = math.prod(shapes[name])
+            self.device.fill_uniform(buf, dtypes[name], count, self._rng.getrandbits(63))
+
+    def _release_sets(self) -> None:
+        if self._device is not None:
+            for entry in self._sets:
+                for buf in entry.buffers.values():
+                    self._device.free(buf)
+        self._sets, self._sets_key = [], None
+
+    def _time_cublas(self, problem: Problem) -> "float | None":
+        sets = self._sets_for(problem, self._rotation(problem))
+        try:
+            import torch
+        except ImportError:
+            return self._time_cublas_cupy(problem, sets)
+        from .reference import torch_operands
+
+        ops = [torch_operands(problem, s.pointers) for s in sets]
+        ep = problem.epilogue
+
+        def run_one(i: int) -> None:
+            o = ops[i % len(ops)]
+            if ep.beta != 0:
+                torch.addmm(o["C"], o["A"], o["B"], beta=ep.beta, alpha=ep.alpha, out=o["D"])
+                if ep.bias:
+                    o["D"].add_(o["bias"])
+            elif ep.bias:
+                torch.addmm(o["bias"], o["A"], o["B"], alpha=ep.alpha, out=o["D"])
+            elif ep.alpha != 1.0:
+                torch.mm(o["A"], o["B"], out=o["D"]).mul_(ep.alpha)
+            else:
+                torch.mm(o["A"], o["B"], out=o["D"])
+
+        stream = torch.cuda.current_stream().cuda_stream
+        return median(self._timed(run_one, stream, "timing cuBLAS"))
+
+    def _time_cublas_cupy(self, problem: Problem, sets) -> "float | None":
+        import cupy as cp  # noqa: F401 - ImportError means no cuBLAS here
+
+        if problem.a_dtype is not DType.F16 or problem.epilogue.beta or problem.epilogue.bias:
+            return None  # cupy has no bf16, and its matmul has no epilogue
+        from .reference import _CudaArray
+
+        shapes = storage_shapes(problem)
+
+        def arrays(s):
+            a = cp.asarray(_CudaArray(s.pointers.a, shapes["A"], "<f2"))
+            b = cp.asarray(_CudaArray(s.pointers.b, shapes["B"], "<f2"))
+            d = cp.asarray(_CudaArray(s.pointers.d, shapes["D"], "<f2"))
+            return (a.T if problem.a_layout.value == "col" else a, b.T if problem.b_layout.value == "col" else b, d)
+
+        ops = [arrays(s) for s in sets]
+        stream = cp.cuda.get_current_stream().ptr
+        return median(self._timed(lambda i: cp.matmul(*ops[i % len(ops)][:2], out=ops[i % len(ops)][2]), stream,
+                                  "timing cuBLAS (cupy)"))
+
+
+def verdict(rel_error: float, nonfinite: int, limit: float, problem: Problem,
+            sample_rel_error: "float | None" = None) -> str:
+    """Why a result fails verification ('' when it passes). NaN or Inf anywhere always fails."""
+    if nonfinite:
+        total = problem.m * problem.n
+        return f"wrong result: NaN/Inf in {nonfinite} of {total} outputs (an unwritten element keeps the NaN poison)"
+    if not math.isfinite(rel_error) or rel_error > limit:
+        return f"wrong result: relative error {rel_error:.3e} > {limit:.1e}"
+    if sample_rel_error is not None and (not math.isfinite(sample_rel_error) or sample_rel_error > limit):
+        return f"wrong result at sampled entries against float64: relative error {sample_rel_error:.3e} > {limit:.1e}"
+    return ""
+
+
+def _storage_key(problem: Problem) -> tuple:
+    """What decides the buffers' sizes (not alpha, beta's value or the activation)."""
+    return (problem.m, problem.n, problem.k, problem.a_dtype, problem.c_dtype, problem.a_layout, problem.b_layout,
+            problem.epilogue.beta != 0, problem.epilogue.bias)

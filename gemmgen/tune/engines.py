@@ -1,0 +1,115 @@
+"""What a tune plugs in: enumeration, prediction, compilation (process pool) and manifests; injectable for tests."""
+from __future__ import annotations
+
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from ..model.arch import Arch, Gpu
+from ..model.errors import CompileError
+from ..model.problem import Problem
+from ..model.tiles import Kernel, TileConfig
+
+def _compile_one(kernel: Kernel):
+    """Pool task: the compiled kernel, or the CompileError as a value (it pickles)."""
+    from ..codegen.nvrtc import compile_kernel
+
+    try:
+        return compile_kernel(kernel)
+    except CompileError as exc:
+        return exc
+
+
+class PoolCompiler:
+    """NVRTC in a process pool: submit() returns at once, so compiles run while the GPU measures."""
+
+    def __init__(self, jobs: int, task: "Callable[[Kernel], object]" = _compile_one):
+        import multiprocessing as mp
+
+        self.jobs = max(1, int(jobs))
+        self.task = task
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"))
+
+    def submit(self, kernel: Kernel) -> Future:
+        return self._pool.submit(self.task, kernel)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class InlineCompiler:
+    """Compiles in the calling process when asked (tests, and jobs == 0)."""
+
+    def __init__(self, task: "Callable[[Kernel], object]" = _compile_one):
+        self.task = task
+        self.jobs = 1
+
+    def submit(self, kernel: Kernel) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(self.task(kernel))
+        except Exception as exc:  # reported as that trial's failure
+            future.set_exception(exc)
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Engines:
+    """Everything the search calls besides Optuna and the measurer."""
+
+    enumerate: "Callable[[Problem, Gpu, Arch], list[TileConfig]]"
+    predict: "Callable[[Problem, TileConfig, Gpu], object]"
+    compiler: object  # .submit(kernel) -> Future[Compiled | CompileError], .close()
+    manifest: "Callable[[Kernel, Problem, object], dict]"
+    nvrtc_version: "Callable[[], str | None]" = lambda: None
+    tiebreak: "Callable[[Problem, TileConfig, Gpu], float] | None" = None
+
+    def close(self) -> None:
+        self.compiler.close()
+
+
+def _enumerate_families(problem: Problem, gpu: Gpu, arch: Arch) -> "list[TileConfig]":
+    from ..rank.space import enumerate_space, families_for
+
+    configs: "list[TileConfig]" = []
+    for family in families_for(arch):
+        configs.extend(enumerate_space(family, gpu, arch, problem=problem, operands=problem.operands))
+    return configs
+
+
+def _predict(problem, config, gpu):
+    from ..calc.intensity import predict
+
+    return predict(problem, config, gpu)
+
+
+def _manifest(kernel, problem, compiled):
+    from ..runtime.manifest import make_manifest
+
+    return make_manifest(kernel, problem, compiled)
+
+
+def _nvrtc_version():
+    try:
+        from ..codegen.nvrtc import nvrtc_version
+
+        return str(nvrtc_version())
+    except Exception:  # a fingerprint without the NVRTC version is still a fingerprint
+        return None
+
+
+def _tiebreak(problem, config, gpu):
+    from ..rank.space import heuristic_time
+
+    return heuristic_time(problem, config, gpu)
+
+
+def default_engines(jobs: int) -> Engines:
+    return Engines(_enumerate_families, _predict, PoolCompiler(jobs) if jobs > 0 else InlineCompiler(),
+                   _manifest, _nvrtc_version, _tiebreak)
+
+
+# --- storage ----------------------------------------------------------------------------------

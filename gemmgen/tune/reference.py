@@ -1,0 +1,497 @@
+"""fp32-accumulate references that a kernel's output is checked against.
+
+Backends, best first:
+  torch   cuBLAS through torch on the same device buffers (no copies; TF32 off so the reference is fp32)
+  cupy    cuBLAS through cupy, likewise
+  kernel  gemmgen's own naive fp32 kernel (NVRTC), then norms on the host, plus a float64 NumPy check of
+          256 sampled entries that also checks the reference kernel itself
+
+All compute ref = act(alpha * A@B + beta*C + bias) in fp32 from the same bf16/f16 inputs the kernel read,
+and compare D with it by the relative Frobenius error ||D - ref|| / ||ref||.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..model.arch import DType
+from ..model.errors import InvalidInput
+from ..model.problem import Activation, Layout, Problem
+
+BACKENDS = ("torch", "cupy", "kernel")
+SAMPLES = 256
+GELU_C = 0.7978845608028654  # sqrt(2/pi), the tanh approximation's constant
+
+
+@dataclass(frozen=True)
+class GemmPointers:
+    """Device addresses of one problem's operands. c and bias are 0 when the problem does not read them."""
+
+    a: int
+    b: int
+    d: int
+    c: int = 0
+    bias: int = 0
+
+    def as_dict(self) -> "dict[str, int]":
+        """Names as the kernel ABI and the manifest's 'tensor' fields spell them."""
+        out = {"A": self.a, "B": self.b, "D": self.d}
+        if self.c:
+            out["C"] = self.c
+        if self.bias:
+            out["bias"] = self.bias
+        return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far a kernel's output is from the reference."""
+
+    rel_error: float  # ||D - ref||_F / ||ref||_F over the finite entries; inf if any entry is not finite
+    nonfinite: int  # NaN or Inf entries in D (poison left behind means unwritten elements)
+    backend: str
+    sample_rel_error: "float | None" = None  # D against float64 at sampled entries (kernel backend)
+    detail: str = ""
+
+
+def available_backends() -> "list[str]":
+    """Backends importable here, best first (the kernel backend needs only NVRTC)."""
+    out = []
+    for name in ("torch", "cupy"):
+        try:
+            __import__(name)
+            out.append(name)
+        except ImportError:
+            pass
+    return out + ["kernel"]
+
+
+def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
+    """Shape of each operand as it lies in memory (row-major storage order)."""
+    m, n, k = problem.m, problem.n, problem.k
+    shapes = {"A": (m, k) if problem.a_layout is Layout.ROW else (k, m),
+              "B": (k, n) if problem.b_layout is Layout.ROW else (n, k),
+              "D": (m, n)}
+    if problem.epilogue.beta != 0:
+        shapes["C"] = (m, n)
+    if problem.epilogue.bias:
+        shapes["bias"] = (n,)
+    return shapes
+
+
+def operand_bytes(problem: Problem) -> "dict[str, int]":
+    """Bytes each operand occupies."""
+    elt = {"A": problem.a_dtype.bytes, "B": problem.b_dtype.bytes, "C": problem.c_dtype.bytes,
+           "D": problem.c_dtype.bytes, "bias": problem.c_dtype.bytes}
+    return {name: math.prod(shape) * elt[name] for name, shape in storage_shapes(problem).items()}
+
+
+def compare(device, problem: Problem, pointers: GemmPointers, backend: str = "auto", seed: int = 0) -> Comparison:
+    """Compare D with an fp32 reference computed from A, B, C and bias, on `device` (a gemmgen Device)."""
+    if backend == "auto":
+        backend = available_backends()[0]
+    if backend not in BACKENDS:
+        raise InvalidInput(f"reference backend must be one of {BACKENDS} or auto", backend)
+    device.synchronize("before the reference")
+    if backend == "torch":
+        return _compare_torch(problem, pointers)
+    if backend == "cupy":
+        return _compare_cupy(problem, pointers)
+    return _compare_kernel(device, problem, pointers, seed)
+
+
+# --- torch ------------------------------------------------------------------------------------
+
+class _CudaArray:
+    """A bare __cuda_array_interface__ over a device address, so torch and cupy can wrap our buffers."""
+
+    def __init__(self, ptr: int, shape: "tuple[int, ...]", typestr: str):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (int(ptr), False),
+                                         "strides": None, "version": 3, "stream": None}
+
+
+def torch_operands(problem: Problem, pointers: GemmPointers) -> dict:
+    """torch tensors over the operands, in logical shape: A M×K, B K×N, C and D M×N, bias N
+    (a column-major operand is a transposed view, so cuBLAS reads it in place)."""
+    import torch
+
+    shapes = storage_shapes(problem)
+    dtypes = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
+    addresses = {"A": pointers.a, "B": pointers.b, "C": pointers.c, "D": pointers.d, "bias": pointers.bias}
+    kinds = {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "D": problem.c_dtype,
+             "bias": problem.c_dtype}
+    out = {}
+    for name, shape in shapes.items():
+        dt = kinds[name]
+        # CAI has no bf16 typestr: wrap the 16 bits as int16 and reinterpret.
+        typestr = {2: "<i2", 4: "<f4"}[dt.bytes]
+        tensor = torch.as_tensor(_CudaArray(addresses[name], shape, typestr)).view(dtypes[dt])
+        out[name] = tensor
+    if problem.a_layout is Layout.COL:
+        out["A"] = out["A"].t()
+    if problem.b_layout is Layout.COL:
+        out["B"] = out["B"].t()
+    return out
+
+
+def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
+    import torch
+
+    ops = torch_operands(problem, pointers)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would put 1e-3 of error in the reference itself
+    try:
+        ref = torch.matmul(ops["A"].float(), ops["B"].float())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    ref = _epilogue_torch(torch, ref, ops, problem)
+    out = ops["D"].float()
+    finite = torch.isfinite(out)
+    nonfinite = int(out.numel() - int(finite.sum().item()))
+    diff = torch.where(finite, out - ref, torch.zeros_like(ref))
+    rel = _ratio(float(torch.linalg.vector_norm(diff.double()).item()),
+                 float(torch.linalg.vector_norm(ref.double()).item()))
+    torch.cuda.synchronize()
+    return Comparison(math.inf if nonfinite else rel, nonfinite, "torch", None,
+                      f"finite-part error {rel:.3e}" if nonfinite else "")
+
+
+def _epilogue_torch(torch, acc, ops, problem: Problem):
+    ep = problem.epilogue
+    x = acc * ep.alpha
+    if ep.beta != 0:
+        x = x + ep.beta * ops["C"].float()
+    if ep.bias:
+        x = x + ops["bias"].float()
+    if ep.activation is Activation.RELU:
+        x = torch.relu(x)
+    elif ep.activation is Activation.GELU:
+        x = torch.nn.functional.gelu(x, approximate="tanh")
+    return x
+
+
+# --- cupy -------------------------------------------------------------------------------------
+
+def _cupy_float(cp, ptr: int, shape, dtype: DType):
+    raw = cp.asarray(_CudaArray(ptr, shape, {DType.BF16: "<u2", DType.F16: "<f2", DType.F32: "<f4"}[dtype]))
+    if dtype is DType.BF16:
+        return (raw.astype(cp.uint32) << 16).view(cp.float32)
+    return raw.astype(cp.float32)
+
+
+def _compare_cupy(problem: Problem, pointers: GemmPointers) -> Comparison:
+    import cupy as cp
+
+    shapes = storage_shapes(problem)
+    a = _cupy_float(cp, pointers.a, shapes["A"], problem.a_dtype)
+    b = _cupy_float(cp, pointers.b, shapes["B"], problem.b_dtype)
+    a = a.T if problem.a_layout is Layout.COL else a
+    b = b.T if problem.b_layout is Layout.COL else b
+    ep = problem.epilogue
+    x = cp.matmul(a, b) * ep.alpha  # cupy keeps fp32 unless CUPY_TF32=1 is set
+    if ep.beta != 0:
+        x += ep.beta * _cupy_float(cp, pointers.c, shapes["C"], problem.c_dtype)
+    if ep.bias:
+        x += _cupy_float(cp, pointers.bias, shapes["bias"], problem.c_dtype)
+    if ep.activation is Activation.RELU:
+        x = cp.maximum(x, 0)
+    elif ep.activation is Activation.GELU:
+        x = 0.5 * x * (1 + cp.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    out = _cupy_float(cp, pointers.d, shapes["D"], problem.c_dtype)
+    finite = cp.isfinite(out)
+    nonfinite = int(out.size - int(finite.sum()))
+    diff = cp.where(finite, out - x, 0)
+    rel = _ratio(float(cp.linalg.norm(diff.astype(cp.float64))), float(cp.linalg.norm(x.astype(cp.float64))))
+    cp.cuda.runtime.deviceSynchronize()
+    return Comparison(math.inf if nonfinite else rel, nonfinite, "cupy", None,
+                      f"finite-part error {rel:.3e}" if nonfinite else "")
+
+
+# --- gemmgen's own kernel + float64 samples -------------------------------------------------------
+
+REFERENCE_SOURCE = r"""
+// gemmgen's fp32 reference GEMM: one thread per output, fp32 FMA over K. Slow and obviously right.
+// kind: 0 bf16, 1 f16, 2 f32. act: 0 none, 1 relu, 2 gelu (tanh).
+__device__ __forceinline__ float load_elem(const void* p, long long idx, int kind) {
+    if (kind == 2) return ((const float*)p)[idx];
+    unsigned short h = ((const unsigned short*)p)[idx];
+    if (kind == 0) return __uint_as_float(((unsigned int)h) << 16);
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+extern "C" __global__ void gemmgen_reference_gemm(const void* A, const void* B, const void* C, const void* bias,
+                                                  float* ref, int M, int N, int K, int lda, int ldb, int ldc,
+                                                  int a_col, int b_col, int kind, float alpha, float beta, int act) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    int i = blockIdx.y * blockDim.y + threadIdx.y;
+    if (i >= M || j >= N) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        float a = load_elem(A, a_col ? (long long)k * lda + i : (long long)i * lda + k, kind);
+        float b = load_elem(B, b_col ? (long long)j * ldb + k : (long long)k * ldb + j, kind);
+        acc = fmaf(a, b, acc);
+    }
+    float x = alpha * acc;
+    if (C) x += beta * load_elem(C, (long long)i * ldc + j, kind);
+    if (bias) x += load_elem(bias, j, kind);
+    if (act == 1) x = fmaxf(x, 0.0f);
+    if (act == 2) x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    ref[(long long)i * N + j] = x;
+}
+"""
+
+
+def reference_kernel_params(problem: Problem, pointers: GemmPointers, ref_ptr: int) -> "list[dict]":
+    """The reference kernel's parameters, in the manifest's param format."""
+    kind = {DType.BF16: 0, DType.F16: 1, DType.F32: 2}[problem.a_dtype]
+    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2}[problem.epilogue.activation]
+    ep = problem.epilogue
+
+    def scalar(name, ctype, value):
+        return {"name": name, "kind": "scalar", "ctype": ctype, "value": value}
+
+    return [
+        {"name": "A", "kind": "tensor", "tensor": "A"}, {"name": "B", "kind": "tensor", "tensor": "B"},
+        {"name": "C", "kind": "tensor", "tensor": "C"}, {"name": "bias", "kind": "tensor", "tensor": "bias"},
+        {"name": "ref", "kind": "tensor", "tensor": "ref"},
+        scalar("M", "int", problem.m), scalar("N", "int", problem.n), scalar("K", "int", problem.k),
+        scalar("lda", "int", problem.lda), scalar("ldb", "int", problem.ldb), scalar("ldc", "int", problem.ldc),
+        scalar("a_col", "int", int(problem.a_layout is Layout.COL)),
+        scalar("b_col", "int", int(problem.b_layout is Layout.COL)), scalar("kind", "int", kind),
+        scalar("alpha", "float", ep.alpha), scalar("beta", "float", ep.beta), scalar("act", "int", act),
+    ]
+
+
+def reference_manifest(problem: Problem, pointers: GemmPointers, ref_ptr: int) -> dict:
+    """A one-launch manifest for the reference kernel, so it runs through the same launcher as every kernel."""
+    block = 16
+    grid = [(problem.n + block - 1) // block, (problem.m + block - 1) // block, 1]
+    return {"name": "gemmgen_reference_gemm", "launches": [
+        {"entry": "gemmgen_reference_gemm", "grid": grid, "block": [block, block, 1], "cluster": [1, 1, 1],
+         "dynamic_smem": 0, "params": reference_kernel_params(problem, pointers, ref_ptr)}]}
+
+
+def _compare_kernel(device, problem: Problem, pointers: GemmPointers, seed: int) -> Comparison:
+    import numpy as np
+
+    from ..runtime.device import Buffer, compile_utility, numpy_dtype, to_float32
+
+    module = device.cache.get("reference")
+    if module is None:
+        module = device.cache["reference"] = device.load(compile_utility(REFERENCE_SOURCE, device.props.cc))
+    m, n = problem.m, problem.n
+    ref_buf = device.alloc(m * n * 4)
+    try:
+        ptrs = pointers.as_dict()
+        ptrs["ref"] = ref_buf.ptr
+        device.launch(reference_manifest(problem, pointers, ref_buf.ptr), module, ptrs)
+        device.synchronize("after gemmgen_reference_gemm")
+        ref = device.copy_to_host(ref_buf, np.float32, m * n).astype(np.float64)
+    finally:
+        device.free(ref_buf)
+
+    def host(ptr, shape, dtype):
+        count = math.prod(shape)
+        raw = device.copy_to_host(Buffer(ptr, count * dtype.bytes), numpy_dtype(dtype), count)
+        return to_float32(raw, dtype).astype(np.float64).reshape(shape)
+
+    out = host(pointers.d, (m, n), problem.c_dtype).reshape(-1)
+    finite = np.isfinite(out)
+    nonfinite = int(out.size - finite.sum())
+    rel = _ratio(float(np.linalg.norm(np.where(finite, out - ref, 0.0))), float(np.linalg.norm(ref)))
+
+    # float64 at sampled entries: checks the fp32 reference kernel and the output independently of it.
+    shapes = storage_shapes(problem)
+    a = host(pointers.a, shapes["A"], problem.a_dtype)
+    b = host(pointers.b, shapes["B"], problem.b_dtype)
+    a = a.T if problem.a_layout is Layout.COL else a
+    b = b.T if problem.b_layout is Layout.COL else b
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, m, SAMPLES)
+    cols = rng.integers(0, n, SAMPLES)
+    acc = np.einsum("sk,ks->s", a[rows, :], b[:, cols])
+    c = host(pointers.c, (m, n), problem.c_dtype)[rows, cols] if pointers.c else None
+    bias = host(pointers.bias, (n,), problem.c_dtype)[cols] if pointers.bias else None
+    exact = epilogue_numpy(acc, problem, c, bias)
+    sampled_out = out.reshape(m, n)[rows, cols]
+    sampled_ref = ref.reshape(m, n)[rows, cols]
+    ref_check = _ratio(float(np.linalg.norm(sampled_ref - exact)), float(np.linalg.norm(exact)))
+    sample_rel = _ratio(float(np.linalg.norm(np.nan_to_num(sampled_out - exact, nan=np.inf))),
+                        float(np.linalg.norm(exact)))
+    detail = f"fp32 reference kernel vs float64 at {SAMPLES} samples: {ref_check:.1e}"
+    if ref_check > 1e-4:
+        detail = "the reference kernel disagrees with float64; " + detail
+    return Comparison(math.inf if nonfinite else rel, nonfinite, "kernel", sample_rel, detail)
+
+
+def epilogue_numpy(acc, problem: Problem, c=None, bias=None):
+    """act(alpha*acc + beta*c + bias) in NumPy, in the dtype of `acc`."""
+    import numpy as np
+
+    ep = problem.epilogue
+    x = acc * ep.alpha
+    if ep.beta != 0 and c is not None:
+        x = x + ep.beta * c
+    if ep.bias and bias is not None:
+        x = x + bias
+    if ep.activation is Activation.RELU:
+        x = np.maximum(x, 0)
+    elif ep.activation is Activation.GELU:
+        x = 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    return x
+
+
+def _ratio(num: float, den: float) -> float:
+    """num/den, with an all-zero reference compared absolutely (random inputs make that rare)."""
+    if den == 0.0:
+        return num
+    return num / den
+
+
+# --- a naive kernel with the sm80 ABI: for tests, fault injection and launcher examples ---------------------
+
+NAIVE_FAULTS = ("none", "oob", "hang", "wrong")
+
+_NAIVE_TEMPLATE = r"""
+// A naive GEMM with gemmgen's sm80_mma kernel ABI, one thread per output. Not fast; for testing the
+// launcher, verification and fault isolation. FAULT: 0 none, 1 writes to an unmapped address, 2 never
+// finishes, 3 drops the last K element (a wrong result).
+#define FAULT __FAULT__
+typedef unsigned short T;  // bf16 or f16 bits
+__device__ __forceinline__ float ld(const T* p, long long i) {
+    unsigned short h = p[i];
+#if __IS_BF16__
+    return __uint_as_float(((unsigned int)h) << 16);
+#else
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#endif
+}
+__device__ __forceinline__ T st(float x) {
+    unsigned short h;
+#if __IS_BF16__
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#endif
+    return h;
+}
+__device__ __forceinline__ float epilogue(float acc, const T* C, const T* bias, int i, int j, int ldc,
+                                          float alpha, float beta) {
+    float x = alpha * acc;
+    if (C) x += beta * ld(C, (long long)i * ldc + j);
+    if (bias) x += ld(bias, j);
+#if __ACT__ == 1
+    x = fmaxf(x, 0.0f);
+#elif __ACT__ == 2
+    x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+#endif
+    return x;
+}
+__device__ __forceinline__ float dot(const T* A, const T* B, int i, int j, int k0, int k1, int lda, int ldb) {
+    float acc = 0.0f;
+    for (int k = k0; k < k1; ++k)
+        acc = fmaf(ld(A, __A_COL__ ? (long long)k * lda + i : (long long)i * lda + k),
+                   ld(B, __B_COL__ ? (long long)j * ldb + k : (long long)k * ldb + j), acc);
+    return acc;
+}
+
+extern "C" __global__ void __NAME__(const T* A, const T* B, const T* C, T* D, const T* bias, float* workspace,
+                                    int M, int N, int K, int lda, int ldb, int ldc, int ldd, float alpha, float beta) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y * blockDim.y + threadIdx.y;
+#if FAULT == 1
+    // Bit 47 set: far above any allocation (a nearby overrun can land in other mapped memory unnoticed).
+    D = (T*)((unsigned long long)D ^ (1ull << 47));
+#endif
+#if FAULT == 2
+    // A loop around a volatile local was optimised away on the H100 (the trial completed). An asm
+    // volatile statement is a side effect the compiler must keep, so this one never ends.
+    for (;;) { asm volatile("nanosleep.u32 1000;" ::: "memory"); }
+#endif
+    if (i >= M || j >= N) return;
+#if __SPLITS__ > 1
+    // Partial sums of one K slice into the fp32 workspace (zeroed by the launcher before the sequence).
+    int per = (K + __SPLITS__ - 1) / __SPLITS__, k0 = blockIdx.z * per, k1 = min(K, k0 + per);
+    atomicAdd(&workspace[(long long)i * N + j], dot(A, B, i, j, k0, k1, lda, ldb));
+#else
+    float acc = dot(A, B, i, j, 0, FAULT == 3 ? K - 1 : K, lda, ldb);
+    D[(long long)i * ldd + j] = st(epilogue(acc, C, bias, i, j, ldc, alpha, beta));
+#endif
+}
+
+#if __SPLITS__ > 1
+extern "C" __global__ void __NAME___reduce(const T* A, const T* B, const T* C, T* D, const T* bias,
+                                           float* workspace, int M, int N, int K, int lda, int ldb, int ldc,
+                                           int ldd, float alpha, float beta) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y * blockDim.y + threadIdx.y;
+    if (i >= M || j >= N) return;
+    D[(long long)i * ldd + j] = st(epilogue(workspace[(long long)i * N + j], C, bias, i, j, ldc, alpha, beta));
+}
+#endif
+"""
+
+
+def naive_kernel_name(problem: Problem, fault: str = "none", splits: int = 1) -> str:
+    ops = problem.operands
+    return f"gemmgen_naive_{ops.tag}_splitk{splits}_{fault}"
+
+
+def naive_kernel_source(problem: Problem, fault: str = "none", splits: int = 1) -> str:
+    """CUDA source of the naive ABI kernel for this problem's dtypes, layouts and epilogue kind."""
+    if fault not in NAIVE_FAULTS:
+        raise InvalidInput(f"naive kernel fault must be one of {NAIVE_FAULTS}", fault)
+    if problem.a_dtype not in (DType.BF16, DType.F16):
+        raise InvalidInput("the naive kernel supports bf16 and f16", problem.a_dtype.value)
+    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2}[problem.epilogue.activation]
+    subs = {"__FAULT__": str(NAIVE_FAULTS.index(fault)), "__IS_BF16__": str(int(problem.a_dtype is DType.BF16)),
+            "__ACT__": str(act), "__A_COL__": str(int(problem.a_layout is Layout.COL)),
+            "__B_COL__": str(int(problem.b_layout is Layout.COL)), "__SPLITS__": str(int(splits)),
+            "__NAME__": naive_kernel_name(problem, fault, splits)}
+    source = _NAIVE_TEMPLATE
+    for key, value in subs.items():
+        source = source.replace(key, value)
+    return f"// {subs['__NAME__']}\n" + source
+
+
+def naive_manifest(problem: Problem, fault: str = "none", splits: int = 1, arch: str = "sm_90a") -> dict:
+    """A launch manifest (docs/architecture.md format) for the naive kernel on `problem`."""
+    name = naive_kernel_name(problem, fault, splits)
+    ptr = problem.a_dtype.cuda_type + "*"
+    ep = problem.epilogue
+
+    def scalar(pname, ctype, value):
+        return {"name": pname, "ctype": ctype, "kind": "scalar", "value": value}
+
+    params = [
+        {"name": "A", "ctype": "const " + ptr, "kind": "tensor", "tensor": "A"},
+        {"name": "B", "ctype": "const " + ptr, "kind": "tensor", "tensor": "B"},
+        {"name": "C", "ctype": "const " + ptr, "kind": "tensor", "tensor": "C"},
+        {"name": "D", "ctype": ptr, "kind": "tensor", "tensor": "D"},
+        {"name": "bias", "ctype": "const " + ptr, "kind": "tensor", "tensor": "bias"},
+        {"name": "workspace", "ctype": "float*", "kind": "workspace"},
+        scalar("M", "int", problem.m), scalar("N", "int", problem.n), scalar("K", "int", problem.k),
+        scalar("lda", "int", problem.lda), scalar("ldb", "int", problem.ldb), scalar("ldc", "int", problem.ldc),
+        scalar("ldd", "int", problem.ldc), scalar("alpha", "float", ep.alpha), scalar("beta", "float", ep.beta),
+    ]
+    block = [16, 16, 1]
+    grid = [(problem.n + 15) // 16, (problem.m + 15) // 16, splits]
+    launches = [{"entry": name, "grid": grid, "block": block, "cluster": [1, 1, 1], "dynamic_smem": 0,
+                 "params": params}]
+    if splits > 1:
+        launches.append({"entry": name + "_reduce", "grid": grid[:2] + [1], "block": block, "cluster": [1, 1, 1],
+                         "dynamic_smem": 0, "params": params})
+    return {"format": "gemmgen-manifest/1", "name": name, "arch": arch, "cubin": name + ".cubin",
+            "problem": problem.to_dict(), "config": {"family": "naive", "splits": splits, "fault": fault},
+            "operands": {"a_dtype": problem.a_dtype.value, "b_dtype": problem.b_dtype.value,
+                         "c_dtype": problem.c_dtype.value, "a_layout": problem.a_layout.value,
+                         "b_layout": problem.b_layout.value},
+            "workspace_bytes": problem.m * problem.n * 4 if splits > 1 else 0, "launches": launches,
+            "resources": {}, "nvrtc_version": None, "measured": None, "verification": None}
+
+
+def naive_cubin(problem: Problem, cc: "tuple[int, int]" = (9, 0), fault: str = "none", splits: int = 1) -> bytes:
+    """The naive kernel compiled by NVRTC to SASS for compute capability `cc`."""
+    from ..runtime.device import compile_utility
+
+    return compile_utility(naive_kernel_source(problem, fault, splits), tuple(cc))

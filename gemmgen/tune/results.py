@@ -1,0 +1,194 @@
+"""The tuning database: one JSON record per tuned problem under results/<gpu key>/.
+
+A record holds the problem, the environment fingerprint, every trial, the winner and cuBLAS's
+time. It is written atomically (temp file + rename) after every trial, so a crash or Ctrl-C
+leaves the last complete state, never a half-written file. `lookup` answers from these records
+without tuning: the exact problem, or else the nearest shape held, saying which.
+
+This module imports neither Optuna nor cuda-python: the Optuna study is the search's working
+store; these records are the durable, readable answer.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model.atomic import atomic_write
+from ..families import rules as constraints
+from ..model import paths
+from ..model.arch import Arch, Gpu, lookup_gpu
+from ..model.errors import InvalidInput, UserError
+from ..model.problem import Problem
+from ..model.tiles import TileConfig
+
+RECORD_FORMAT = "gemmgen-tune/1"
+
+
+class NothingStored(UserError):
+    """lookup found no record for this GPU."""
+
+    def __init__(self, gpu_key: str, where: Path):
+        self.gpu_key, self.where = gpu_key, where
+        super().__init__(gpu_key, str(where))
+
+    def __str__(self) -> str:
+        return (f"no tuning results stored for {self.gpu_key} in {self.where} "
+                f"(run `gemmgen tune M N K --gpu {self.gpu_key}` first)")
+
+
+def results_root() -> Path:
+    """results/, or $GEMMGEN_RESULTS read at call time (tests point it at a temp dir)."""
+    env = os.environ.get("GEMMGEN_RESULTS")
+    return Path(env) if env else paths.RESULTS
+
+
+def gpu_dir(gpu: "Gpu | str") -> Path:
+    return results_root() / (gpu.key if isinstance(gpu, Gpu) else str(gpu))
+
+
+def problem_key(problem: Problem) -> str:
+    """File stem of a problem's record: shape, dtypes, layouts and the compile-time epilogue."""
+    key = f"{problem.label}_{problem.c_dtype.value}_{problem.epilogue.tag}"
+    return key + ("_beta" if problem.epilogue.beta != 0 else "")
+
+
+def record_path(gpu: "Gpu | str", problem: Problem, simulated: bool = False) -> Path:
+    """results/<gpu>/tunes/<problem>.json; replayed tunes go to tunes-replay/, which lookup, suite and
+    calibrate never read, so a simulation cannot overwrite or pass for a GPU measurement."""
+    return gpu_dir(gpu) / ("tunes-replay" if simulated else "tunes") / f"{problem_key(problem)}.json"
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, payload) -> Path:
+    """Write JSON so that readers see the old file or the new one, never a torn one."""
+    text = json.dumps(payload, indent=2, default=str) + "\n"
+    return atomic_write(path, text.encode(), durable=True)
+
+
+def fingerprint(gpu: Gpu, device: "dict | None" = None, nvrtc_version: "str | None" = None) -> dict:
+    """Environment fingerprint: which GPU, driver, NVRTC and gemmgen produced a figure."""
+    from .. import __version__
+
+    device = dict(device or {})
+    try:
+        import optuna
+
+        optuna_version = optuna.__version__
+    except ImportError:  # the record is still valid without it
+        optuna_version = None
+    return {
+        "gpu_key": gpu.key,
+        "gpu_name": device.get("name") or gpu.name,
+        "gpu_detected": bool(device),
+        "driver_version": device.get("driver_version") or device.get("driver"),
+        "nvrtc_version": nvrtc_version,
+        "gemmgen_version": __version__,
+        "optuna_version": optuna_version,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "device": device,
+    }
+
+
+# --- lookup ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Answer:
+    """What lookup found: the record, whether it is for the exact problem, and how far it is."""
+
+    record: dict
+    path: Path
+    exact: bool
+    distance: float  # log-distance over M, N, K (0 when exact)
+    same_operands: bool  # dtypes and layouts match the question
+    # Whether the held winner's configuration is feasible for the question (a swapped skinny-M winner is not for
+    # a larger M, a K-major one not for another layout); when none held is, the first rule it breaks.
+    fits: bool = True
+    misfit: str = ""
+
+    @property
+    def problem(self) -> Problem:
+        return Problem.from_dict(self.record["problem"])
+
+
+def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
+    """Every readable tuning record held for this GPU (unreadable files are skipped, not fatal). Replayed
+    (simulated) records count only for problems with no GPU-measured record."""
+    out, measured = [], set()
+    for folder in ("tunes", "tunes-replay"):
+        root = gpu_dir(gpu) / folder
+        for path in sorted(root.glob("*.json")) if root.is_dir() else ():
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not (isinstance(record, dict) and record.get("format") == RECORD_FORMAT and record.get("winner")):
+                continue
+            if folder == "tunes":
+                measured.add(path.name)
+            elif path.name in measured:
+                continue
+            out.append((path, record))
+    return out
+
+
+def _operands_key(problem: Problem) -> tuple:
+    return (problem.a_dtype, problem.c_dtype, problem.a_layout, problem.b_layout, problem.epilogue.bias,
+            problem.epilogue.activation, problem.epilogue.beta != 0)
+
+
+def log_distance(a: Problem, b: Problem) -> float:
+    """Euclidean distance between shapes in log space: 2x in one dimension is ln 2 away."""
+    return math.sqrt(sum(math.log(x / y) ** 2 for x, y in ((a.m, b.m), (a.n, b.n), (a.k, b.k))))
+
+
+def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
+    """The stored winner for `problem` on `gpu`, or the nearest shape held (same operands preferred)."""
+    records = load_records(gpu)
+    if not records:
+        raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
+    want = _operands_key(problem)
+    best = None
+    for path, record in records:
+        try:
+            held = Problem.from_dict(record["problem"])
+        except (InvalidInput, KeyError, TypeError):
+            continue
+        same = _operands_key(held) == want
+        distance = log_distance(problem, held)
+        misfit = "" if distance == 0.0 and same else _misfit(record, problem, gpu)
+        # A winner that can run the question first, then same operands, nearest shape, the most recent record.
+        rank = (bool(misfit), not same, distance, -_timestamp(record))
+        if best is None or rank < best[0]:
+            best = (rank, Answer(record, path, same and distance == 0.0, distance, same, not misfit, misfit))
+    if best is None:
+        raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
+    return best[1]
+
+
+def _misfit(record: dict, problem: Problem, gpu: "Gpu | str") -> str:
+    """'' when the record's winning configuration passes the feasibility check for `problem`, else the first rule
+    it breaks (as 'rule: value')."""
+    try:
+        config = TileConfig.from_dict(record["winner"]["config"])
+        target = gpu if isinstance(gpu, Gpu) else lookup_gpu(str(record.get("gpu") or gpu))
+        arch = Arch.parse(record["arch"]) if record.get("arch") else None
+    except (UserError, KeyError, TypeError, ValueError):
+        return "the record's configuration cannot be read"
+    broken = constraints.check(config, target, arch, problem)
+    return f"{broken[0].rule}: {broken[0].value}" if broken else ""
+
+
+def _timestamp(record: dict) -> float:
+    try:
+        return _dt.datetime.fromisoformat(str(record.get("updated") or record.get("date"))).timestamp()
+    except ValueError:
+        return 0.0
