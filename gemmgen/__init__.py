@@ -1,19 +1,21 @@
 """gemmgen: a GEMM autotuner and CUDA code generator.
 
-The model (tiles, constraints), the calculator (intensity) and rendering import neither
-cuda-python nor Optuna, so they work on any machine.
+Layers, each importing only those below it: cli -> tune -> rank -> codegen / runtime -> families -> calc ->
+model. The model, the calculator, the families and the runtime import neither jinja2, PyYAML nor Optuna at
+import time; only the runtime's launches need cuda-bindings (and numpy), and only the code generator jinja2.
 """
 from .model.arch import Arch, DType, Gpu, catalogue, lookup_gpu
 from .model.errors import (CompileError, CudaError, GemmgenError, InvalidConfig, InvalidInput, NoGpu, UserError,
                      VerificationError, Violation)
 from .model.problem import Activation, Epilogue, Layout, Operands, Problem
-from .model.tiles import Cluster, Decomposition, DecompKind, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
+from . import families  # registers the built-in kernel families, so any configuration parses
+from .model.tiles import Cluster, Decomposition, DecompKind, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Activation", "Arch", "Cluster", "CompileError", "CudaError", "DType", "DecompKind", "Decomposition", "Epilogue",
-    "Family", "GemmgenError", "Gpu", "InvalidConfig", "InvalidInput", "Kernel", "Layout", "NoGpu", "Operands",
+    "GemmgenError", "Gpu", "InvalidConfig", "InvalidInput", "Kernel", "Layout", "NoGpu", "Operands",
     "Problem", "Raster", "RasterOrder", "Shape3", "SmemLayout", "TileConfig", "UserError", "VerificationError",
     "Violation", "catalogue", "lookup_gpu", "load",
 ]

@@ -62,7 +62,7 @@ class Case:
 def ranked(problem: Problem, gpu, arch: Arch) -> "list[TileConfig]":
     """The sm80_mma space for this problem, best first by the roofline model (heuristic where it has no answer)."""
     try:
-        from gemmgen.calc.intensity import predict
+        from gemmgen.rank.predict import predict
     except ImportError:
         predict = None
     scored = []

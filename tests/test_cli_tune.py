@@ -172,7 +172,7 @@ def test_dry_run_exports_the_models_pick_with_sass_of_its_family(capsys, tmp_pat
     assert manifest["config"] == expected.to_dict()  # the model's pick, as `gemmgen compile` picks it
     counts = instruction_counts(dump_sass((out / manifest["cubin"]).read_bytes()))
     mnemonics = " ".join(counts)
-    if expected.family.value == "sm90_wgmma":
+    if expected.family == "sm90_wgmma":
         assert "HGMMA" in mnemonics and "UTMALDG" in mnemonics
     else:
         assert "HMMA" in mnemonics and "LDGSTS" in mnemonics

@@ -9,10 +9,11 @@ import pytest
 
 from conftest import make_config
 from gemmgen.model.errors import InvalidConfig
-from gemmgen.calc.intensity import (SEED_MMA, SEED_PEAK_PER_SM, SEED_WARP_SHAPES, cta_level, footprint, mma_level,
-                               predict, roofline, seed_table, smem_level, warp_level)
+from gemmgen.calc.intensity import (SEED_MMA, SEED_PEAK_PER_SM, SEED_WARP_SHAPES, cta_level, mma_level, roofline,
+                                    seed_table, smem_level, warp_level)
+from gemmgen.rank.predict import footprint, predict
 from gemmgen.model.problem import Problem
-from gemmgen.model.tiles import Family, RasterOrder, Shape3
+from gemmgen.model.tiles import RasterOrder, Shape3
 
 # The seed note's table (../shared/seeds/003_182f5c76a6b8b523.txt), as printed there.
 SEED_TABLE = [
@@ -48,8 +49,8 @@ def test_cluster_multicast_divides_each_operands_share_of_cta_traffic():
 
 def test_smem_level_counts_a_and_b_fragments_and_wgmma_rereads_b_per_m64():
     assert smem_level(Shape3(64, 64, 32), "f16").intensity == pytest.approx(32.0)
-    assert smem_level(Shape3(64, 256, 64), "bf16", family=Family.SM90_WGMMA).intensity == pytest.approx(51.2)
-    assert smem_level(Shape3(128, 256, 64), "bf16", family=Family.SM90_WGMMA).intensity == pytest.approx(51.2)
+    assert smem_level(Shape3(64, 256, 64), "bf16", reads="wgmma").intensity == pytest.approx(51.2)
+    assert smem_level(Shape3(128, 256, 64), "bf16", reads="wgmma").intensity == pytest.approx(51.2)
 
 
 def test_mma_level_counts_fragments_and_fp32_accumulators():
@@ -62,7 +63,7 @@ def test_wider_element_types_halve_intensity():
 
 def test_8192_cubed_bf16_on_h100_is_compute_bound(h100, hopper_big):
     problem = Problem.create(8192, 8192, 8192, "bf16")
-    roof = roofline(problem, h100, hopper_big)
+    roof = roofline(problem, h100, predict(problem, hopper_big, h100))
     assert roof.bound == "compute"
     assert roof.prediction.bound == "compute"
     # A sane magnitude: between cuBLAS-like efficiency and the datasheet peak.

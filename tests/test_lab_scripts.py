@@ -20,7 +20,7 @@ def test_space_check_covers_every_sm90_configuration_twice_with_feasible_layouts
     from gemmgen.model.tiles import Family
 
     runs = space_check.cases(0)
-    configs = enumerate_space(Family.SM90_WGMMA, lookup_gpu("h100"), Arch.SM90A, operands=Problem.create(8, 8, 8).operands)
+    configs = enumerate_space("sm90_wgmma", lookup_gpu("h100"), Arch.SM90A, operands=Problem.create(8, 8, 8).operands)
     per_config = Counter(index for index, _, _ in runs)
     assert len(per_config) == len(configs) and set(per_config.values()) == {2}
     for _, problem, kernel in runs:

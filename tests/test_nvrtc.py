@@ -12,7 +12,8 @@ from gemmgen.model.errors import CompileError
 from gemmgen.codegen.nvrtc import Compiled, compile_kernel, compile_many, compile_source, parse_ptxas_log
 from gemmgen.model.problem import Operands
 from gemmgen.rank.space import enumerate_space
-from gemmgen.model.tiles import Family, Kernel, Shape3, TileConfig
+from gemmgen.families.sm80_mma.config import Sm80Config
+from gemmgen.model.tiles import Kernel, Shape3, TileConfig
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -22,7 +23,7 @@ def compile_cache(tmp_path_factory):
         yield
 
 
-SMALL = TileConfig(Family.SM80_MMA, Shape3(64, 64, 32), Shape3(32, 32, 32), Shape3(16, 8, 16), 3)
+SMALL = Sm80Config(Shape3(64, 64, 32), Shape3(32, 32, 32), Shape3(16, 8, 16), 3)
 
 LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'gemm' for 'sm_80'
@@ -104,7 +105,7 @@ def test_sm90a_target_keeps_the_a():
 @pytest.mark.parametrize("arch,gpu", [(Arch.SM80, "a100"), (Arch.SM90A, "h100")])
 def test_every_config_of_the_space_compiles_or_is_rejected_by_check(arch, gpu):
     """The rule of the family: NVRTC never rejects a configuration the feasibility check accepts."""
-    configs = enumerate_space(Family.SM80_MMA, lookup_gpu(gpu), arch)
+    configs = enumerate_space("sm80_mma", lookup_gpu(gpu), arch)
     assert len(configs) > 40
     kernels = [Kernel(arch, Operands(), c) for c in configs]
     start = time.monotonic()

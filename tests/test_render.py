@@ -13,10 +13,11 @@ from gemmgen.model.arch import Arch, DType
 from gemmgen.model.errors import InvalidConfig
 from gemmgen.model.problem import Activation, Layout, Operands
 from gemmgen.codegen.render import environment, render, render_unchecked, template_context
-from gemmgen.model.tiles import (DecompKind, Decomposition, Family, Kernel, Raster, RasterOrder, Shape3, SmemLayout,
+from gemmgen.families.sm80_mma.config import Sm80Config
+from gemmgen.model.tiles import (DecompKind, Decomposition, Kernel, Raster, RasterOrder, Shape3, SmemLayout,
                            TileConfig)
 
-BASE = TileConfig(Family.SM80_MMA, Shape3(128, 256, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 3)
+BASE = Sm80Config(Shape3(128, 256, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 3)
 
 
 def kernel(config=BASE, **ops) -> Kernel:

@@ -11,11 +11,15 @@ from gemmgen.families import rules as constraints
 from gemmgen.runtime import tma
 from gemmgen.model.arch import Arch, DType, lookup_gpu
 from gemmgen.model.errors import CompileError, InvalidInput
+from gemmgen.families.sm90_wgmma import context as sm90_context
 from gemmgen.families.sm90_wgmma import launch as sm90
+from gemmgen.families.sm90_wgmma import rules as sm90_rules
 from gemmgen.model.problem import Activation, Layout, Operands, Problem
 from gemmgen.codegen.render import render
 from gemmgen.rank.space import all_configs, enumerate_space
-from gemmgen.model.tiles import Cluster, Family, Kernel, Raster, RasterOrder, Shape3, TileConfig
+from gemmgen.families.sm80_mma.config import Sm80Config
+from gemmgen.families.sm90_wgmma.config import Sm90Config
+from gemmgen.model.tiles import Cluster, Kernel, Raster, RasterOrder, Shape3, TileConfig
 
 H100 = lookup_gpu("h100")
 LAYOUTS = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]
@@ -23,7 +27,7 @@ LAYOUTS = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]
 
 def hopper_config(cta="128x256x64", warp="64x256x64", stages=4, cluster=(1, 1), persistent=True) -> TileConfig:
     w = Shape3.parse(warp)
-    return TileConfig(Family.SM90_WGMMA, Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
+    return Sm90Config(Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
                       raster=Raster(RasterOrder.ROW, 8), cluster=Cluster(*cluster), warp_specialized=True,
                       persistent=persistent)
 
@@ -46,8 +50,10 @@ def sass_counts(cubin: bytes):
 def render_lab(kernel: Kernel, **switches) -> str:
     """The sm90 template rendered with lab switches changed (what scripts/ab_lab.py builds)."""
     from gemmgen.codegen.render import environment
-    return environment().get_template(kernel.config.family.template).render(
-        **dict(sm90.template_params(kernel), **switches))
+    from gemmgen import families
+    family = families.of(kernel.config)
+    return environment(str(family.template_root)).get_template(family.template).render(
+        **dict(sm90_context.context(kernel), **switches))
 
 
 def count(counts, prefix: str) -> int:
@@ -95,7 +101,7 @@ def test_odd_k_is_fine_when_both_operands_are_mn_major():
 def test_multicast_slices_need_64_wide_pieces():
     bad = hopper_config("128x128x64", "64x128x64", cluster=(1, 2))  # A (BM=128) splits into 2x64: fine
     assert constraints.check(bad, H100, Arch.SM90A) == []
-    worse = TileConfig(Family.SM90_WGMMA, Shape3(64, 128, 64), Shape3(64, 128, 64), Shape3(64, 128, 16), 4,
+    worse = Sm90Config(Shape3(64, 128, 64), Shape3(64, 128, 64), Shape3(64, 128, 16), 4,
                        cluster=Cluster(1, 2), warp_specialized=True, persistent=True)
     assert any("1x2 cluster" in v.rule for v in constraints.check(worse, H100, Arch.SM90A))
 
@@ -248,8 +254,8 @@ def test_cluster_kernel_uses_multicast_tma():
 @pytest.mark.slow
 def test_every_config_of_the_space_compiles_or_is_rejected():
     from gemmgen.codegen.nvrtc import compile_many
-    configs = all_configs(Family.SM90_WGMMA)
-    valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
+    configs = all_configs("sm90_wgmma")
+    valid = enumerate_space("sm90_wgmma", H100, Arch.SM90A, operands=ops())
     assert len(valid) >= 40, "the space should offer the tuner real choices"
     for config in configs:
         if config not in valid:
@@ -317,7 +323,7 @@ def test_split_k_kernel_compiles_with_reduce_entry_and_no_local_memory():
 # --- ping-pong schedule -------------------------------------------------------------------------------
 def pingpong_config(cta="128x128x64", stages=6, **changes) -> TileConfig:
     from dataclasses import replace
-    from gemmgen.model.tiles import Schedule
+    from gemmgen.families.sm90_wgmma.config import Schedule
     return replace(hopper_config(cta, cta, stages), schedule=Schedule.PINGPONG, **changes)
 
 
@@ -341,9 +347,9 @@ def test_pingpong_runs_two_consumer_warpgroups_over_one_warpgroup_tile():
     assert constraints.check(config, H100, Arch.SM90A, operands=ops()) == []
     # Two warpgroups' epilogue staging, as the cooperative 128x256 (8 consumer warps).
     # Six 32 KB stages leave each of the 8 consumer warps 4 store boxes (4 KB) of its 8-box share.
-    assert constraints.sm90_epi_boxes(config, ops()) == 4
-    assert constraints.smem_bytes(config, ops()) == 6 * 32768 + 8 * 4 * constraints.SM90_EPI_BOX_BYTES + 2048
-    params = sm90.template_params(Kernel(Arch.SM90A, ops(), config))
+    assert sm90_rules.epi_boxes(config, ops()) == 4
+    assert constraints.smem_bytes(config, ops()) == 6 * 32768 + 8 * 4 * sm90_rules.EPI_BOX_BYTES + 2048
+    params = sm90_context.context(Kernel(Arch.SM90A, ops(), config))
     assert params["pingpong"] and params["consumers"] == 2 and params["setmaxnreg"]
     entry = sm90.launch(Kernel(Arch.SM90A, ops(), config), Problem.create(4096, 4096, 4096), sm_count=132)
     assert entry["block"] == [384, 1, 1] and entry["grid"] == [132, 1, 1]
@@ -376,13 +382,15 @@ def test_pingpong_with_a_cluster_multicasts_and_releases_each_stage_to_both_ctas
 
 def test_pingpong_rejects_split_k_and_the_sm80_family():
     from dataclasses import replace
-    from gemmgen.model.tiles import DecompKind, Decomposition, Schedule
+    from gemmgen.model.tiles import DecompKind, Decomposition
+    from gemmgen.families.sm90_wgmma.config import Schedule
     split = pingpong_config(decomposition=Decomposition(DecompKind.SPLIT_K, 2))
     assert any("data-parallel" in v.rule for v in constraints.check(split, H100, Arch.SM90A, operands=ops()))
-    sm80 = TileConfig(Family.SM80_MMA, Shape3(128, 128, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 3,
-                      schedule=Schedule.PINGPONG)
-    assert any("ping-pong schedule needs the sm90_wgmma family" in v.rule for v in constraints.check(sm80, H100))
-    assert not constraints.check(replace(sm80, schedule=Schedule.COOPERATIVE), H100)
+    # The schedule is an sm90 knob: an sm80 configuration cannot even carry it.
+    sm80 = {"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16", "stages": 3}
+    with pytest.raises(InvalidInput, match="family sm80_mma has no knob schedule"):
+        TileConfig.from_dict(dict(sm80, schedule="pingpong"))
+    assert not constraints.check(TileConfig.from_dict(dict(sm80, schedule="cooperative")), H100)
 
 
 def test_pingpong_render_orders_mainloops_with_named_barriers():
@@ -396,7 +404,7 @@ def test_pingpong_render_orders_mainloops_with_named_barriers():
 
 def test_pingpong_space_configs_survive_the_tuner_encoding():
     from gemmgen.rank.ranking import SearchSpace
-    valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
+    valid = enumerate_space("sm90_wgmma", H100, Arch.SM90A, operands=ops())
     pingpong = [c for c in valid if c.schedule.value == "pingpong"]
     assert pingpong, "the space should offer ping-pong tiles"
     space = SearchSpace(valid, lambda c: constraints.check(c, H100, Arch.SM90A, operands=ops()))
@@ -605,7 +613,7 @@ def test_streamk_tiles_compile_without_spills_in_every_layout_and_epilogue():
 
 
 def test_model_prices_streamk_by_its_remainder_slices():
-    from gemmgen.calc.intensity import predict
+    from gemmgen.rank.predict import predict
     odd = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
     sk, dp = predict(odd, streamk_config(), H100), predict(odd, hopper_config(), H100)
     assert sk.wave_efficiency > 0.95 > dp.wave_efficiency   # 2 waves + 1/5 of one vs 3 waves for 2.18
@@ -623,7 +631,7 @@ def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():
     # Not in the search space (1.3-2.5x slower on the H100, docs/perf-notes.md); kept compiling for the next try.
     from gemmgen.codegen.nvrtc import compile_source, options_for
     kernel = Kernel(Arch.SM90A, ops(b="row"), hopper_config())
-    assert sm90.template_params(kernel)["b_cpasync"] is False
+    assert sm90_context.context(kernel)["b_cpasync"] is False
     # With the stmatrix epilogue this experimental path needs 8 bytes of stack (ptxas, 2026-11-22): it keeps the
     # 4-byte st.shared fill of the store boxes.
     source = render_lab(kernel, b_cpasync=True, stmatrix=False)
@@ -642,8 +650,8 @@ def test_a_1x2_cluster_multicasts_a_k_major_a_in_96_row_slices_but_mn_major_a_on
     problem = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
     tm_a, tm_b = sm90.tensormap_specs(Kernel(Arch.SM90A, problem.operands, config), problem)
     assert tm_a["box"] == [64, 96] and tm_b["box"] == [64, 64]   # each CTA loads and multicasts 96 of A's rows
-    assert sm90.template_params(Kernel(Arch.SM90A, problem.operands, config))["consumers"] == 3
-    assert sm90.template_params(Kernel(Arch.SM90A, problem.operands, config))["consumer_regs"] == 152
+    assert sm90_context.context(Kernel(Arch.SM90A, problem.operands, config))["consumers"] == 3
+    assert sm90_context.context(Kernel(Arch.SM90A, problem.operands, config))["consumer_regs"] == 152
 
 
 # --- fused split-K (the reduction inside the GEMM launch) ---------------------------------------------
@@ -676,7 +684,7 @@ def test_fused_reduction_is_a_split_k_option_of_the_sm90_family_only():
                for v in constraints.check(dp, H100, Arch.SM90A, operands=ops()))
     sm80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
                                  "stages": 3, "decomposition": {"kind": "splitk", "splits": 4, "fused": True}})
-    assert any("fused split-K reduction is implemented in sm90_wgmma only" in v.rule
+    assert any("family sm80_mma has no fused split-K reduction" in v.rule
                for v in constraints.check(sm80, H100, Arch.SM90A, operands=ops()))
 
 
@@ -707,7 +715,7 @@ def test_fused_split_k_renders_the_arrival_and_no_reduce_entry_and_compiles_with
 
 
 def test_the_model_prices_fused_split_k_above_the_reduction_launch_where_it_measured_slower():
-    from gemmgen.calc.intensity import predict
+    from gemmgen.rank.predict import predict
     problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
     fused = predict(problem, fused_config(8), H100)
     plain = predict(problem, splitk_config(8, "64x128x64", "64x128x64", 6), H100)
@@ -795,13 +803,13 @@ def test_fast_epilogue_is_rendered_by_default_and_compiles_without_spills():
 
 def test_store_boxes_fill_the_shared_memory_the_ring_leaves():
     # 128x256 s3 leaves room for each warp's whole share (8 boxes); s4 for half of it; 128x64's share is 2.
-    assert constraints.sm90_epi_boxes(hopper_config(stages=3)) == 8
-    assert constraints.sm90_epi_boxes(hopper_config(stages=4)) == 4
+    assert sm90_rules.epi_boxes(hopper_config(stages=3)) == 8
+    assert sm90_rules.epi_boxes(hopper_config(stages=4)) == 4
     small = hopper_config(cta="128x64x64", warp="64x64x64", stages=8)
-    assert constraints.sm90_epi_boxes(small) == 2
-    for config in enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops()):
+    assert sm90_rules.epi_boxes(small) == 2
+    for config in enumerate_space("sm90_wgmma", H100, Arch.SM90A, operands=ops()):
         assert constraints.smem_bytes(config, ops()) <= H100.smem_per_block_optin, config.tag
-        boxes = constraints.sm90_epi_boxes(config, ops())
+        boxes = sm90_rules.epi_boxes(config, ops())
         share = config.warp.m // 64 * (config.warp.n // 32)
         assert boxes == share or (boxes % 2 == 0 and share % (boxes // 2) == 0), config.tag
 
@@ -813,11 +821,11 @@ def test_whole_share_epilogue_fences_once_and_streamk_runs_the_same_epilogue():
     # computed after the fix-up, nothing spills: 2.3% at 4096^3, docs/perf-notes.md "Stream-K range mode").
     streamk = TileConfig.from_dict({**hopper_config(stages=4).to_dict(), "decomposition": {"kind": "streamk"}})
     sk = render(Kernel(Arch.SM90A, ops(), streamk))
-    boxes = constraints.sm90_epi_boxes(hopper_config(stages=4))
-    assert boxes > 2 and constraints.sm90_epi_boxes(streamk) == boxes
+    boxes = sm90_rules.epi_boxes(hopper_config(stages=4))
+    assert boxes > 2 and sm90_rules.epi_boxes(streamk) == boxes
     assert f"constexpr int EPI_BOXES = {boxes} * 32 / EPI_COLS;" in sk and "finish_fast(" in sk
     s3 = TileConfig.from_dict({**hopper_config(stages=3).to_dict(), "decomposition": {"kind": "streamk"}})
-    assert constraints.sm90_epi_boxes(s3) == constraints.sm90_epi_boxes(hopper_config(stages=3)) == 8
+    assert sm90_rules.epi_boxes(s3) == sm90_rules.epi_boxes(hopper_config(stages=3)) == 8
     assert constraints.smem_bytes(s3) == constraints.smem_bytes(hopper_config(stages=3))
 
 
@@ -873,7 +881,8 @@ def test_store_warp_is_named_only_when_chosen_and_round_trips():
 ])
 def test_store_warp_rejects_what_the_template_does_not_implement(changes, operands, rule):
     from dataclasses import replace
-    from gemmgen.model.tiles import DecompKind, Decomposition, Schedule
+    from gemmgen.model.tiles import DecompKind, Decomposition
+    from gemmgen.families.sm90_wgmma.config import Schedule
     config = store_warp_config()
     if changes.get("schedule"):
         config = replace(config, schedule=Schedule.PINGPONG, cta=Shape3(128, 128, 64), warp=Shape3(128, 128, 64),
@@ -891,9 +900,9 @@ def test_store_warp_rejects_what_the_template_does_not_implement(changes, operan
 
 def test_store_warp_is_accepted_for_cooperative_data_parallel_tiles_and_rejected_for_sm80():
     assert constraints.check(store_warp_config(), H100, Arch.SM90A, operands=ops()) == []
-    sm80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
-                                 "stages": 3, "store_warp": True})
-    assert any("a store warp needs the sm90_wgmma family" in v.rule for v in constraints.check(sm80, H100))
+    with pytest.raises(InvalidInput, match="family sm80_mma has no knob store_warp"):
+        TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                              "stages": 3, "store_warp": True})
 
 
 def test_store_warp_renders_the_store_loop_in_the_producer_warpgroup_and_hands_boxes_over():
@@ -925,7 +934,7 @@ def test_sw_lsu_lab_switch_copies_d_through_the_store_warps_and_counts_their_arr
 def test_store_warp_kernel_stores_through_tma_without_local_memory(stages, cluster):
     # s3: the warp's whole share of boxes in one group; s4: two halves alternating (EPI_HALVES == 2).
     config = store_warp_config(stages=stages, cluster=Cluster(*cluster))
-    assert constraints.sm90_epi_boxes(config, ops()) == (8 if stages == 3 else 4)
+    assert sm90_rules.epi_boxes(config, ops()) == (8 if stages == 3 else 4)
     compiled = compile_sm90(Kernel(Arch.SM90A, ops(), config))
     counts = sass_counts(compiled.cubin)
     assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0 and count(counts, "UTMASTG") > 0
@@ -934,7 +943,8 @@ def test_store_warp_kernel_stores_through_tma_without_local_memory(stages, clust
 
 
 def test_model_exposes_less_epilogue_with_a_store_warp():
-    from gemmgen.calc.intensity import STORE_WARP_EXPOSED, predict
+    from gemmgen.families.sm90_wgmma import STORE_WARP_EXPOSED
+    from gemmgen.rank.predict import predict
     problem = Problem.create(4096, 4096, 4096)
     with_sw, without = predict(problem, store_warp_config(), H100), predict(problem, hopper_config(stages=3), H100)
     assert 0 < STORE_WARP_EXPOSED < 1
@@ -942,7 +952,7 @@ def test_model_exposes_less_epilogue_with_a_store_warp():
 
 
 def test_space_offers_store_warp_variants_of_the_large_cooperative_tiles():
-    valid = enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, operands=ops())
+    valid = enumerate_space("sm90_wgmma", H100, Arch.SM90A, operands=ops())
     sw = [c for c in valid if c.store_warp]
     assert sw and {str(c.cta) for c in sw} == {"128x256x64", "256x128x64"}
     assert all(c.schedule.value == "cooperative" and c.decomposition.kind.value == "dp" for c in sw)
@@ -954,7 +964,7 @@ def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4) -> TileCon
     from gemmgen.model.tiles import DecompKind, Decomposition
     w = Shape3.parse(warp)
     decomposition = Decomposition(DecompKind.SPLIT_K, splits) if splits > 1 else Decomposition()
-    return TileConfig(Family.SM90_WGMMA, Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
+    return Sm90Config(Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
                       raster=Raster(RasterOrder.ROW, 8), decomposition=decomposition,
                       warp_specialized=True, persistent=True, swap_ab=True)
 
@@ -1016,7 +1026,6 @@ def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame(
     ({"cluster": True}, None, "the operand swap is implemented without clusters"),
     ({}, Problem.create(64, 4096, 4096), "the operand swap serves skinny products"),
     ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles narrower than 64 columns need B K-major"),
-    ({"sm80": True}, None, "the operand swap is implemented in sm90_wgmma only"),
 ])
 def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rule):
     from dataclasses import replace
@@ -1028,9 +1037,6 @@ def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rul
         config = replace(config, decomposition=Decomposition(DecompKind.SPLIT_K, 4, fused=True))
     if changes.get("cluster"):
         config = replace(config, cluster=Cluster(2, 1))
-    if changes.get("sm80"):
-        config = TileConfig.from_dict({"family": "sm80_mma", "cta": "64x64x32", "warp": "32x32x32", "mma": "16x8x16",
-                                       "stages": 3, "decomposition": {"kind": "splitk", "splits": 2}, "swap_ab": True})
     problem = problem or Problem.create(16, 4096, 4096)
     violations = constraints.check(config, H100, Arch.SM90A, problem)
     assert any(rule in v.rule for v in violations), [v.rule for v in violations]
@@ -1039,7 +1045,8 @@ def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rul
 
 def test_narrow_tiles_take_the_staged_epilogue_with_dp_or_split_k_and_k_major_b():
     from dataclasses import replace
-    from gemmgen.model.tiles import DecompKind, Decomposition, Schedule
+    from gemmgen.model.tiles import DecompKind, Decomposition
+    from gemmgen.families.sm90_wgmma.config import Schedule
     narrow = replace(swap_config(), swap_ab=False)
     tall = Problem.create(4096, 16, 4096, b="col")
     assert constraints.check(narrow, H100, Arch.SM90A, tall) == []
@@ -1085,12 +1092,12 @@ def test_swapped_kernel_compiles_to_narrow_hgmma_without_local_memory_and_reduce
 
 
 def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_first():
-    from gemmgen.calc.intensity import predict
+    from gemmgen.rank.predict import predict
     from gemmgen.rank.space import enumerate_space
-    skinny = [c for c in enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, Problem.create(16, 4096, 4096))
+    skinny = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(16, 4096, 4096))
               if c.swap_ab]
     assert skinny and all(c.cta.n in (16, 32) for c in skinny)
-    assert not [c for c in enumerate_space(Family.SM90_WGMMA, H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
+    assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
                 if c.swap_ab]
     p = Problem.create(16, 4096, 4096)
     # 4x fewer wasted wgmma rows than the 64-row tile: the model must not price the swap above it.

@@ -8,18 +8,19 @@ from gemmgen.families import rules as constraints
 from gemmgen.model import paths
 
 from gemmgen.rank import space
+from gemmgen import families
 from gemmgen.model.arch import Arch, lookup_gpu
 from gemmgen.model.errors import InvalidInput
 from gemmgen.model.problem import Problem
-from gemmgen.model.tiles import DecompKind, Family, SmemLayout
+from gemmgen.model.tiles import DecompKind, SmemLayout
 
 H100 = lookup_gpu("h100")
 A100 = lookup_gpu("a100")
 
 
 def test_space_keeps_exactly_the_configs_check_accepts():
-    every = space.all_configs(Family.SM80_MMA)
-    kept = space.enumerate_space(Family.SM80_MMA, A100, Arch.SM80)
+    every = space.all_configs("sm80_mma")
+    kept = space.enumerate_space("sm80_mma", A100, Arch.SM80)
     assert kept and len(kept) < len(every)  # A100's 163 KB limit rejects the deepest 256-wide pipelines
     for config in every:
         accepted = not constraints.check(config, A100, Arch.SM80)
@@ -27,7 +28,7 @@ def test_space_keeps_exactly_the_configs_check_accepts():
 
 
 def test_space_covers_the_axes_the_family_supports():
-    configs = space.all_configs(Family.SM80_MMA)
+    configs = space.all_configs("sm80_mma")
     assert {c.stages for c in configs} == {2, 3, 4, 5}
     assert {c.smem_layout for c in configs} == set(SmemLayout)
     assert {c.decomposition.kind for c in configs} == {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K}
@@ -38,13 +39,13 @@ def test_space_covers_the_axes_the_family_supports():
 
 def test_problem_rules_apply():
     short_k = Problem.create(4096, 4096, 64)
-    kept = space.enumerate_space(Family.SM80_MMA, H100, Arch.SM90A, short_k)
+    kept = space.enumerate_space("sm80_mma", H100, Arch.SM90A, short_k)
     assert all(c.decomposition.splits <= 2 for c in kept)  # K = 64 has one or two K tiles
 
 
 def test_families_for_arch():
-    assert Family.SM80_MMA in space.families_for("sm_80")
-    assert Family.SM90_WGMMA not in space.families_for("sm_80")
+    assert "sm80_mma" in space.families_for("sm_80")
+    assert "sm90_wgmma" not in space.families_for("sm_80")
 
 
 def test_default_config_is_valid_and_deterministic():
@@ -52,16 +53,16 @@ def test_default_config_is_valid_and_deterministic():
     pick = space.default_config(problem, H100, Arch.SM80)
     assert not constraints.check(pick, H100, Arch.SM80, problem)
     assert pick == space.default_config(problem, H100, Arch.SM80)
-    assert pick.family is Family.SM80_MMA
+    assert pick.family == "sm80_mma"
 
 
 def test_heuristic_prefers_big_tiles_for_big_problems_and_split_k_for_long_k():
     big = Problem.create(8192, 8192, 8192)
-    configs = space.enumerate_space(Family.SM80_MMA, H100, Arch.SM80, big)
+    configs = space.enumerate_space("sm80_mma", H100, Arch.SM80, big)
     best = min(configs, key=lambda c: space.heuristic_time(big, c, H100))
     assert best.cta.m * best.cta.n >= 128 * 128 and best.decomposition.kind is DecompKind.DATA_PARALLEL
     skinny = Problem.create(128, 128, 16384)
-    configs = space.enumerate_space(Family.SM80_MMA, H100, Arch.SM80, skinny)
+    configs = space.enumerate_space("sm80_mma", H100, Arch.SM80, skinny)
     best = min(configs, key=lambda c: space.heuristic_time(skinny, c, H100))
     assert best.decomposition.kind is DecompKind.SPLIT_K
 
@@ -79,9 +80,9 @@ def test_heuristic_prefers_big_tiles_for_big_problems_and_split_k_for_long_k():
 ])
 def test_malformed_space_file_names_file_and_rule(tmp_path, monkeypatch, text, rule):
     (tmp_path / "sm80_mma.yaml").write_text(text)
-    monkeypatch.setattr(paths, "SEARCH_SPACES", tmp_path)
+    monkeypatch.setattr(families.get("sm80_mma"), "space_file", tmp_path / "sm80_mma.yaml")
     with pytest.raises(InvalidInput) as info:
-        space.enumerate_space(Family.SM80_MMA, H100, Arch.SM80)
+        space.enumerate_space("sm80_mma", H100, Arch.SM80)
     message = str(info.value)
     assert "sm80_mma.yaml" in message and rule in message
     assert "\n" not in message
@@ -93,7 +94,7 @@ def test_a_leading_dimension_tma_cannot_load_rules_out_sm90_and_says_why():
     gpu = lookup_gpu("h100")
     odd = Problem.create(4096, 4096, 4097, "bf16")  # A row-major: lda = 4097 elements, not 16-byte rows
     [(family, rule)] = excluded_families(odd, gpu)
-    assert family is Family.SM90_WGMMA and "16 bytes" in rule
+    assert family == "sm90_wgmma" and "16 bytes" in rule
     assert excluded_families(Problem.create(4096, 4096, 4096, "bf16"), gpu) == []
 
 

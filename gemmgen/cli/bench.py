@@ -21,7 +21,7 @@ def register(subparsers) -> None:
 
 def _prediction_s(problem, config, gpu) -> "float | None":
     try:
-        from ..calc.intensity import predict
+        from ..rank.predict import predict
     except ImportError:
         return None
     try:

@@ -30,7 +30,7 @@ def run(args) -> int:
         print_json({"gpu": gpu.key,
                     "tunes": [{"problem": t.label, "trials": t.trials, "spearman": t.spearman,
                                "median_measured_over_predicted": t.median_ratio} for t in tunes],
-                    "families": [{"family": f.family.value, "trials": f.trials, "median_measured_over_predicted":
+                    "families": [{"family": f.family, "trials": f.trials, "median_measured_over_predicted":
                                   f.median_ratio, "efficiency_now": f.efficiency_now,
                                   "efficiency_suggested": f.efficiency_suggested} for f in families]})
         return 0
@@ -43,7 +43,7 @@ def run(args) -> int:
         rhos.sort()
         print(f"median rho {rhos[len(rhos) // 2]:+.2f} (1 = the model orders configurations exactly as measured)")
     print()
-    print(table([[f.family.value, f.trials, f"{f.median_ratio:.2f}", f"{f.efficiency_now:.2f}",
+    print(table([[f.family, f.trials, f"{f.median_ratio:.2f}", f"{f.efficiency_now:.2f}",
                   f"{f.efficiency_suggested:.2f}"] for f in families],
                 ["family", "trials", "measured/predicted", "efficiency now", "suggested"]))
     return 0

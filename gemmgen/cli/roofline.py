@@ -8,32 +8,12 @@ from pathlib import Path
 from ..model.arch import Gpu
 from ..families.rules import check
 from ..model.errors import InvalidInput
-from ..calc.intensity import predict, roofline
+from .. import families
+from ..calc.intensity import roofline
+from ..rank.predict import predict
 from ..model.problem import Problem
-from ..model.tiles import Family, TileConfig
+from ..model.tiles import TileConfig
 from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table
-
-# Hand-picked examples of each family, from large tiles to skinny split-K, shown when no --config
-# is given. They illustrate the model's ranking; they are not the search space (search_spaces/).
-REFERENCE_CONFIGS = (
-    {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3,
-     "raster": {"order": "row", "group": 8}, "cluster": "2x1", "warp_specialized": True, "persistent": True},
-    {"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
-     "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True},
-    {"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
-     "warp_specialized": True},
-    {"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16", "stages": 4,
-     "raster": {"order": "row", "group": 8}},
-    {"family": "sm80_mma", "cta": "128x64x32", "warp": "64x32x32", "mma": "16x8x16", "stages": 4},
-    {"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16", "stages": 4},
-    {"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16", "stages": 4,
-     "decomposition": {"kind": "splitk", "splits": 4}},
-    {"family": "sm80_mma", "cta": "32x64x64", "warp": "16x32x64", "mma": "16x8x16", "stages": 4,
-     "decomposition": {"kind": "splitk", "splits": 4}},
-    {"family": "sm80_mma", "cta": "16x64x64", "warp": "16x16x64", "mma": "16x8x16", "stages": 4,
-     "decomposition": {"kind": "splitk", "splits": 8}},
-)
-
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -51,7 +31,7 @@ def register(subparsers) -> None:
 
 def reference_configs(problem: Problem, gpu: Gpu) -> "list[TileConfig]":
     """The reference configurations that are feasible for `problem` on `gpu`."""
-    configs = [TileConfig.from_dict(d) for d in REFERENCE_CONFIGS]
+    configs = [TileConfig.from_dict(d) for family in families.all_families() for d in family.examples]
     return [c for c in configs if not check(c, gpu, problem=problem)]
 
 
@@ -65,15 +45,11 @@ def _load_config(path: str) -> TileConfig:
 
 def label(config: TileConfig) -> str:
     """A short human label: family, CTA/warp tiles, stages, decomposition, cluster, flags."""
-    fam = "sm90" if config.family is Family.SM90_WGMMA else "sm80"
-    parts = [fam, f"{config.cta}/{config.warp}", f"s{config.stages}", config.decomposition.tag]
+    parts = [config.family.split("_")[0], f"{config.cta}/{config.warp}", f"s{config.stages}",
+             config.decomposition.tag]
     if config.cluster.size > 1:
         parts.append(f"cl{config.cluster}")
-    if config.warp_specialized:
-        parts.append("ws")
-    if config.persistent:
-        parts.append("pers")
-    return " ".join(parts)
+    return " ".join(parts + config.knob_tags())
 
 
 def run(args) -> int:

@@ -169,7 +169,7 @@ def say_fallbacks(problem, gpu) -> None:
     from ..rank.space import excluded_families
 
     for family, rule in excluded_families(problem, gpu):
-        print(f"note: family {family.value} cannot run this problem ({rule}); searching the others", file=sys.stderr)
+        print(f"note: family {family} cannot run this problem ({rule}); searching the others", file=sys.stderr)
 
 
 def run(args) -> int:

@@ -16,8 +16,8 @@ from ..model import paths
 @lru_cache(maxsize=1)
 def kernel_code_digest() -> str:
     """12 hex digits over templates/*.j2, gemmgen/families/*.py and gemmgen/render.py, in a fixed order."""
-    files = sorted(paths.TEMPLATES.glob("*.j2")) + sorted((paths.PACKAGE / "families").glob("*.py")) + \
-        [paths.PACKAGE / "render.py"]
+    files = sorted(paths.TEMPLATES.rglob("*.j2")) + sorted((paths.PACKAGE / "families").rglob("*.py")) + \
+        [paths.PACKAGE / "codegen" / "render.py"]
     h = hashlib.sha256()
     for f in files:
         if f.is_file():

@@ -1,12 +1,10 @@
-"""Data types, compute architectures and the GPU catalogue (gemmgen/data/gpus.yaml)."""
+"""Data types, compute architectures and the GPU catalogue (gemmgen/model/data/gpus.yaml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
-
-import yaml
 
 from .errors import InvalidInput
 
@@ -161,6 +159,7 @@ def _gpu_from_entry(key: str, entry: dict) -> Gpu:
 def catalogue(path: "str | None" = None) -> "dict[str, Gpu]":
     """All GPUs in the catalogue, by canonical key."""
     file = Path(path) if path else CATALOGUE_PATH
+    import yaml  # lazily: the runtime imports the model and must not need PyYAML
     try:
         raw = yaml.safe_load(file.read_text())
     except (OSError, yaml.YAMLError) as exc:

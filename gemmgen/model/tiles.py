@@ -2,7 +2,8 @@
 shared-memory layout, rasterization, work decomposition and Hopper cluster shape.
 
 Everything here is a frozen dataclass with a procedural name and a dict form that round-trips
-through YAML and JSON. Feasibility lives in constraints.py, not here.
+through YAML and JSON. Each kernel family's own knobs and rules live in its package under
+gemmgen/families/; this module holds what every family shares.
 """
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-
-import yaml
+from typing import ClassVar
 
 from .arch import Arch
 from .errors import InvalidInput
@@ -49,21 +49,6 @@ class Shape3:
     @property
     def volume(self) -> int:
         return self.m * self.n * self.k
-
-
-class Family(str, Enum):
-    """A kernel family is one template: sm80_mma (mma.sync, cp.async, ldmatrix) or sm90_wgmma (TMA, wgmma)."""
-
-    SM80_MMA = "sm80_mma"
-    SM90_WGMMA = "sm90_wgmma"
-
-    @property
-    def template(self) -> str:
-        return f"{self.value}.cu.j2"
-
-    @property
-    def min_arch(self) -> Arch:
-        return Arch.SM90A if self is Family.SM90_WGMMA else Arch.SM80
 
 
 class SmemLayout(str, Enum):
@@ -143,18 +128,6 @@ class Decomposition:
         return out
 
 
-class Schedule(str, Enum):
-    """How consumer warpgroups share output tiles (sm90_wgmma).
-
-    cooperative: every consumer warpgroup computes its `warp` slice of each CTA tile.
-    pingpong: two consumer warpgroups own whole alternate tiles (`warp` equals `cta`); their mainloops take
-    turns, so one warpgroup's epilogue overlaps the other's mainloop.
-    """
-
-    COOPERATIVE = "cooperative"
-    PINGPONG = "pingpong"
-
-
 @dataclass(frozen=True)
 class Cluster:
     """Thread-block cluster shape (Hopper). 1×1 means no cluster."""
@@ -170,16 +143,19 @@ class Cluster:
         return f"{self.m}x{self.n}"
 
 
+# Fields every configuration has, in the order of its dict form; each family's type adds its own knobs.
+BASE_FIELDS = ("family", "cta", "warp", "mma", "stages", "smem_layout", "raster", "decomposition", "cluster")
+
+
 @dataclass(frozen=True)
 class TileConfig:
-    """One named point of the search space.
+    """One named point of a family's search space: the tile fields every kernel family shares.
 
-    For sm80_mma, `warp` is the tile of one warp and warps split the CTA tile in M and N.
-    For sm90_wgmma, `warp` is the tile of one consumer warpgroup (128 threads), so the
-    consumer-warpgroup arrangement is cta.m/warp.m × cta.n/warp.n.
+    A family subclasses this with its own knobs (`class Sm90Config(TileConfig, family="sm90_wgmma")`),
+    sets how many threads its tiles take (`math_threads`, `threads`) and names its knobs in `knob_tags`.
+    `warp` is the tile of one warp (sm80) or one consumer warpgroup (sm90): the family says which.
     """
 
-    family: Family
     cta: Shape3
     warp: Shape3
     mma: Shape3
@@ -188,17 +164,22 @@ class TileConfig:
     raster: Raster = field(default_factory=Raster)
     decomposition: Decomposition = field(default_factory=Decomposition)
     cluster: Cluster = field(default_factory=Cluster)
-    warp_specialized: bool = False
-    persistent: bool = False
-    schedule: Schedule = Schedule.COOPERATIVE
-    # sm90_wgmma, cooperative data-parallel: D's TMA stores issued by a warp of the producer warpgroup, so the
-    # consumers go from filling the store boxes straight to the next tile (docs/perf-notes.md, "The store warp").
-    store_warp: bool = False
-    # sm90_wgmma: the kernel computes D^T = B^T @ A^T, so the problem's M (a handful of rows, as in decoding)
-    # becomes wgmma's N and its N fills the 64-row wgmma M; cta.m then tiles the problem's N and cta.n its M. The
-    # staged epilogue (data-parallel) or the split-K reduction launch writes D in the caller's frame
-    # (docs/perf-notes.md, "Operand swap").
-    swap_ab: bool = False
+
+    family: ClassVar[str] = ""
+    # Family name -> config type, filled as family packages define their types (from_dict dispatches on it).
+    _types: ClassVar["dict[str, type[TileConfig]]"] = {}
+    # The family's own knobs: field name -> the value a dict without the field means.
+    KNOBS: ClassVar["dict[str, object]"] = {}
+    # Knobs older records wrote for every family (one flat type): accepted when they hold these defaults.
+    LEGACY_KNOBS: ClassVar["dict[str, object]"] = {
+        "warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
+        "swap_ab": False}
+
+    def __init_subclass__(cls, family: str = "", **kwargs):
+        super().__init_subclass__(**kwargs)
+        if family:
+            cls.family = family
+            TileConfig._types[family] = cls
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -211,37 +192,33 @@ class TileConfig:
 
     @property
     def math_threads(self) -> int:
-        per_unit = 128 if self.family is Family.SM90_WGMMA else 32
-        # Ping-pong runs two consumer warpgroups over one warpgroup tile (= the CTA tile), alternating tiles.
-        copies = 2 if self.schedule is Schedule.PINGPONG else 1
-        return self.warps_m * self.warps_n * per_unit * copies
+        """Threads that run the MMA main loop."""
+        raise NotImplementedError(f"{type(self).__name__} must say how many threads its tiles take")
 
     @property
     def threads(self) -> int:
-        producer = 128 if (self.family is Family.SM90_WGMMA and self.warp_specialized) else 0
-        return self.math_threads + producer
+        """Threads per CTA (math threads plus any producer)."""
+        return self.math_threads
+
+    def knob_tags(self) -> "list[str]":
+        """Name parts for the family's knobs (only those not at their default, so old names stay)."""
+        return []
+
+    def knob_values(self) -> dict:
+        """The family's knobs as plain values (dict form, search axes)."""
+        return {}
 
     @property
     def tag(self) -> str:
         """Tiles, stages, swizzle, rasterization, decomposition, cluster: the config half of a kernel name."""
-        parts = [self.family.value, f"cta{self.cta}", f"w{self.warp}", f"mma{self.mma}", f"s{self.stages}",
+        parts = [self.family, f"cta{self.cta}", f"w{self.warp}", f"mma{self.mma}", f"s{self.stages}",
                  self.smem_layout.value, f"r{self.raster.tag}", self.decomposition.tag, f"cl{self.cluster}"]
-        if self.warp_specialized:
-            parts.append("ws")
-        if self.persistent:
-            parts.append("pers")
-        if self.schedule is not Schedule.COOPERATIVE:  # named only when not the default: old names stay
-            parts.append("pp")
-        if self.store_warp:
-            parts.append("sw")
-        if self.swap_ab:
-            parts.append("swap")
-        return "_".join(parts)
+        return "_".join(parts + self.knob_tags())
 
     # --- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "family": self.family.value,
+            "family": self.family,
             "cta": str(self.cta),
             "warp": str(self.warp),
             "mma": str(self.mma),
@@ -250,54 +227,60 @@ class TileConfig:
             "raster": {"order": self.raster.order.value, "group": self.raster.group},
             "decomposition": self.decomposition.to_dict(),
             "cluster": str(self.cluster.m) + "x" + str(self.cluster.n),
-            "warp_specialized": self.warp_specialized,
-            "persistent": self.persistent,
-            "schedule": self.schedule.value,
-            # omitted when false, so records written before the field existed stay identical
-            **({"store_warp": True} if self.store_warp else {}),
-            **({"swap_ab": True} if self.swap_ab else {}),
+            **self.knob_values(),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "TileConfig":
+        """Parse a configuration of any registered family (the `family` field picks the type)."""
         if not isinstance(d, dict):
             raise InvalidInput("a configuration must be a mapping of fields", type(d).__name__)
-        known = {"family", "cta", "warp", "mma", "stages", "smem_layout", "raster", "decomposition",
-                 "cluster", "warp_specialized", "persistent", "schedule", "store_warp", "swap_ab"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InvalidInput(f"configuration fields must be among {sorted(known)}", unknown[0])
         for required in ("family", "cta", "warp", "mma", "stages"):
             if required not in d:
                 raise InvalidInput("a configuration must give family, cta, warp, mma and stages", f"missing {required}")
-        try:
-            family = Family(str(d["family"]))
-        except ValueError:
-            raise InvalidInput(f"family must be one of {[f.value for f in Family]}", d["family"]) from None
+        config_type = TileConfig._types.get(str(d["family"]))
+        if config_type is None:
+            raise InvalidInput(f"family must be one of {sorted(TileConfig._types)}", d["family"])
+        if cls is not TileConfig and not issubclass(config_type, cls):
+            raise InvalidInput(f"a {cls.family} configuration must name family {cls.family}", d["family"])
+        known = set(BASE_FIELDS) | set(config_type.KNOBS)
+        for name, default in cls.LEGACY_KNOBS.items():
+            if name in d and name not in config_type.KNOBS:
+                if d[name] != default:
+                    raise InvalidInput(f"family {config_type.family} has no knob {name} (only its default "
+                                       f"{default!r} is accepted)", d[name])
+                known.add(name)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidInput(f"configuration fields must be among {sorted(known)}", unknown[0])
         raster = d.get("raster", {}) or {}
         decomp = d.get("decomposition", {}) or {}
-        cluster = d.get("cluster", "1x1")
-        return cls(
-            family=family,
+        if not isinstance(raster, dict) or not isinstance(decomp, dict):
+            raise InvalidInput("raster and decomposition must be mappings", raster if not isinstance(raster, dict) else decomp)
+        base = dict(
             cta=Shape3.parse(d["cta"], "CTA tile"),
             warp=Shape3.parse(d["warp"], "warp tile"),
             mma=Shape3.parse(d["mma"], "MMA shape"),
-            stages=_int("stages", d["stages"]),
-            smem_layout=_enum(SmemLayout, "smem_layout", d.get("smem_layout", "swizzle")),
-            raster=Raster(_enum(RasterOrder, "raster.order", raster.get("order", "row")),
-                          _int("raster.group", raster.get("group", 1))),
-            decomposition=Decomposition(_enum(DecompKind, "decomposition.kind", decomp.get("kind", "dp")),
-                                        _int("decomposition.splits", decomp.get("splits", 1)),
-                                        _bool("decomposition.fused", decomp.get("fused", False))),
-            cluster=_cluster(cluster),
-            warp_specialized=bool(d.get("warp_specialized", False)),
-            persistent=bool(d.get("persistent", False)),
-            schedule=_enum(Schedule, "schedule", d.get("schedule", "cooperative")),
-            store_warp=_bool("store_warp", d.get("store_warp", False)),
-            swap_ab=_bool("swap_ab", d.get("swap_ab", False)),
+            stages=parse_int("stages", d["stages"]),
+            smem_layout=parse_enum(SmemLayout, "smem_layout", d.get("smem_layout", "swizzle")),
+            raster=Raster(parse_enum(RasterOrder, "raster.order", raster.get("order", "row")),
+                          parse_int("raster.group", raster.get("group", 1))),
+            decomposition=Decomposition(parse_enum(DecompKind, "decomposition.kind", decomp.get("kind", "dp")),
+                                        parse_int("decomposition.splits", decomp.get("splits", 1)),
+                                        parse_bool("decomposition.fused", decomp.get("fused", False))),
+            cluster=_cluster(d.get("cluster", "1x1")),
         )
+        knobs = {name: d.get(name, default) for name, default in config_type.KNOBS.items()}
+        return config_type(**base, **config_type.parse_knobs(knobs))
+
+    @classmethod
+    def parse_knobs(cls, raw: dict) -> dict:
+        """The family's knobs from their dict form (the family type checks each value)."""
+        return raw
 
     def to_yaml(self) -> str:
+        import yaml  # the model is imported by the runtime, which must not need PyYAML
+
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def to_json(self) -> str:
@@ -306,6 +289,8 @@ class TileConfig:
     @classmethod
     def from_text(cls, text: str, source: str = "<config>") -> "TileConfig":
         """Parse a configuration from YAML or JSON text (JSON is YAML)."""
+        import yaml
+
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -330,7 +315,7 @@ class Kernel:
         return f"gemmgen_{self.arch.value}_{self.operands.tag}_{self.config.tag}".replace("-", "_")
 
 
-def _int(what: str, value) -> int:
+def parse_int(what: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, str) and value.strip().isdigit():
             return int(value)
@@ -338,13 +323,13 @@ def _int(what: str, value) -> int:
     return value
 
 
-def _bool(what: str, value) -> bool:
+def parse_bool(what: str, value) -> bool:
     if isinstance(value, bool):
         return value
     raise InvalidInput(f"{what} must be true or false", value)
 
 
-def _enum(enum_cls, what: str, value):
+def parse_enum(enum_cls, what: str, value):
     try:
         return enum_cls(str(value).lower())
     except ValueError:
@@ -353,7 +338,7 @@ def _enum(enum_cls, what: str, value):
 
 def _cluster(value) -> Cluster:
     if isinstance(value, dict):
-        return Cluster(_int("cluster.m", value.get("m", 1)), _int("cluster.n", value.get("n", 1)))
+        return Cluster(parse_int("cluster.m", value.get("m", 1)), parse_int("cluster.n", value.get("n", 1)))
     match = re.match(r"^\s*(\d+)\s*x\s*(\d+)\s*$", str(value))
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
         raise InvalidInput("cluster must be written MxN, e.g. 2x1", value)

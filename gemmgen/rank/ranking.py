@@ -5,17 +5,26 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import families
 from ..model.arch import Gpu
 from ..model.errors import InvalidInput, UserError
 from ..model.problem import Problem
-from ..model.tiles import (Cluster, Decomposition, DecompKind, Family, Raster, RasterOrder, Schedule, Shape3, SmemLayout,
-                    TileConfig)
+from ..model.tiles import Shape3, TileConfig
 
 
 # Bump when the mapping between parameters and configurations changes: it is part of study names.
 SPACE_FORMAT = 4  # 2: the schedule axis (cooperative | pingpong); 3: the store_warp axis; 4: swap_ab
-AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_group", "decomposition", "cluster",
-        "warp_specialized", "persistent", "schedule", "store_warp", "swap_ab")
+# Axes every family has; each family's knobs follow (its config type's KNOBS, in their order).
+BASE_AXES = ("cta", "warps", "mma", "stages", "smem_layout", "raster_order", "raster_group", "decomposition", "cluster")
+
+
+def axes_for(family: str) -> "tuple[str, ...]":
+    """The search axes of one family: the shared ones, then its knobs."""
+    return BASE_AXES + tuple(families.get(family).config_type.KNOBS)
+
+
+def _plain(value):
+    return value.value if hasattr(value, "value") else value
 
 
 def axis_values(config: TileConfig) -> dict:
@@ -25,21 +34,18 @@ def axis_values(config: TileConfig) -> dict:
         "stages": config.stages, "smem_layout": config.smem_layout.value,
         "raster_order": config.raster.order.value, "raster_group": config.raster.group,
         "decomposition": config.decomposition.tag, "cluster": str(config.cluster),
-        "warp_specialized": config.warp_specialized, "persistent": config.persistent,
-        "schedule": config.schedule.value,
-        "store_warp": config.store_warp,
-        "swap_ab": config.swap_ab,
+        **{k: _plain(getattr(config, k)) for k in type(config).KNOBS},
     }
 
 
-def _decomposition(tag: str) -> Decomposition:
-    """Inverse of Decomposition.tag: dp, streamk, splitk<S>, splitk<S>f (fused reduction)."""
+def _decomposition(tag: str) -> dict:
+    """Inverse of Decomposition.tag (dp, streamk, splitk<S>, splitk<S>f: fused reduction), in dict form."""
     fused = tag.startswith("splitk") and tag.endswith("f")
     if fused:
         tag = tag[:-1]
     if tag.startswith("splitk"):
-        return Decomposition(DecompKind.SPLIT_K, int(tag[len("splitk"):]), fused)
-    return Decomposition(DecompKind(tag), 1)
+        return {"kind": "splitk", "splits": int(tag[len("splitk"):]), "fused": fused}
+    return {"kind": tag, "splits": 1}
 
 
 def config_from_axes(family: str, values: dict) -> TileConfig:
@@ -49,16 +55,13 @@ def config_from_axes(family: str, values: dict) -> TileConfig:
     if cta.m % wm or cta.n % wn:
         raise InvalidInput("the CTA tile must split evenly over the warp arrangement",
                            f"{cta} over {values['warps']}")
-    cm, cn = (int(v) for v in str(values["cluster"]).split("x"))
-    return TileConfig(
-        family=Family(family), cta=cta, warp=Shape3(cta.m // wm, cta.n // wn, cta.k),
-        mma=Shape3.parse(values["mma"], "MMA shape"), stages=int(values["stages"]),
-        smem_layout=SmemLayout(values["smem_layout"]),
-        raster=Raster(RasterOrder(values["raster_order"]), int(values["raster_group"])),
-        decomposition=_decomposition(str(values["decomposition"])), cluster=Cluster(cm, cn),
-        warp_specialized=bool(values["warp_specialized"]), persistent=bool(values["persistent"]),
-        schedule=Schedule(values.get("schedule", Schedule.COOPERATIVE.value)),
-        store_warp=bool(values.get("store_warp", False)), swap_ab=bool(values.get("swap_ab", False)))
+    knobs = families.get(family).config_type.KNOBS
+    return TileConfig.from_dict({
+        "family": family, "cta": str(cta), "warp": str(Shape3(cta.m // wm, cta.n // wn, cta.k)),
+        "mma": values["mma"], "stages": int(values["stages"]), "smem_layout": values["smem_layout"],
+        "raster": {"order": values["raster_order"], "group": int(values["raster_group"])},
+        "decomposition": _decomposition(str(values["decomposition"])), "cluster": values["cluster"],
+        **{k: values.get(k, default) for k, default in knobs.items()}})
 
 
 def _sort_key(value):
@@ -84,20 +87,21 @@ class SearchSpace:
             raise InvalidInput("the search space must hold at least one valid configuration", 0)
         self.configs = tuple(dict.fromkeys(configs))
         self.check_fn = check_fn
-        self.families = tuple(sorted({c.family.value for c in self.configs}))
+        self.families = tuple(sorted({c.family for c in self.configs}))
         self.sampled: "dict[str, tuple[tuple[str, tuple], ...]]" = {}
         self.fixed: "dict[str, dict]" = {}
         self.index: "dict[tuple, TileConfig]" = {}
         self._mma_choices: "dict[str, tuple]" = {}
         for fam in self.families:
-            members = [c for c in self.configs if c.family.value == fam]
+            members = [c for c in self.configs if c.family == fam]
             values = [axis_values(c) for c in members]
-            choices = {a: tuple(sorted({v[a] for v in values}, key=_sort_key)) for a in AXES}
-            keyed = [a for a in AXES if a != "mma"]
+            all_axes = axes_for(fam)
+            choices = {a: tuple(sorted({v[a] for v in values}, key=_sort_key)) for a in all_axes}
+            keyed = [a for a in all_axes if a != "mma"]
             mma_derived = len({tuple(v[a] for a in keyed) for v in values}) == len(values)
-            axes = [a for a in AXES if len(choices[a]) > 1 and not (a == "mma" and mma_derived)]
+            axes = [a for a in all_axes if len(choices[a]) > 1 and not (a == "mma" and mma_derived)]
             self.sampled[fam] = tuple((a, choices[a]) for a in axes)
-            self.fixed[fam] = {a: choices[a][0] for a in AXES if a not in axes}
+            self.fixed[fam] = {a: choices[a][0] for a in all_axes if a not in axes}
             self._mma_choices[fam] = choices["mma"]
             for c, v in zip(members, values):
                 self.index[self._key(fam, v, mma_derived)] = c
@@ -105,7 +109,7 @@ class SearchSpace:
 
     @staticmethod
     def _key(fam: str, values: dict, mma_derived: bool) -> tuple:
-        return (fam,) + tuple(values[a] for a in AXES if not (mma_derived and a == "mma"))
+        return (fam,) + tuple(values[a] for a in axes_for(fam) if not (mma_derived and a == "mma"))
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -129,7 +133,7 @@ class SearchSpace:
 
     def params(self, config: TileConfig) -> dict:
         """The parameters that make a trial sample `config` (for enqueue_trial and add_trial)."""
-        fam, values = config.family.value, axis_values(config)
+        fam, values = config.family, axis_values(config)
         out = {"family": fam} if len(self.families) > 1 else {}
         out.update({f"{fam}.{a}": values[a] for a, _ in self.sampled[fam]})
         return out

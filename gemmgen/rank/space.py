@@ -1,12 +1,12 @@
-"""Search spaces: search_spaces/<family>.yaml -> the valid TileConfigs, and the model's default pick.
+"""Search spaces: each family's space file -> the valid configurations, and the model's default pick.
 
 A space file lists values per axis. It is either one product (`axes:`) or a union of named products
 (`spaces:`), each the cartesian product of its axes. Feasibility is never written in the file: every
 configuration of the product is kept only if constraints.check accepts it.
 
 Axes: tiles (list of {cta: MxN, warp: MxN}), bk, mma, stages, smem_layout, raster ({order, group}),
-decomposition ({kind, splits}); for Hopper also cluster (MxN), warp_specialized, persistent,
-schedule (cooperative | pingpong), store_warp (true | false), swap_ab (true | false).
+decomposition ({kind, splits}), cluster (MxN), and the family's own knobs (its config type's KNOBS, e.g.
+sm90_wgmma's persistent, schedule, store_warp, swap_ab), each defaulting to the knob's default.
 """
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ import itertools
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
+from .. import families
 from ..families import rules as constraints
-from ..model import paths
+from ..families.base import KernelFamily
 from ..model.arch import Arch, Gpu
 from ..model.errors import InvalidInput, UserError
 from ..model.problem import Operands, Problem
-from ..model.tiles import Family, TileConfig
+from ..model.tiles import TileConfig
 
 REQUIRED_AXES = ("tiles", "bk", "mma", "stages")
 OPTIONAL_AXES = {
@@ -29,17 +28,20 @@ OPTIONAL_AXES = {
     "raster": [{"order": "row", "group": 1}],
     "decomposition": [{"kind": "dp"}],
     "cluster": ["1x1"],
-    "warp_specialized": [False],
-    "persistent": [False],
-    "schedule": ["cooperative"],
-    "store_warp": [False],
-    "swap_ab": [False],
 }
-AXES = set(REQUIRED_AXES) | set(OPTIONAL_AXES) | {"name"}
 
 
-def space_path(family: Family) -> Path:
-    return paths.SEARCH_SPACES / f"{family.value}.yaml"
+def _family(family: "KernelFamily | str") -> KernelFamily:
+    return family if isinstance(family, KernelFamily) else families.get(str(family))
+
+
+def _axes(family: KernelFamily) -> "dict[str, list]":
+    """Optional axes of `family`'s space file with their defaults: the shared ones, then its knobs."""
+    return {**OPTIONAL_AXES, **{k: [v] for k, v in family.config_type.KNOBS.items()}}
+
+
+def space_path(family: "KernelFamily | str") -> Path:
+    return _family(family).space_file
 
 
 def _bad(path: Path, rule: str, value) -> InvalidInput:
@@ -49,6 +51,8 @@ def _bad(path: Path, rule: str, value) -> InvalidInput:
 @lru_cache(maxsize=None)
 def _products(path_text: str, family_value: str) -> "tuple[TileConfig, ...]":
     """Every configuration the file spells out (before the feasibility check), in file order, deduplicated."""
+    import yaml  # only the tuner reads space files; the runtime never does
+
     path = Path(path_text)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -76,15 +80,17 @@ def _products(path_text: str, family_value: str) -> "tuple[TileConfig, ...]":
 def _expand(path: Path, where: str, family_value: str, axes) -> "list[TileConfig]":
     if not isinstance(axes, dict):
         raise _bad(path, f"{where} must map axis names to value lists", axes)
-    unknown = sorted(set(axes) - AXES)
+    optional = _axes(families.get(family_value))
+    known = set(REQUIRED_AXES) | set(optional)
+    unknown = sorted(set(axes) - known - {"name"})
     if unknown:
-        raise _bad(path, f"{where}: axes must be among {sorted(AXES - {'name'})}", unknown[0])
+        raise _bad(path, f"{where}: axes must be among {sorted(known)}", unknown[0])
     values = {}
     for axis in REQUIRED_AXES:
         if axis not in axes:
             raise _bad(path, f"{where} must list axis '{axis}'", sorted(axes))
         values[axis] = axes[axis]
-    for axis, default in OPTIONAL_AXES.items():
+    for axis, default in optional.items():
         values[axis] = axes.get(axis, default)
     for axis, options in values.items():
         if not isinstance(options, list) or not options:
@@ -100,12 +106,8 @@ def _expand(path: Path, where: str, family_value: str, axes) -> "list[TileConfig
         try:
             cta = _mxn(tile["cta"]) + f"x{int(bk)}"
             warp = _mxn(tile["warp"]) + f"x{int(bk)}"
-            config = TileConfig.from_dict({
-                "family": family_value, "cta": cta, "warp": warp, "mma": point["mma"], "stages": point["stages"],
-                "smem_layout": point["smem_layout"], "raster": point["raster"], "decomposition": point["decomposition"],
-                "cluster": point["cluster"], "warp_specialized": point["warp_specialized"],
-                "persistent": point["persistent"], "schedule": point["schedule"],
-                "store_warp": point["store_warp"], "swap_ab": point["swap_ab"]})
+            fields = {k: v for k, v in point.items() if k not in ("tiles", "bk")}
+            config = TileConfig.from_dict({"family": family_value, **fields, "cta": cta, "warp": warp})
         except (UserError, ValueError, TypeError) as exc:
             raise _bad(path, f"{where}: every value must form a configuration ({exc})", point) from None
         out.append(config)
@@ -119,25 +121,25 @@ def _mxn(text) -> str:
     return f"{int(parts[0])}x{int(parts[1])}"
 
 
-def all_configs(family: Family) -> "tuple[TileConfig, ...]":
+def all_configs(family: "KernelFamily | str") -> "tuple[TileConfig, ...]":
     """The file's configurations, feasible or not."""
+    family = _family(family)
     path = space_path(family)
     if not path.is_file():
-        raise InvalidInput(f"kernel family {family.value} must have a search space file", str(path))
-    return _products(str(path), family.value)
+        raise InvalidInput(f"kernel family {family.name} must have a search space file", str(path))
+    return _products(str(path), family.name)
 
 
-def enumerate_space(family: "Family | str", gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,
+def enumerate_space(family: "KernelFamily | str", gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,
                     operands: "Operands | None" = None) -> "list[TileConfig]":
     """The configurations of `family`'s space that constraints.check accepts on `gpu` for `arch`."""
-    family = family if isinstance(family, Family) else Family(str(family))
     arch = arch or gpu.arch
     if operands is None:
         operands = problem.operands if problem is not None else Operands()
     return [c for c in all_configs(family) if not constraints.check(c, gpu, arch, problem, operands)]
 
 
-def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[Family, str]]":
+def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[str, str]]":
     """Families the target supports that this problem rules out entirely, each with the rule that does it
     most often (e.g. sm90_wgmma when a leading dimension is not a 16-byte multiple: TMA cannot load it)."""
     arch = arch or gpu.arch
@@ -158,15 +160,9 @@ def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) ->
     return out
 
 
-def families_for(arch: "Arch | str") -> "list[Family]":
-    """Kernel families that can be compiled for `arch` and have a template and a search space here."""
-    arch = Arch.parse(arch)
-    out = []
-    for family in Family:
-        able = arch.cc >= family.min_arch.cc and (arch.has_wgmma or not family.min_arch.has_wgmma)
-        if able and (paths.TEMPLATES / family.template).is_file() and space_path(family).is_file():
-            out.append(family)
-    return out
+def families_for(arch: "Arch | str") -> "list[str]":
+    """Names of the kernel families that can be compiled for `arch` and have a template and a search space."""
+    return [f.name for f in families.for_arch(arch)]
 
 
 def heuristic_time(problem: Problem, config: TileConfig, gpu: Gpu, operands: "Operands | None" = None) -> float:
@@ -202,7 +198,7 @@ def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> Ti
     if not candidates:
         raise InvalidInput("no configuration of the search spaces fits this problem and GPU",
                            f"{problem.label} on {gpu.key} for {arch.value}")
-    from ..calc.intensity import predict
+    from .predict import predict
 
     ranked = []
     for config in candidates:

@@ -1,8 +1,8 @@
 """Launch manifests (docs/architecture.md, "Launch manifest"): everything a launcher needs, per family.
 
-Each kernel family registers a builder in BUILDERS (Family -> function(kernel, problem) -> launches,
-workspace_bytes[, workspace_zero]); make_manifest wraps the launches with the problem, configuration,
-resources and NVRTC version. The Hopper family adds its own builder with `register(Family.SM90_WGMMA)`.
+Each kernel family describes its launches (KernelFamily.launches: grid, block, cluster, shared memory,
+parameters, workspace and its zeroing rule); make_manifest wraps them with the problem, configuration,
+resources and NVRTC version.
 
 `workspace_zero` says what a launcher must zero: {"bytes": N, "when": "run"} zeroes the workspace's first
 N bytes before every run of the launches; "when": "bind" zeroes them once, when the workspace is first
@@ -11,73 +11,12 @@ means the whole workspace before every run (format 1's contract, which sm80 spli
 """
 from __future__ import annotations
 
-import math
-from typing import Callable
-
-from ..families import rules as constraints
+from .. import families
 from ..model.errors import InvalidInput
 from ..model.problem import Operands, Problem
-from ..codegen.render import REDUCE_THREADS
-from ..model.tiles import DecompKind, Family, Kernel
+from ..model.tiles import Kernel
 
 FORMAT = "gemmgen-manifest/1"
-
-# (kernel, problem) -> (launches, workspace_bytes)
-Builder = Callable[[Kernel, Problem], "tuple[list[dict], int]"]
-BUILDERS: "dict[Family, Builder]" = {}
-
-
-def register(family: Family):
-    """Decorator: the launch builder of one kernel family."""
-
-    def wrap(builder: Builder) -> Builder:
-        BUILDERS[family] = builder
-        return builder
-
-    return wrap
-
-
-def tensor_param(name: str, ctype: str) -> dict:
-    return {"name": name, "ctype": ctype, "kind": "tensor", "tensor": name}
-
-
-def scalar_param(name: str, ctype: str, value) -> dict:
-    return {"name": name, "ctype": ctype, "kind": "scalar", "value": value}
-
-
-def scalar_params(problem: Problem) -> "list[dict]":
-    """M N K lda ldb ldc ldd alpha beta: the scalar tail both families share."""
-    return [scalar_param("M", "int", problem.m), scalar_param("N", "int", problem.n), scalar_param("K", "int", problem.k),
-            scalar_param("lda", "int", problem.lda), scalar_param("ldb", "int", problem.ldb),
-            scalar_param("ldc", "int", problem.ldc), scalar_param("ldd", "int", problem.ldc),
-            scalar_param("alpha", "float", problem.epilogue.alpha), scalar_param("beta", "float", problem.epilogue.beta)]
-
-
-def sm80_params(problem: Problem) -> "list[dict]":
-    """The sm80_mma ABI: (A, B, C, D, bias, workspace, M, N, K, lda, ldb, ldc, ldd, alpha, beta)."""
-    t = problem.a_dtype.cuda_type
-    c = problem.c_dtype.cuda_type
-    return [tensor_param("A", f"const {t}*"), tensor_param("B", f"const {t}*"), tensor_param("C", f"const {c}*"),
-            tensor_param("D", f"{c}*"), tensor_param("bias", f"const {c}*"),
-            {"name": "workspace", "ctype": "float*", "kind": "workspace"}] + scalar_params(problem)
-
-
-@register(Family.SM80_MMA)
-def sm80_launches(kernel: Kernel, problem: Problem) -> "tuple[list[dict], int]":
-    """One launch (data-parallel), or the partial-sum kernel and its reduction (split-K)."""
-    cfg = kernel.config
-    tiles = math.ceil(problem.m / cfg.cta.m) * math.ceil(problem.n / cfg.cta.n)
-    splitk = cfg.decomposition.kind is DecompKind.SPLIT_K
-    splits = cfg.decomposition.splits if splitk else 1
-    params = sm80_params(problem)
-    main = {"entry": kernel.name, "grid": [tiles, 1, splits], "block": [cfg.threads, 1, 1], "cluster": [1, 1, 1],
-            "dynamic_smem": constraints.smem_bytes(cfg, kernel.operands), "params": params}
-    if not splitk:
-        return [main], 0
-    pairs = problem.m * math.ceil(problem.n / 2)  # the reduction runs one thread per two columns
-    reduce = {"entry": f"{kernel.name}_reduce", "grid": [math.ceil(pairs / REDUCE_THREADS), 1, 1],
-              "block": [REDUCE_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
-    return [main, reduce], splits * problem.m * problem.n * 4
 
 
 def workspace_zero(manifest: "dict | None", workspace_bytes: "int | None" = None) -> dict:
@@ -88,17 +27,6 @@ def workspace_zero(manifest: "dict | None", workspace_bytes: "int | None" = None
     if when not in ("run", "bind"):
         raise InvalidInput("workspace_zero.when must be 'run' or 'bind'", when)
     return {"bytes": min(int(rule.get("bytes", nbytes)), nbytes), "when": when}
-
-
-def _builder(family: Family) -> Builder:
-    if family not in BUILDERS and family is Family.SM90_WGMMA:
-        from ..families.sm90_wgmma import launch as sm90  # the Hopper family's launch (TMA descriptors, clusters)
-
-        BUILDERS[family] = sm90.manifest_launches  # one launch, or split-K's partial-sum kernel and its reduction
-    builder = BUILDERS.get(family)
-    if builder is None:
-        raise InvalidInput("no launch manifest builder for this kernel family", family.value)
-    return builder
 
 
 def _check_match(kernel: Kernel, problem: Problem) -> None:
@@ -127,9 +55,8 @@ def operands_dict(ops: Operands) -> dict:
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     """The launch manifest of `kernel` run on `problem` (compiled: nvrtc.Compiled, for resources)."""
     _check_match(kernel, problem)
-    built = _builder(kernel.config.family)(kernel, problem)
-    launches, workspace = built[0], built[1]
-    zero = built[2] if len(built) > 2 else workspace_zero(None, workspace)
+    built = families.of(kernel.config).launches(kernel, problem)
+    launches, workspace, zero = built.launches, built.workspace_bytes, built.workspace_zero
     resources = {"registers": 0, "spill_bytes": 0, "stack_bytes": 0, "smem_static": 0}
     nvrtc_version = None
     if compiled is not None:
@@ -155,4 +82,4 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     }
 
 
-__all__ = ["BUILDERS", "FORMAT", "make_manifest", "workspace_zero", "operands_dict", "register", "scalar_params", "sm80_params", "tensor_param"]
+__all__ = ["FORMAT", "make_manifest", "operands_dict", "workspace_zero"]

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from ..model.arch import Gpu
 from ..model.errors import UserError
-from ..calc.intensity import predict, tensor_efficiency
+from ..rank.predict import predict, tensor_efficiency
 from ..model.problem import Problem
-from ..model.tiles import Family, TileConfig
+from ..model.tiles import TileConfig
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class TuneFit:
 
 @dataclass(frozen=True)
 class FamilyFit:
-    family: Family
+    family: str
     trials: int
     median_ratio: float  # measured time / predicted time over every trial of the family
     efficiency_now: float
@@ -66,7 +66,7 @@ def spearman(x: "list[float]", y: "list[float]") -> "float | None":
     return sxy / math.sqrt(sxx * syy)
 
 
-def measured_pairs(record: dict, gpu: Gpu) -> "list[tuple[Family, float, float]]":
+def measured_pairs(record: dict, gpu: Gpu) -> "list[tuple[str, float, float]]":
     """(family, predicted s, measured s) for every completed, measured trial the model can still price."""
     problem = Problem.from_dict(record["problem"])
     out = []
@@ -96,7 +96,7 @@ def calibrate(records: "list[dict]", gpu: Gpu) -> "tuple[list[TuneFit], list[Fam
         for family, p, m in pairs:
             by_family.setdefault(family, []).append(m / p)
     families = []
-    for family, ratios in sorted(by_family.items(), key=lambda kv: kv[0].value):
+    for family, ratios in sorted(by_family.items(), key=lambda kv: kv[0]):
         ratio = statistics.median(ratios)
         now = tensor_efficiency(family, gpu)
         families.append(FamilyFit(family, len(ratios), ratio, now, now / ratio))

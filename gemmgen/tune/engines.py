@@ -81,7 +81,7 @@ def _enumerate_families(problem: Problem, gpu: Gpu, arch: Arch) -> "list[TileCon
 
 
 def _predict(problem, config, gpu):
-    from ..calc.intensity import predict
+    from ..rank.predict import predict
 
     return predict(problem, config, gpu)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.errors import InvalidInput, UserError
-from ..calc.intensity import Prediction, Roofline
+from ..calc.intensity import Roofline
+from ..rank.predict import Prediction
 
 
 class MissingDependency(UserError):

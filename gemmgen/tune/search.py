@@ -42,7 +42,7 @@ from ..model.tiles import Kernel, TileConfig
 from .worker import COMPILE, OTHER, QUARANTINED_KINDS, Outcome
 # The search API stays importable from here: storage, ranking and engines are re-exported.
 from .engines import Engines, InlineCompiler, PoolCompiler, default_engines  # noqa: F401
-from ..rank.ranking import AXES, SPACE_FORMAT, Ranked, SearchSpace, axis_values, config_from_axes, model_top, rank_configs  # noqa: F401
+from ..rank.ranking import BASE_AXES, SPACE_FORMAT, Ranked, SearchSpace, axis_values, config_from_axes, model_top, rank_configs  # noqa: F401
 from .storage import Quarantine, StorageError, default_storage_url, open_storage, safe_url, storage_errors  # noqa: F401
 
 SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
@@ -327,7 +327,7 @@ class _Search:
                              predicted_time_s=ranked.time_s, model_rank=ranked.rank)
                 self.study.add_trial(optuna.trial.create_trial(
                     params=self.space.params(ranked.config), distributions=self.space.distributions(
-                        ranked.config.family.value), value=t.value, user_attrs=attrs))
+                        ranked.config.family), value=t.value, user_attrs=attrs))
                 self.counts["carried"] += 1
         best_stale = sorted(stale, key=lambda tag: -stale[tag])[:REMEASURE_STALE]
         self.study.set_user_attr("remeasure", best_stale)
@@ -550,7 +550,7 @@ class _Search:
         kernel = Kernel(self.arch, self.problem.operands, config)
         ranked = self.by_tag[config.tag]
         for key, value in {"kernel": kernel.name, "config_tag": config.tag, "config": config.to_dict(),
-                           "family": config.family.value, "predicted_time_s": ranked.time_s,
+                           "family": config.family, "predicted_time_s": ranked.time_s,
                            "predicted_tflops": ranked.tflops, "bound": ranked.bound,
                            "model_rank": ranked.rank}.items():
             trial.set_user_attr(key, value)

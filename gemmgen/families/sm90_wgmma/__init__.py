@@ -1,0 +1,88 @@
+"""sm90_wgmma: the Hopper GEMM (sm_90a): TMA, an mbarrier ring, warp specialization and wgmma.
+
+One producer warpgroup issues TMA into a ring of `stages` 128B-swizzled stages; one to three consumer
+warpgroups (or two alternating ones, ping-pong) run wgmma m64nNk16 on them, with setmaxnreg moving registers
+to the consumers. Knobs (Sm90Config): persistent tile loop, 2-CTA clusters with multicast, ping-pong, a store
+warp for D's TMA stores, the operand swap for skinny M, split-K (reduction launch or fused) and Stream-K.
+Templates: templates/sm90_wgmma/. Search space: search_spaces/sm90_wgmma.yaml.
+"""
+from __future__ import annotations
+
+from ...model import paths
+from ...model.arch import Arch, DType, Gpu
+from ...model.problem import Problem
+from ...model.tiles import DecompKind, Kernel
+from .. import register
+from ..base import KernelFamily, Launches, ModelTraits
+from . import context as _context
+from . import launch as _launch
+from . import rules as _rules
+from .config import Schedule, Sm90Config
+
+# Fraction of the datasheet tensor peak the main loop sustains: refit from the 2026-11-22 suite on the H100
+# (docs/perf-notes.md, "Model calibration").
+EFFICIENCY = 0.90
+# A store warp (store_warp) takes the TMA stores' issue off the consumers: the fraction of the cooperative
+# persistent kernel's epilogue still exposed with it (docs/perf-notes.md, "The store warp").
+STORE_WARP_EXPOSED = 0.9
+
+
+class Sm90Wgmma(KernelFamily):
+    name = "sm90_wgmma"
+    config_type = Sm90Config
+    min_arch = Arch.SM90A
+    needs_wgmma = True
+    dtypes = frozenset({DType.BF16, DType.F16})
+    decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K})
+    fused_splitk = True
+    template_root = paths.TEMPLATES
+    template = "sm90_wgmma.cu.j2"
+    space_file = paths.SEARCH_SPACES / "sm90_wgmma.yaml"
+    examples = (
+        {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3,
+         "raster": {"order": "row", "group": 8}, "cluster": "2x1", "warp_specialized": True, "persistent": True},
+        {"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+         "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True},
+        {"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+         "warp_specialized": True},
+    )
+
+    def check(self, config, gpu, arch, problem, operands, rule):
+        _rules.check(config, gpu, arch, problem, operands, rule)
+
+    def smem_bytes(self, config, operands=None):
+        return _rules.smem_bytes(config, operands)
+
+    def regs_estimate(self, config):
+        return _rules.regs_estimate(config)
+
+    def regs_allocated(self, config):
+        per_thread = super().regs_allocated(config) // max(1, config.threads)
+        return _rules.regs_allocated(config, per_thread)
+
+    def efficiency(self, gpu: Gpu) -> float:
+        return EFFICIENCY
+
+    def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:
+        pingpong = config.schedule is Schedule.PINGPONG
+        return ModelTraits(
+            tensor_efficiency=self.efficiency(gpu), smem_reads="wgmma", tma_loads=True, persistent=config.persistent,
+            epilogue_hidden=pingpong, epilogue_exposed=STORE_WARP_EXPOSED if config.store_warp else 1.0,
+            # Ping-pong: each consumer computes whole tiles on about half the ring.
+            consumer_tile=config.warp if pingpong else config.cta,
+            stages_ahead=config.stages / 2 if pingpong else config.stages - 1, swapped=config.swap_ab)
+
+    def gemm_problem(self, config, problem: Problem) -> Problem:
+        return problem.swapped() if config.swap_ab else problem
+
+    def context(self, kernel: Kernel) -> dict:
+        return _context.context(kernel)
+
+    def launches(self, kernel, problem, sm_count=None, max_clusters=None) -> Launches:
+        runs, workspace, zero = _launch.manifest_launches(kernel, problem, sm_count, max_clusters)
+        return Launches(runs, workspace, zero)
+
+
+FAMILY = register(Sm90Wgmma())
+
+__all__ = ["FAMILY", "Schedule", "Sm90Config", "Sm90Wgmma"]

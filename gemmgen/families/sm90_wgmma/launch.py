@@ -12,14 +12,12 @@ from __future__ import annotations
 import math
 
 from ...model.arch import Arch, lookup_gpu
-from ..rules import sm90_epi_boxes, sm90_epi_warp_bytes, smem_bytes
-from ...model.errors import InvalidInput
 from ...model.problem import Layout, Operands, Problem
-from ...model.tiles import SK_MAX_SLICES, DecompKind, Family, Kernel, Schedule, streamk_remainder
+from ...model.tiles import DecompKind, Kernel, streamk_remainder
+from ..base import Launches
+from .rules import smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
-PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
-CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
 BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 # The tensor maps' L2 promotion, recorded in each manifest spec ("l2_promotion") so every launcher encodes
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
@@ -37,14 +35,6 @@ EPI_FAST = True
 # The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
 # (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
 EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
-
-
-def consumer_regs(consumers: int) -> int:
-    """Registers per consumer thread after setmaxnreg: what the producer warpgroup's release leaves of the
-    65536-register file, in setmaxnreg's steps of 8 (232 for two consumer warpgroups, 152 for three)."""
-    if consumers == 2:
-        return CONSUMER_REGS
-    return (65536 - 128 * PRODUCER_REGS) // (128 * max(1, consumers)) // 8 * 8
 
 
 def gemm_problem(kernel: Kernel, problem: Problem) -> Problem:
@@ -71,69 +61,6 @@ def b_is_kmajor(operands: Operands) -> bool:
 def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
     """Outer box extent: a K-major box spans the operand's tile (or its slice of a multicast); MN-major 64."""
     return tile_rows // split if kmajor else 64
-
-
-def template_params(kernel: Kernel) -> dict:
-    """Every value templates/sm90_wgmma.cu.j2 reads, derived from a validated Kernel."""
-    cfg, ops = kernel.config, gemm_operands(kernel)
-    if cfg.family is not Family.SM90_WGMMA:
-        raise InvalidInput("sm90 template parameters need a sm90_wgmma configuration", cfg.family.value)
-    consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
-    return {
-        "name": kernel.name,
-        "ab": ops.a_dtype.ptx,
-        "cd": ops.c_dtype.ptx,
-        "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,
-        "wm": cfg.warp.m, "wn": cfg.warp.n, "wg_n": cfg.warps_n,
-        "nacc": cfg.warp.n // 2,
-        "consumers": consumers,
-        "threads": cfg.threads,
-        "stages": cfg.stages,
-        "a_kmajor": a_is_kmajor(ops), "b_kmajor": b_is_kmajor(ops),
-        "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
-        "persistent": cfg.persistent,
-        "pingpong": cfg.schedule is Schedule.PINGPONG,
-        "raster_order": cfg.raster.order.value, "raster_group": cfg.raster.group,
-        "bias": ops.bias, "activation": ops.activation.value,
-        "align_c": ops.align_c,
-        # setmaxnreg only pays with two or three consumer warpgroups (384 or 512 threads launched at 168 or 128
-        # registers); one consumer warpgroup (256 threads) already gets the most a thread may have.
-        "setmaxnreg": consumers >= 2,
-        "producer_regs": PRODUCER_REGS, "consumer_regs": consumer_regs(consumers),
-        "splitk": splits(kernel) > 1, "splits": splits(kernel), "reduce_threads": REDUCE_THREADS,
-        "splitk_fused": is_fused(kernel),
-        # The main loop ran on D^T = B^T @ A^T: the epilogue writes D transposed, or the reduction reads partial
-        # (row, col) of D at [col][row].
-        "swap_ab": cfg.swap_ab,
-        "streamk": is_streamk(kernel),
-        "prefetch_tensormaps": PREFETCH_TENSORMAPS,
-        "tma_store": uses_tma_store(kernel),
-        "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
-        # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
-        # TMA-store boxes per consumer warp and the warp's staging bytes come from constraints.sm90_epi_boxes.
-        "epi_fast": EPI_FAST,
-        "epi_boxes": sm90_epi_boxes(cfg, ops),
-        "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
-        "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
-        # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
-        "epi_defer_store": 0,
-        # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
-        "epi_store_warp": uses_store_warp(kernel),
-        # 1, 2 or 3 only in scripts/ab_lab.py: that many producer warps (from warp 1) copy the staged boxes to D with
-        # ld.shared/st.global.v4 instead of one warp issuing TMA stores (keeps D's stores off the TMA unit)
-        "sw_lsu": 0,
-        "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
-        "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
-        "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
-        "b_cpasync": False, "cpasync_producer_fence": False,
-        "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
-        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
-        # 3 fills the TMA-store boxes but issues no store.
-        "skip_epilogue": 0,
-        # True only in scripts/ab_lab.py: Stream-K's range mode without its fix-up (no partials, flags or adds;
-        # D is wrong), to time the range schedule apart from the fix-up.
-        "sk_no_fixup": False,
-    }
 
 
 def uses_tma_store(kernel: Kernel) -> bool:
@@ -325,6 +252,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["template_params", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "SK_MAX_SLICES", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]

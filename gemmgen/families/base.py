@@ -1,0 +1,175 @@
+"""What a kernel family is: the interface every family package implements, and the pieces they share.
+
+A family is one kernel design (a template and the rules that make it correct): its own frozen config type
+(shared tile fields from model.tiles.TileConfig plus its knobs), its feasibility rules, its search space, the
+values its templates read (render context) and its launch description (grid, shared memory, tensor maps,
+workspace). The rest of gemmgen asks the registry (gemmgen.families) and never names a family.
+
+Pure Python: a family's modules import neither jinja2, PyYAML, Optuna nor cuda-python at import time, so the
+runtime can build and check launch descriptions with numpy and cuda-bindings alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar
+
+from ..model.arch import Arch, DType, Gpu
+from ..model.errors import InvalidInput
+from ..model.problem import Operands, Problem
+from ..model.tiles import DecompKind, Kernel, Shape3, TileConfig
+
+REG_LIMIT = 255
+REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
+
+# rule(ok, name, value, limit): how a family's check reports a broken rule.
+Rule = Callable[[bool, str, object, object], None]
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What the shared performance model (rank.predict) needs to know about one kernel of a family."""
+
+    tensor_efficiency: float  # fraction of the dtype's peak the main loop sustains when nothing else limits it
+    smem_reads: str  # how a warp tile reads shared memory: "fragments" (ldmatrix / scalar loads) or "wgmma"
+    tma_loads: bool  # operands arrive through TMA: unaligned rows slow it; stages must cover its latency
+    persistent: bool  # a persistent tile loop: no per-wave launch fill
+    epilogue_hidden: bool  # another warpgroup's main loop overlaps each tile's epilogue (ping-pong)
+    epilogue_exposed: float  # fraction of a persistent cooperative kernel's epilogue left on the critical path
+    consumer_tile: Shape3  # the tile one consumer computes per pipeline stage (latency coverage)
+    stages_ahead: float  # stages in flight ahead of the one being consumed
+    swapped: bool = False  # the main loop runs on D^T = B^T A^T
+
+
+@dataclass(frozen=True)
+class Launches:
+    """A kernel's launch description for one problem: the manifest's launches, workspace and zeroing rule."""
+
+    launches: "list[dict]"
+    workspace_bytes: int
+    workspace_zero: dict
+
+
+class KernelFamily:
+    """One kernel family. Subclasses fill in the class attributes and the methods that raise here."""
+
+    name: ClassVar[str] = ""
+    config_type: ClassVar["type[TileConfig]"] = TileConfig
+    min_arch: ClassVar[Arch] = Arch.SM80
+    needs_wgmma: ClassVar[bool] = False  # only sm_90a (not sm_90) has wgmma and setmaxnreg
+    dtypes: ClassVar["frozenset[DType]"] = frozenset()
+    decompositions: ClassVar["frozenset[DecompKind]"] = frozenset({DecompKind.DATA_PARALLEL})
+    # Templates: `template` (the kernel's entry file) relative to `template_root`; search space file.
+    template_root: ClassVar[Path] = Path()
+    template: ClassVar[str] = ""
+    space_file: ClassVar[Path] = Path()
+    # Hand-picked configurations (dict form) that illustrate the family in `gemmgen roofline`; not its space.
+    examples: ClassVar["tuple[dict, ...]"] = ()
+
+    # --- targets -------------------------------------------------------------------------
+    def supports_arch(self, arch: Arch) -> bool:
+        return arch.cc >= self.min_arch.cc and (arch.has_wgmma or not self.needs_wgmma)
+
+    def available(self) -> bool:
+        """The family's template and search space are present (an installed copy may lack a family's files)."""
+        return (self.template_root / self.template).is_file() and self.space_file.is_file()
+
+    # --- rules and resources ---------------------------------------------------------------
+    def check(self, config: TileConfig, gpu: Gpu, arch: Arch, problem: "Problem | None",
+              operands: "Operands | None", rule: Rule) -> None:
+        """Report every family rule `config` breaks through `rule` (the shared rules are checked by
+        families.rules.check: arch, dtype, tile divisibility, block shape, decomposition, resources)."""
+        raise NotImplementedError
+
+    def smem_bytes(self, config: TileConfig, operands: "Operands | None" = None) -> int:
+        """Dynamic shared memory one CTA needs."""
+        raise NotImplementedError
+
+    def regs_estimate(self, config: TileConfig) -> int:
+        """Registers per thread the kernel needs."""
+        raise NotImplementedError
+
+    def regs_allocated(self, config: TileConfig) -> int:
+        """Registers per CTA after rounding each thread's count to the allocation unit."""
+        per_thread = min(REG_LIMIT, self.regs_estimate(config))
+        return config.threads * (-(-per_thread // REG_ALLOC_UNIT) * REG_ALLOC_UNIT)
+
+    # --- model, codegen, launch --------------------------------------------------------------
+    def efficiency(self, gpu: Gpu) -> float:
+        """Fraction of the dtype's peak the family's main loop sustains on `gpu` when nothing else limits it
+        (the model constant a calibration refits)."""
+        raise NotImplementedError
+
+    def traits(self, config: TileConfig, gpu: Gpu) -> ModelTraits:
+        """What the shared performance model needs to know about `config`'s kernel."""
+        raise NotImplementedError
+
+    def gemm_problem(self, config: TileConfig, problem: Problem) -> Problem:
+        """The product the main loop computes for `problem` (the problem itself unless the kernel swaps)."""
+        return problem
+
+    def context(self, kernel: Kernel) -> dict:
+        """Every value the family's templates read, derived from the Kernel alone."""
+        raise NotImplementedError
+
+    def launches(self, kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+                 max_clusters: "int | None" = None) -> Launches:
+        """Grid, block, cluster, shared memory, parameters and workspace of `kernel` run on `problem`."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name}>"
+
+
+def elt_bytes(operands: "Operands | None") -> int:
+    """Bytes per A/B element (16-bit when no operands are given, as the space is checked without a problem)."""
+    return operands.a_dtype.bytes if operands else 2
+
+
+def pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+# --- the launch ABI pieces families share ------------------------------------------------------
+
+def tensor_param(name: str, ctype: str) -> dict:
+    return {"name": name, "ctype": ctype, "kind": "tensor", "tensor": name}
+
+
+def scalar_param(name: str, ctype: str, value) -> dict:
+    return {"name": name, "ctype": ctype, "kind": "scalar", "value": value}
+
+
+def workspace_param() -> dict:
+    return {"name": "workspace", "ctype": "float*", "kind": "workspace"}
+
+
+def scalar_params(problem: Problem) -> "list[dict]":
+    """M N K lda ldb ldc ldd alpha beta: the scalar tail every family's ABI ends with."""
+    return [scalar_param("M", "int", problem.m), scalar_param("N", "int", problem.n), scalar_param("K", "int", problem.k),
+            scalar_param("lda", "int", problem.lda), scalar_param("ldb", "int", problem.ldb),
+            scalar_param("ldc", "int", problem.ldc), scalar_param("ldd", "int", problem.ldc),
+            scalar_param("alpha", "float", problem.epilogue.alpha), scalar_param("beta", "float", problem.epilogue.beta)]
+
+
+def pointer_params(problem: Problem) -> "list[dict]":
+    """(A, B, C, D, bias, workspace): the pointer head of the plain (non-TMA) ABI."""
+    t, c = problem.a_dtype.cuda_type, problem.c_dtype.cuda_type
+    return [tensor_param("A", f"const {t}*"), tensor_param("B", f"const {t}*"), tensor_param("C", f"const {c}*"),
+            tensor_param("D", f"{c}*"), tensor_param("bias", f"const {c}*"), workspace_param()]
+
+
+def reduce_launch(kernel: Kernel, problem: Problem, params: "list[dict]", threads: int) -> dict:
+    """The split-K reduction launch `<name>_reduce`: one thread per two columns of D."""
+    pairs = problem.m * -(-problem.n // 2)
+    return {"entry": f"{kernel.name}_reduce", "grid": [-(-pairs // threads), 1, 1], "block": [threads, 1, 1],
+            "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
+
+
+def require_family(config: TileConfig, family: KernelFamily) -> None:
+    if config.family != family.name:
+        raise InvalidInput(f"{family.name} needs a {family.name} configuration", config.family)
+
+
+__all__ = ["KernelFamily", "Launches", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "pointer_params",
+           "pow2", "reduce_launch", "require_family", "scalar_param", "scalar_params", "tensor_param", "workspace_param"]

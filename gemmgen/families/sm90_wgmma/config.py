@@ -1,0 +1,90 @@
+"""The sm90_wgmma configuration: the shared tile fields plus the Hopper kernel's knobs.
+
+`warp` is the tile of one consumer warpgroup (128 threads), so the consumer-warpgroup arrangement is
+cta.m/warp.m x cta.n/warp.n; one producer warpgroup issues TMA when the kernel is warp-specialized.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from ...model.tiles import TileConfig, parse_bool, parse_enum
+
+
+class Schedule(str, Enum):
+    """How consumer warpgroups share output tiles.
+
+    cooperative: every consumer warpgroup computes its `warp` slice of each CTA tile.
+    pingpong: two consumer warpgroups own whole alternate tiles (`warp` equals `cta`); their mainloops take
+    turns, so one warpgroup's epilogue overlaps the other's mainloop.
+    """
+
+    COOPERATIVE = "cooperative"
+    PINGPONG = "pingpong"
+
+
+@dataclass(frozen=True)
+class Sm90Config(TileConfig, family="sm90_wgmma"):
+    """A point of the sm90_wgmma space (TMA, mbarrier ring, wgmma, warp specialization)."""
+
+    warp_specialized: bool = False
+    persistent: bool = False
+    schedule: Schedule = Schedule.COOPERATIVE
+    # Cooperative data-parallel: D's TMA stores issued by a warp of the producer warpgroup, so the consumers go
+    # from filling the store boxes straight to the next tile (docs/perf-notes.md, "The store warp").
+    store_warp: bool = False
+    # The kernel computes D^T = B^T @ A^T, so the problem's M (a handful of rows, as in decoding) becomes
+    # wgmma's N and its N fills the 64-row wgmma M; cta.m then tiles the problem's N and cta.n its M. The
+    # staged epilogue (data-parallel) or the split-K reduction launch writes D in the caller's frame
+    # (docs/perf-notes.md, "Operand swap").
+    swap_ab: bool = False
+
+    KNOBS = {"warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
+             "swap_ab": False}
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups: the warpgroup arrangement, twice over in ping-pong (two over one tile)."""
+        return self.warps_m * self.warps_n * (2 if self.schedule is Schedule.PINGPONG else 1)
+
+    @property
+    def math_threads(self) -> int:
+        return self.consumers * 128
+
+    @property
+    def threads(self) -> int:
+        return self.math_threads + (128 if self.warp_specialized else 0)
+
+    def knob_tags(self) -> "list[str]":
+        parts = []
+        if self.warp_specialized:
+            parts.append("ws")
+        if self.persistent:
+            parts.append("pers")
+        if self.schedule is not Schedule.COOPERATIVE:  # named only when not the default: old names stay
+            parts.append("pp")
+        if self.store_warp:
+            parts.append("sw")
+        if self.swap_ab:
+            parts.append("swap")
+        return parts
+
+    def knob_values(self) -> dict:
+        return {
+            "warp_specialized": self.warp_specialized,
+            "persistent": self.persistent,
+            "schedule": self.schedule.value,
+            # omitted when false, so records written before the field existed stay identical
+            **({"store_warp": True} if self.store_warp else {}),
+            **({"swap_ab": True} if self.swap_ab else {}),
+        }
+
+    @classmethod
+    def parse_knobs(cls, raw: dict) -> dict:
+        return {"warp_specialized": bool(raw["warp_specialized"]), "persistent": bool(raw["persistent"]),
+                "schedule": parse_enum(Schedule, "schedule", raw["schedule"]),
+                "store_warp": parse_bool("store_warp", raw["store_warp"]),
+                "swap_ab": parse_bool("swap_ab", raw["swap_ab"])}
+
+
+__all__ = ["Schedule", "Sm90Config"]

@@ -1,0 +1,193 @@
+"""sm90_wgmma's feasibility rules and resource estimates (TMA, wgmma, warp specialization, clusters)."""
+from __future__ import annotations
+
+import math
+
+from ...model.arch import Arch, Gpu, catalogue
+from ...model.problem import Operands, Problem
+from ...model.tiles import DecompKind, SmemLayout
+from ..base import Rule, elt_bytes
+from .config import Schedule, Sm90Config
+
+BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
+EPI_WARP_BYTES = 16 * 40 * 4  # epilogue staging per consumer warp: 16 rows x 40 fp32
+EPI_BOX_BYTES = 16 * 32 * 2   # one TMA-store box of the epilogue: 16 rows x 32 16-bit columns
+PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
+
+
+def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
+          rule: Rule) -> None:
+    cta, warp, mma = config.cta, config.warp, config.mma
+    decomp = config.decomposition
+
+    def staged_epilogue(who: str, why: str):
+        # What the staged (non-TMA-store) epilogue serves: data-parallel tiles or split-K with the reduction
+        # launch, stored by the consumers themselves.
+        rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
+             f"{who} {why}: data-parallel tiles or split-K without the fused reduction only", decomp.tag,
+             "dp or splitk<S>")
+        rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp,
+             f"{who} {why}: cooperative schedule, no store warp",
+             config.schedule.value + ("+sw" if config.store_warp else ""), Schedule.COOPERATIVE.value)
+
+    # The operand swap: the main loop computes D^T = B^T @ A^T, and the staged epilogue (data-parallel) or the
+    # reduction launch (split-K) writes D in the caller's frame. Every rule below about A, B and the tile then
+    # reads the swapped operands (cta.m tiles the problem's N, cta.n its M).
+    if config.swap_ab:
+        staged_epilogue("a swapped kernel", "writes D transposed from its staged epilogue or its reduction launch")
+        rule(config.cluster.size == 1, "the operand swap is implemented without clusters", str(config.cluster), "1x1")
+        if problem is not None:
+            rule(problem.m <= cta.n, "the operand swap serves skinny products: M must fit the swapped tile's N",
+                 problem.m, cta.n)
+        if operands is not None:
+            operands = operands.swapped()
+
+    rule(mma.m == 64 and mma.k == 16, "wgmma shape for 16-bit inputs must be m64nNk16", str(mma), "64xNx16")
+    rule(mma.n % 8 == 0 and 8 <= mma.n <= 256, "wgmma N must be a multiple of 8 up to 256", mma.n, "8..256")
+    rule(mma.n == warp.n, "wgmma N must equal the warpgroup tile N", mma.n, warp.n)
+    rule(config.smem_layout is SmemLayout.SWIZZLE, "sm90_wgmma needs the 128B swizzle layout",
+         config.smem_layout.value, "swizzle")
+    rule(cta.k * elt_bytes(operands) == 128, "CTA tile K must span one 128-byte swizzle atom",
+         cta.k * elt_bytes(operands), 128)
+    rule(1 <= config.warps_m * config.warps_n <= 3, "consumer warpgroups must be 1, 2 or 3",
+         config.warps_m * config.warps_n, "1..3")
+    if config.warps_m * config.warps_n == 3:
+        rule(config.warps_n == 1, "three consumer warpgroups are stacked in M (warpgroup tile N = CTA tile N)",
+             f"{config.warps_m}x{config.warps_n}", "3x1")
+    # 16 bytes of mbarriers per stage in a 256-byte region (the template's BARRIER_REGION).
+    rule(2 <= config.stages <= 12, "pipeline stages must be 2..12", config.stages, "2..12")
+    rule(config.cluster.m in (1, 2) and config.cluster.n in (1, 2) and config.cluster.size <= 2,
+         "cluster must be 1x1, 2x1 or 1x2", str(config.cluster), "size<=2")
+    rule(arch.has_wgmma or config.cluster.size == 1, "clusters need sm_90a", arch.value, "sm_90a")
+    acc = warp.m * warp.n // 128
+    rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
+    # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
+    # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
+    # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
+    if cta.n < 64:
+        rule(cta.n in (16, 32) and warp.n == cta.n and cta.m % 64 == 0, "sm90 tiles narrower than 64 columns "
+             "must be 16 or 32 wide, one warpgroup wide, with CTA tile M a multiple of 64",
+             f"{cta.m}x{cta.n}/{warp.n}", "Mx16 or Mx32")
+        staged_epilogue("sm90 tiles narrower than 64 columns", "use the staged epilogue")
+        if operands is not None:
+            rule(operands.b_layout.value == "col", "sm90 tiles narrower than 64 columns need B K-major in "
+                 "shared memory (column-major B, or row-major A when swapped)", operands.b_layout.value, "col")
+    else:
+        rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
+             "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
+    rule(cta.m <= 256 and cta.n <= 256, "sm90 CTA tile M and N must be at most 256 (TMA box limit)",
+         f"{cta.m}x{cta.n}", 256)
+    rule(config.warp_specialized, "sm90_wgmma is warp-specialized (a producer warpgroup issues TMA)",
+         config.warp_specialized, True)
+    # A 2-CTA cluster splits the shared operand's tile into one TMA slice per CTA.
+    if config.cluster.m > 1:
+        rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
+             "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
+    if config.cluster.n > 1:
+        if operands is not None and operands.a_layout.value == "row":
+            # K-major A: each CTA's slice is a box of M rows of 128 bytes, whole 8-row swizzle groups.
+            rule(cta.m % (8 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
+                 "into 8-row slices per CTA (K-major A)", cta.m, 8 * config.cluster.size)
+        else:
+            # MN-major A is stored as 64-wide column blocks, one TMA box each: slices are whole blocks.
+            rule(cta.m % (64 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
+                 "into 64-wide slices per CTA", cta.m, 64 * config.cluster.size)
+    if config.schedule is Schedule.PINGPONG:
+        # Two consumer warpgroups own whole alternate tiles of the persistent loop, in the ring's order.
+        rule(warp.m == cta.m and warp.n == cta.n, "ping-pong: the warpgroup tile must equal the CTA tile "
+             "(each consumer warpgroup owns whole tiles)", f"{warp.m}x{warp.n}", f"{cta.m}x{cta.n}")
+        rule(config.persistent, "ping-pong needs the persistent tile loop (warpgroups alternate tiles)",
+             config.persistent, True)
+        rule(decomp.kind is DecompKind.DATA_PARALLEL, "ping-pong is implemented for data-parallel tiles only",
+             decomp.kind.value, DecompKind.DATA_PARALLEL.value)
+    if config.store_warp:
+        # The producer warpgroup's warp 1 walks the consumers' tiles and stores their TMA-store boxes.
+        rule(config.schedule is Schedule.COOPERATIVE, "a store warp serves the cooperative schedule",
+             config.schedule.value, Schedule.COOPERATIVE.value)
+        rule(decomp.kind is DecompKind.DATA_PARALLEL, "a store warp serves data-parallel tiles (split-K and "
+             "Stream-K store fp32 partials)", decomp.kind.value, DecompKind.DATA_PARALLEL.value)
+        if operands is not None:
+            rule(operands.align_c >= 8, "a store warp issues TMA stores: D's leading dimension must be a "
+                 "multiple of 16 bytes", f"align {operands.align_c}", 8)
+    if decomp.kind is DecompKind.STREAM_K:
+        # Iteration ranges are per CTA, and an owner waits for later CTAs' partials: every CTA of the
+        # grid must be resident at once, which only the persistent launch guarantees.
+        rule(config.persistent, "Stream-K needs the persistent tile loop (all CTAs resident)",
+             config.persistent, True)
+        rule(config.cluster.size == 1, "Stream-K is implemented without clusters", str(config.cluster), "1x1")
+        rule(config.schedule is Schedule.COOPERATIVE, "Stream-K is implemented for the cooperative schedule",
+             config.schedule.value, Schedule.COOPERATIVE.value)
+    if operands is not None:
+        # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled).
+        min_align = 16 // elt_bytes(operands)
+        rule(operands.align_a >= min_align, "sm90 TMA needs A's leading dimension to be a multiple of 16 bytes",
+             f"align {operands.align_a}", min_align)
+        rule(operands.align_b >= min_align, "sm90 TMA needs B's leading dimension to be a multiple of 16 bytes",
+             f"align {operands.align_b}", min_align)
+
+
+def smem_bytes(config: Sm90Config, operands: "Operands | None" = None) -> int:
+    """1024-byte aligned stages for the 128B swizzle, plus the epilogue's per-warp staging (epi_boxes); one
+    BARRIER_BYTES holds the mbarriers, another aligns the ring to 1024 B."""
+    return _ring_bytes(config, elt_bytes(operands)) + config.math_threads // 32 * epi_warp_bytes(config, operands) \
+        + 2 * BARRIER_BYTES
+
+
+def _ring_bytes(config: Sm90Config, elt: int) -> int:
+    stage = (config.cta.m * config.cta.k + config.cta.n * config.cta.k) * elt
+    return config.stages * math.ceil(stage / 1024) * 1024
+
+
+def epi_boxes(config: Sm90Config, operands: "Operands | None" = None) -> int:
+    """TMA-store boxes (16 x 32, 1 KB) each consumer warp stages D in.
+
+    Two boxes alternate unless shared memory left over by the operand ring holds more: the warp then fills
+    its whole share of the tile (MI x WN/32 boxes) before any store, so it never waits for the TMA unit to
+    read a box mid-epilogue, and hands them over behind one proxy fence. Halving steps from the whole share
+    down to 2 (groups that divide the share), taking the largest that fits without lowering the CTAs resident
+    per SM. Non-TMA-store kernels (split-K, unaligned ldc) get the same region and use 2.5 KB of it.
+    Stream-K kernels get the same (they kept two until 2026-11-23, when the template stopped keeping the tile
+    origin live across the main loop, which had made the 128x256 tile spill with more)."""
+    warps = config.math_threads // 32
+    ring = _ring_bytes(config, elt_bytes(operands)) + 2 * BARRIER_BYTES
+    base = ring + warps * EPI_WARP_BYTES
+    per_sm, optin = _hopper_smem()
+    resident = max(1, per_sm // (base + 1024))   # the driver reserves 1 KB per CTA
+    budget = min(optin, per_sm // resident - 1024)
+    share = max(2, (config.warp.m // 64) * (config.warp.n // 32))
+    # The whole share, else two alternating groups of boxes/2 that divide the share evenly.
+    options = [share] + [b for b in (16, 8, 4) if b < share and share % (b // 2) == 0]
+    for boxes in options:
+        if ring + warps * max(EPI_WARP_BYTES, boxes * EPI_BOX_BYTES) <= budget:
+            return boxes
+    return 2
+
+
+def _hopper_smem() -> "tuple[int, int]":
+    """Shared memory per SM and per block on every sm_90a GPU of the catalogue (the smallest, so a kernel's
+    footprint does not depend on which Hopper it is rendered for)."""
+    hoppers = [g for g in catalogue().values() if g.arch is Arch.SM90A]
+    return min(g.smem_per_sm for g in hoppers), min(g.smem_per_block_optin for g in hoppers)
+
+
+def epi_warp_bytes(config: Sm90Config, operands: "Operands | None" = None) -> int:
+    """Epilogue staging per consumer warp: the fp32 tile of the st.global path (16 rows x 40 fp32) or the
+    TMA-store boxes, whichever is larger (both paths use one region)."""
+    return max(EPI_WARP_BYTES, epi_boxes(config, operands) * EPI_BOX_BYTES)
+
+
+def regs_estimate(config: Sm90Config) -> int:
+    """The consumer warpgroup's accumulators (warp.m*warp.n/128) plus ~40; the producer needs few."""
+    w = config.warp
+    return w.m * w.n // 128 + 40
+
+
+def regs_allocated(config: Sm90Config, per_thread: int) -> int:
+    """setmaxnreg moves registers from the producer (40) to consumers; the CTA's pool is the launch total."""
+    if config.warp_specialized:
+        return config.math_threads * per_thread + 128 * PRODUCER_REGS
+    return config.threads * per_thread
+
+
+__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "check", "epi_boxes",
+           "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]

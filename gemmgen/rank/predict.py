@@ -1,0 +1,306 @@
+"""The tuner's performance model: the predicted time of one configuration on one problem and GPU.
+
+time = max(compute, memory) + overheads, built on the calculator's levels (gemmgen.calc) and on what each
+kernel family says about its kernels (KernelFamily.traits: main-loop efficiency, how shared memory is read,
+TMA loads, persistence, how the epilogue overlaps). Pure Python; no CUDA.
+
+The constants in "Model constants" below are the model's only tunable numbers; a calibration
+against measured kernels may refit them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .. import families
+from ..calc.intensity import ACC_BYTES, Level, cta_level, mma_level, smem_level, warp_level
+from ..families.base import ModelTraits
+from ..families.rules import check, ctas_per_sm
+from ..model.arch import DType, Gpu
+from ..model.errors import InvalidConfig
+from ..model.problem import Problem
+from ..model.tiles import DecompKind, Kernel, RasterOrder, TileConfig, streamk_remainder
+
+# --- Model constants --------------------------------------------------------------------------
+# A family's main-loop efficiency is its own (KernelFamily.traits); the constants below are shared.
+# TMA boxes over rows that do not start on 128-byte boundaries (e.g. ld = 3000 bf16 = 6000 B) ran
+# 1.28x (128x256) and 1.50x (128x128) slower than at ld 3008 on the H100 with the tensor maps' 128B L2
+# promotion (1.45-1.74x with the former 256B; docs/perf-notes.md, odd3000): the sm90 main loop's rate
+# is divided by this.
+TMA_UNALIGNED_SLOWDOWN = 1.4
+# Clocks from a TMA load's issue to its data in shared memory, under load. The stages ahead of the one
+# being consumed must cover it, or the tensor cores wait. Ping-pong consumers each see about half the
+# ring. Set so that 128x128x64 ping-pong needs 6 stages, as measured on the H100 (4 stages: 0.94x
+# cuBLAS, 6 stages: 1.02x, docs/perf-notes.md); refit from tuning data.
+TMA_LATENCY_CLOCKS = 1600.0
+DRAM_EFFICIENCY = 0.90  # achievable fraction of datasheet DRAM bandwidth (H100: 3.02 of 3.35 TB/s measured)
+LAUNCH_OVERHEAD_S = 3.0e-6  # one kernel launch, as a fixed cost
+SMEM_BYTES_PER_CLOCK_PER_SM = 128.0  # shared-memory bandwidth on sm_80..sm_90 (32 banks x 4 bytes)
+# L2 -> SM bandwidth per SM per clock: A100 whitepaper gives 5120 B/clk for 108 SMs; Hopper's is
+# higher but unpublished, 64 is a model guess a calibration refits.
+L2_BYTES_PER_CLOCK_PER_SM = {80: 48.0, 86: 48.0, 89: 48.0, 90: 64.0}
+# Overlap of the shared-memory and L2 feeds with the math is imperfect: this fraction of the
+# non-binding phases' time shows up in the main loop. It is what makes a tile that needs less
+# feed bandwidth faster even when no feed is saturated.
+OVERLAP_PENALTY = 0.15
+# Loaded DRAM latency. With Little's law, bytes in flight / latency bounds the bandwidth a grid
+# with few CTAs can pull: why split-K and small tiles win on skinny problems.
+DRAM_LATENCY_S = 1.0e-6
+# Fraction of L2 that holds reusable operand panels (H100's L2 is two partitions that may duplicate).
+L2_USABLE_FRACTION = 0.5
+# The in-kernel fix-up's fixed cost (a gpu-scope fence after the partial stores, the flag's trip through L2,
+# the owner's wait): 128x128 Stream-K took ~16 us at 1024^3 where data-parallel 64x128 with the same MMA work
+# per CTA took 10.4 us, ~5 us more (docs/perf-notes.md, Stream-K; one data point, refit when there are more).
+SK_FIXUP_S = 5.0e-6
+# Range mode's fixed cost beyond moving the partials, fitted on the H100 (docs/perf-notes.md, "Stream-K range
+# mode"): against the same tile data-parallel, the wave it saves minus its measured gain was 11 us at 8192^3,
+# 17 at 4096x4096x14336 and 23 at 4096^3 (not explained yet: the owners do not wait, by construction).
+SK_RANGE_FIXUP_S = 15.0e-6
+# CTAs of one wave drift apart along K; the live set in L2 spans this many K tiles of each panel.
+L2_SKEW_K_TILES = 8
+# Fraction of the ideal TMA-multicast saving our sm90 kernel realises. Measured on the H100
+# (docs/perf-notes.md, 2026-11-22): 2-CTA clusters ran no faster than 1x1 (0.86-0.99x of it), so the
+# model credits none until a kernel shows the gain; refit from tuning data.
+MULTICAST_REALIZED = 0.0
+# Fused split-K (docs/perf-notes.md, "Fused split-K"): a fixed cost (the arrival's fence, atomic and barriers,
+# and a last slice that starts its reduction only after the others) plus the last slice's read of its tile's
+# partials at a per-SM rate far below L2's: one SM reduces each tile. Both fitted to the two shapes measured on
+# the H100 (16x4096x4096 split 8 with 64x128 tiles: +1.95 us over the reduction launch; 1024x1024x65536 split 4
+# with 128x256 tiles: +12.4 us), so they reproduce those two and are not yet validated beyond them.
+FUSED_ARRIVE_S = 3.5e-6
+FUSED_REDUCE_BYTES_PER_S_PER_SM = 29e9
+
+def config_levels(config: TileConfig, dtype: "DType | str", peak: float,
+                  reads: str = "fragments") -> "tuple[Level, ...]":
+    """Every level of `config` at `peak` FLOP/clock/SM, from DRAM inwards."""
+    cl = config.cluster
+    share_m = 1 + (cl.m - 1) * MULTICAST_REALIZED
+    share_n = 1 + (cl.n - 1) * MULTICAST_REALIZED
+    return (cta_level(config.cta, dtype, peak, share_m, share_n),
+            smem_level(config.warp, dtype, peak, reads),
+            warp_level(config.warp, config.mma, peak, dtype),
+            mma_level(config.mma, dtype, peak))
+
+
+def latency_coverage(traits: ModelTraits, bk: int, flop_per_clock: float) -> float:
+    """Fraction of the main loop's rate left when the stages in flight do not cover the TMA latency.
+
+    One stage feeds a consumer for (its FLOP / rate) clocks; the stages ahead of it (the family's
+    stages_ahead: stages-1, or about half the ring per consumer in the ping-pong schedule) must last
+    TMA_LATENCY_CLOCKS."""
+    tile = traits.consumer_tile
+    stage_clocks = 2.0 * tile.m * tile.n * bk / flop_per_clock
+    return min(1.0, traits.stages_ahead * stage_clocks / TMA_LATENCY_CLOCKS)
+
+
+# --- Whole problem ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prediction:
+    """What the model expects of one configuration on one problem and GPU."""
+
+    time_s: float
+    tflops: float  # useful FLOP (2*M*N*K) / time
+    bound: str  # 'compute' or 'memory': which side sets the main kernel's time
+    limiter: str  # what limits within that side: 'tensor', 'smem', 'l2', 'waves' or 'dram'
+    flops: int  # 2*M*N*K
+    executed_flops: float  # including the padding of partial tiles
+    dram_bytes: float  # after L2 reuse
+    tiled_bytes: float  # A read ceil(N/BN) times, B ceil(M/BM) times, plus C/D, bias and partials
+    l2_saved_bytes: float
+    intensity: float  # flops / dram_bytes
+    tiled_intensity: float
+    tiles: int
+    units: int  # CTAs' work items: tiles x splits
+    waves: float
+    wave_efficiency: float
+    ctas_per_sm: int
+    occupancy: float  # resident threads / max threads per SM
+    tensor_efficiency: float  # achieved fraction of the tensor peak in the main loop (before waves)
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+    dram_rate: float  # bytes/s the grid can pull
+    levels: "tuple[Level, ...]" = field(default=())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["levels"] = [lv.to_dict() for lv in self.levels]
+        return d
+
+
+def tensor_efficiency(family: str, gpu: Gpu) -> float:
+    """The model constant: fraction of peak the family's main loop sustains on this GPU."""
+    return families.get(family).efficiency(gpu)
+
+
+def footprint(wave: int, tiles_m: int, tiles_n: int, order: RasterOrder, group: int) -> "tuple[int, int]":
+    """Distinct tile rows and columns that `wave` consecutive CTAs cover under the rasterization.
+
+    Row order walks along N; a group g > 1 walks panels g tile-rows tall column by column
+    (CUTLASS-style swizzle), so one wave covers about g rows and wave/g columns. Column order mirrors it.
+    """
+    if order is RasterOrder.COL:
+        cols, rows = footprint(wave, tiles_n, tiles_m, RasterOrder.ROW, group)
+        return rows, cols
+    panel = max(1, min(group, tiles_m))
+    if wave >= panel * tiles_n:
+        return min(tiles_m, math.ceil(wave / tiles_n)), tiles_n
+    if wave <= panel:
+        return wave, 1
+    return panel, min(tiles_n, math.ceil(wave / panel))
+
+
+def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
+    """Predicted time of `config` on `problem` and `gpu`; raises InvalidConfig if it cannot run.
+
+    time = max(compute, memory) + overheads, where
+      compute = executed FLOP / (SMs * peak/SM * family efficiency * feed efficiency) / wave efficiency,
+      memory  = DRAM bytes after L2 reuse / min(0.9 * bandwidth, CTAs * bytes in flight / latency),
+    and overheads are the launch(es), the split-K reduction pass and, for non-persistent kernels,
+    each wave's pipeline fill and epilogue.
+    """
+    violations = check(config, gpu, problem=problem)
+    if violations:
+        raise InvalidConfig(Kernel(gpu.arch, problem.operands, config).name, violations)
+    traits = families.of(config).traits(config, gpu)
+    if traits.swapped:
+        # The main loop runs on D^T = B^T @ A^T: the same FLOPs and bytes, tiled the other way round (the bias,
+        # counted per column below, is a handful of bytes either way).
+        problem = problem.swapped()
+    ops = problem.operands
+    elt, c_elt = problem.a_dtype.bytes, problem.c_dtype.bytes
+    m, n, k = problem.m, problem.n, problem.k
+    cta = config.cta
+    clock = gpu.boost_clock_mhz * 1e6
+    peak = gpu.tensor_flop_per_clock_per_sm(problem.a_dtype)
+
+    # Work decomposition.
+    tiles_m, tiles_n = math.ceil(m / cta.m), math.ceil(n / cta.n)
+    tiles = tiles_m * tiles_n
+    k_tiles = math.ceil(k / cta.k)
+    decomp = config.decomposition
+    splits = decomp.splits if decomp.kind is DecompKind.SPLIT_K else 1
+    units = tiles * splits
+    per_sm = ctas_per_sm(config, gpu, ops)
+    slots = per_sm * gpu.sm_count
+    sk_rem, sk_slices = 0, 1
+    if decomp.kind is DecompKind.STREAM_K:
+        # The template's scheme: full waves data-parallel, the last partial wave's `rem` tiles cut into
+        # S = min(slots // rem, K tiles, 16) K slices, so that wave takes 1/S of a tile's time; where that
+        # wave is more than half full (S = 1), its K iterations dealt out to every slot in contiguous ranges
+        # (range mode, S = 0 here): the wave takes ceil(rem * K tiles / slots) iterations.
+        sk_rem, sk_slices = streamk_remainder(tiles, slots, k_tiles)
+    if sk_slices > 1:
+        units = tiles - sk_rem + sk_rem * sk_slices
+        waves = tiles / slots
+        wave_eff = waves / (tiles // slots + 1.0 / sk_slices)
+    elif sk_slices == 0:
+        units = tiles - sk_rem + slots
+        waves = tiles / slots
+        wave_eff = waves / (tiles // slots + math.ceil(sk_rem * k_tiles / slots) / k_tiles)
+    else:
+        waves = units / slots
+        wave_eff = units / (math.ceil(units / slots) * slots)
+    active_ctas = min(units, slots)
+    occupancy = per_sm * config.threads / gpu.max_threads_per_sm
+
+    # Compute: the tensor cores do whole tiles, padding included.
+    executed = 2.0 * (tiles_m * cta.m) * (tiles_n * cta.n) * (k_tiles * cta.k)
+    fam_eff = traits.tensor_efficiency
+    if traits.tma_loads and any(ld * elt % 128 for ld in (problem.lda, problem.ldb)):
+        fam_eff /= TMA_UNALIGNED_SLOWDOWN
+    if traits.tma_loads:
+        fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff)
+    levels = config_levels(config, problem.a_dtype, peak, traits.smem_reads)
+    target = peak * fam_eff  # FLOP/clk/SM the main loop aims for
+    util = {"tensor": 1.0,
+            "smem": target / levels[1].intensity / SMEM_BYTES_PER_CLOCK_PER_SM,
+            "l2": target / levels[0].intensity / L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0)}
+    slowest = max(util, key=util.get)
+    loop_time = util[slowest] + OVERLAP_PENALTY * (sum(util.values()) - util[slowest])
+    achieved = fam_eff / loop_time
+    compute_s = executed / (gpu.sm_count * peak * clock * achieved) / wave_eff
+
+    # Memory: tiled traffic, then what L2 reuse within a wave (or a whole-problem fit) saves.
+    a_once, b_once = m * k * elt, k * n * elt
+    a_tiled, b_tiled = a_once * tiles_n, b_once * tiles_m
+    # Split-K slices run one after another (z is the slowest grid axis), so a wave shares panels
+    # only among the tiles of one slice.
+    wave_tiles = max(1, min(slots, tiles))
+    rows, cols = footprint(wave_tiles, tiles_m, tiles_n, config.raster.order, config.raster.group)
+    usable_l2 = gpu.l2_bytes * L2_USABLE_FRACTION
+    if a_once + b_once <= usable_l2:
+        a_dram, b_dram = float(a_once), float(b_once)  # both operands stay in L2: each read once
+    else:
+        live = (rows * cta.m + cols * cta.n) * cta.k * elt * L2_SKEW_K_TILES
+        reuse = min(1.0, usable_l2 / live)
+        a_dram = max(a_once, a_tiled * (reuse * rows / wave_tiles + (1 - reuse)))
+        b_dram = max(b_once, b_tiled * (reuse * cols / wave_tiles + (1 - reuse)))
+    out = m * n * c_elt + (m * n * c_elt if problem.epilogue.beta != 0 else 0) \
+        + (n * c_elt if problem.epilogue.bias else 0)
+    partials = 0.0
+    if splits > 1:
+        partials = 2.0 * splits * m * n * ACC_BYTES  # fp32 partials written, then read by the reduction
+    elif sk_slices > 1:
+        partials = 2.0 * sk_rem * (sk_slices - 1) * cta.m * cta.n * ACC_BYTES  # slices 1.. written, then read
+    elif sk_slices == 0:
+        partials = 2.0 * (slots - sk_rem) * cta.m * cta.n * ACC_BYTES   # ~one per range that begins mid-tile
+    tiled_bytes = a_tiled + b_tiled + out + partials
+    dram_bytes = a_dram + b_dram + out + partials
+
+    stage = (min(cta.m, m) * cta.k + cta.k * min(cta.n, n)) * elt
+    in_flight = max(1, config.stages - 1) * stage
+    dram_rate = min(gpu.dram_bandwidth * DRAM_EFFICIENCY, active_ctas * in_flight / DRAM_LATENCY_S)
+    memory_s = (dram_bytes - (partials / 2 if splits > 1 else 0)) / dram_rate
+
+    # Fixed costs: launches, the reduction pass's read of the partials, and each tile's epilogue where
+    # nothing overlaps it. Measured on the H100 (docs/perf-notes.md, ping-pong): in the cooperative
+    # persistent kernel both consumer warpgroups store together while the tensor cores idle; only the
+    # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
+    overhead = LAUNCH_OVERHEAD_S
+    if splits > 1 and decomp.fused:
+        # No second launch, but each tile's last slice reads every slice's partial of its tile back after the
+        # others have arrived, on one SM; the last wave's tiles put that read on the critical path.
+        tile_rows, tile_cols = min(cta.m, m), min(cta.n, n)
+        overhead += FUSED_ARRIVE_S + math.ceil(tiles / slots) * splits * tile_rows * tile_cols * ACC_BYTES / \
+            FUSED_REDUCE_BYTES_PER_S_PER_SM
+    elif splits > 1:
+        overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
+    if sk_slices > 1:
+        # A remainder tile's owner reads the other slices' partials one after another, from L2.
+        overhead += SK_FIXUP_S + (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (
+            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
+    elif sk_slices == 0:
+        # A range mode CTA stores its first piece's partial, then as an owner reads the (slots - rem) / rem
+        # partials of its tile's other pieces on average, from L2.
+        overhead += SK_RANGE_FIXUP_S + (1.0 + (slots - sk_rem) / sk_rem) * cta.m * cta.n * ACC_BYTES / (
+            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
+    epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
+    if not traits.persistent:
+        overhead += math.ceil(max(waves, 1e-9)) * (DRAM_LATENCY_S + epilogue) / max(1, per_sm)
+    elif traits.epilogue_hidden:
+        overhead += DRAM_LATENCY_S
+    else:
+        overhead += DRAM_LATENCY_S + math.ceil(max(waves, 1e-9)) * epilogue * traits.epilogue_exposed
+
+    main = max(compute_s, memory_s)
+    bound = "compute" if compute_s >= memory_s else "memory"
+    if bound == "memory":
+        limiter = "dram"
+    elif wave_eff < 0.5:
+        limiter = "waves"
+    else:
+        limiter = slowest
+    time_s = main + overhead
+    return Prediction(
+        time_s=time_s, tflops=problem.flops / time_s / 1e12, bound=bound, limiter=limiter, flops=problem.flops,
+        executed_flops=executed, dram_bytes=dram_bytes, tiled_bytes=tiled_bytes,
+        l2_saved_bytes=tiled_bytes - dram_bytes, intensity=problem.flops / dram_bytes,
+        tiled_intensity=problem.flops / tiled_bytes, tiles=tiles, units=units, waves=waves,
+        wave_efficiency=wave_eff, ctas_per_sm=per_sm, occupancy=occupancy, tensor_efficiency=achieved,
+        compute_s=compute_s, memory_s=memory_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels)
+
+
+
+
+__all__ = ["Prediction", "config_levels", "footprint", "latency_coverage", "predict", "tensor_efficiency"]
