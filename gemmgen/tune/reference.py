@@ -355,7 +355,7 @@ def _ratio(num: float, den: float) -> float:
 NAIVE_FAULTS = ("none", "oob", "hang", "wrong")
 
 _NAIVE_TEMPLATE = r"""
-// A naive GEMM with gemmgen's sm80_mma kernel ABI, one thread per output. Not fast; for testing the
+// A naive GEMM with gemmgen's plain pointer kernel ABI, one thread per output. Not fast; for testing the
 // launcher, verification and fault isolation. FAULT: 0 none, 1 writes to an unmapped address, 2 never
 // finishes, 3 drops the last K element (a wrong result).
 #define FAULT __FAULT__
