@@ -56,7 +56,7 @@ def template_context(kernel: Kernel) -> dict:
 
 
 def sm80_context(kernel: Kernel) -> dict:
-    """Template values of templates/sm80_mma.cu.j2 (and the shared _common.cuh.j2)."""
+    """Template values of templates/sm80_mma/*.j2 (and the shared common/sm80_helpers.cuh.j2)."""
     cfg, ops = kernel.config, kernel.operands
     ctx = {
         "name": kernel.name,

@@ -52,14 +52,15 @@ class Shape3:
 
 
 class Family(str, Enum):
-    """A kernel family is one template: sm80_mma (mma.sync, cp.async, ldmatrix) or sm90_wgmma (TMA, wgmma)."""
+    """A kernel family is one template directory: sm80_mma (mma.sync, cp.async, ldmatrix) or sm90_wgmma (TMA, wgmma)."""
 
     SM80_MMA = "sm80_mma"
     SM90_WGMMA = "sm90_wgmma"
 
     @property
     def template(self) -> str:
-        return f"{self.value}.cu.j2"
+        """The entry template, relative to templates/: it includes the family's mainloop, epilogue and scheduler."""
+        return f"{self.value}/kernel.cu.j2"
 
     @property
     def min_arch(self) -> Arch:

@@ -1,6 +1,6 @@
 """The sm90_wgmma family: template parameters, TMA tensor-map specs and launch manifests.
 
-The kernel (templates/sm90_wgmma.cu.j2) is warp-specialized: one producer warpgroup issues TMA into a
+The kernel (templates/sm90_wgmma/kernel.cu.j2) is warp-specialized: one producer warpgroup issues TMA into a
 ring of `stages` 128B-swizzled stages, and one or two consumer warpgroups run wgmma m64nNk16 on them.
 A operand tiles are BM x 64 and B tiles BN x 64 per stage, each as 64-wide blocks of 8 KB; a cluster of
 2 CTAs shares (multicasts) B when it is 2x1 and A when it is 1x2.
@@ -25,17 +25,11 @@ BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
 # 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
 L2_PROMOTION = "128B"
-# prefetch.tensormap of both maps at kernel start (scripts/ab_lab.py measures it against False).
-PREFETCH_TENSORMAPS = True
-# D through TMA stores where its rows allow (uses_tma_store). Measured against the vectorized st.global
-# epilogue on six suite winners: a tie (0.99-1.01x, docs/perf-notes.md "Where the epilogue's time goes"); kept
-# because the consumers issue a quarter of the instructions and never wait on D's writes.
-TMA_STORE = True
-# Interior tiles with beta == 0 skip C and the bounds tests in the TMA-store epilogue (one branch per tile).
-# Measured on the 2026-11-23 H100 run: the 128x256 tile's epilogue 3.7 -> 1.7 us, sq2048 0.93x -> 0.98x cuBLAS.
-EPI_FAST = True
-# The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
-# (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
+# The TMA-store epilogue's box per consumer warp: 16 rows x 32 columns, 64B swizzle (templates/sm90_wgmma/
+# epilogue.cuh.j2, EPI_COLS). 16 x 64 boxes (128B swizzle, half the TMA stores) measured a tie on four suite
+# winners (docs/perf-notes.md). D leaves through TMA stores where its rows allow (uses_tma_store): against the
+# vectorized st.global epilogue a tie on six suite winners, kept because the consumers issue a quarter of the
+# instructions and never wait on D's writes.
 EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
 
 
@@ -74,7 +68,7 @@ def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
 
 
 def template_params(kernel: Kernel) -> dict:
-    """Every value templates/sm90_wgmma.cu.j2 reads, derived from a validated Kernel."""
+    """Every value templates/sm90_wgmma/*.j2 read, derived from a validated Kernel."""
     cfg, ops = kernel.config, gemm_operands(kernel)
     if cfg.family is not Family.SM90_WGMMA:
         raise InvalidInput("sm90 template parameters need a sm90_wgmma configuration", cfg.family.value)
@@ -106,33 +100,12 @@ def template_params(kernel: Kernel) -> dict:
         # (row, col) of D at [col][row].
         "swap_ab": cfg.swap_ab,
         "streamk": is_streamk(kernel),
-        "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
-        "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
-        # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
-        # TMA-store boxes per consumer warp and the warp's staging bytes come from constraints.sm90_epi_boxes.
-        "epi_fast": EPI_FAST,
+        # TMA-store boxes (16 x 32) per consumer warp and the warp's staging bytes: constraints.sm90_epi_boxes.
         "epi_boxes": sm90_epi_boxes(cfg, ops),
         "epi_warp_bytes": sm90_epi_warp_bytes(cfg, ops),
-        "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
-        # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
-        "epi_defer_store": 0,
         # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
         "epi_store_warp": uses_store_warp(kernel),
-        # 1, 2 or 3 only in scripts/ab_lab.py: that many producer warps (from warp 1) copy the staged boxes to D with
-        # ld.shared/st.global.v4 instead of one warp issuing TMA stores (keeps D's stores off the TMA unit)
-        "sw_lsu": 0,
-        "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
-        "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
-        "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
-        "b_cpasync": False, "cpasync_producer_fence": False,
-        "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
-        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
-        # 3 fills the TMA-store boxes but issues no store.
-        "skip_epilogue": 0,
-        # True only in scripts/ab_lab.py: Stream-K's range mode without its fix-up (no partials, flags or adds;
-        # D is wrong), to time the range schedule apart from the fix-up.
-        "sk_no_fixup": False,
     }
 
 
@@ -142,7 +115,7 @@ def uses_tma_store(kernel: Kernel) -> bool:
     the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global; so do swapped
     kernels (their tile is D^T's) and tiles narrower than the 32-column store boxes."""
     cfg = kernel.config
-    return TMA_STORE and kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
+    return kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
 
 
 def uses_store_warp(kernel: Kernel) -> bool:
