@@ -48,7 +48,7 @@ def sass_counts(cubin: bytes):
 
 
 def render_lab(kernel: Kernel, **switches) -> str:
-    """The sm90 template rendered with lab switches changed (what scripts/ab_lab.py builds)."""
+    """The sm90 template rendered with template parameters overridden (a store warp where none is served)."""
     from gemmgen.codegen.render import environment
     from gemmgen import families
     family = families.of(kernel.config)
@@ -627,21 +627,6 @@ def test_model_prices_streamk_by_its_remainder_slices():
     assert sk.dram_bytes > dp.dram_bytes
 
 
-def test_experimental_cpasync_b_path_compiles_to_ldgsts_with_the_tma_a_path():
-    # Not in the search space (1.3-2.5x slower on the H100, docs/perf-notes.md); kept compiling for the next try.
-    from gemmgen.codegen.nvrtc import compile_source, options_for
-    kernel = Kernel(Arch.SM90A, ops(b="row"), hopper_config())
-    assert sm90_context.context(kernel)["b_cpasync"] is False
-    # With the stmatrix epilogue this experimental path needs 8 bytes of stack (ptxas, 2026-11-22): it keeps the
-    # 4-byte st.shared fill of the store boxes.
-    source = render_lab(kernel, b_cpasync=True, stmatrix=False)
-    assert "cp.async.mbarrier.arrive.noinc" in source and "fence.proxy.async.shared::cta" in source
-    cubin, log = compile_source(kernel.name, source, options_for(kernel))
-    assert "0 bytes spill stores" in log
-    counts = sass_counts(cubin)
-    assert count(counts, "LDGSTS") > 0 and count(counts, "UTMALDG") > 0 and count(counts, "HGMMA") > 0
-
-
 def test_a_1x2_cluster_multicasts_a_k_major_a_in_96_row_slices_but_mn_major_a_only_in_64_wide_blocks():
     config = hopper_config("192x192x64", "64x192x64", stages=3, cluster=(1, 2))
     assert not constraints.check(config, H100, Arch.SM90A, operands=ops(a="row", b="row"))
@@ -796,7 +781,6 @@ def test_fast_epilogue_is_rendered_by_default_and_compiles_without_spills():
     kernel = Kernel(Arch.SM90A, ops(bias=True, activation="relu"), hopper_config())
     source = render(kernel)
     assert "finish_fast(" in source and "if (beta == 0.0f && m0 + wm + WM <= M && n0 + wn + WN <= N)" in source
-    assert "finish_fast(" not in render_lab(kernel, epi_fast=False)   # the A/B switch turns it off
     cubin, log = compile_source(kernel.name, source, options_for(kernel))
     assert "0 bytes spill stores" in log
 
@@ -816,41 +800,17 @@ def test_store_boxes_fill_the_shared_memory_the_ring_leaves():
 
 def test_whole_share_epilogue_fences_once_and_streamk_runs_the_same_epilogue():
     source = render(Kernel(Arch.SM90A, ops(), hopper_config(stages=3)))
-    assert "constexpr int EPI_BOXES = 8 * 32 / EPI_COLS;" in source and "constexpr int EPI_COLS = 32;" in source
+    assert "constexpr int EPI_BOXES = 8;" in source and "constexpr int EPI_COLS = 32;" in source
     # Stream-K kernels stage the whole share and take the short interior path too (since the tile origin is
     # computed after the fix-up, nothing spills: 2.3% at 4096^3, docs/perf-notes.md "Stream-K range mode").
     streamk = TileConfig.from_dict({**hopper_config(stages=4).to_dict(), "decomposition": {"kind": "streamk"}})
     sk = render(Kernel(Arch.SM90A, ops(), streamk))
     boxes = sm90_rules.epi_boxes(hopper_config(stages=4))
     assert boxes > 2 and sm90_rules.epi_boxes(streamk) == boxes
-    assert f"constexpr int EPI_BOXES = {boxes} * 32 / EPI_COLS;" in sk and "finish_fast(" in sk
+    assert f"constexpr int EPI_BOXES = {boxes};" in sk and "finish_fast(" in sk
     s3 = TileConfig.from_dict({**hopper_config(stages=3).to_dict(), "decomposition": {"kind": "streamk"}})
     assert sm90_rules.epi_boxes(s3) == sm90_rules.epi_boxes(hopper_config(stages=3)) == 8
     assert constraints.smem_bytes(s3) == constraints.smem_bytes(hopper_config(stages=3))
-
-
-def test_lab_64_column_store_boxes_halve_the_tma_stores():
-    from gemmgen.codegen.nvrtc import compile_source, options_for
-    kernel = Kernel(Arch.SM90A, ops(), hopper_config(stages=3))
-    counts = {}
-    for cols in (32, 64):
-        source = render_lab(kernel, epi_box_cols=cols)
-        cubin, log = compile_source(kernel.name, source, options_for(kernel))
-        assert "0 bytes spill stores" in log
-        counts[cols] = count(sass_counts(cubin), "UTMASTG")
-    assert counts[64] * 2 == counts[32] > 0
-
-
-def test_lab_timeline_stamps_render_and_compile_without_spills():
-    # scripts/timeline.py: %globaltimer stamps per CTA (run on the H100 2026-11-23, docs/perf-notes.md).
-    from gemmgen.codegen.nvrtc import compile_source, options_for
-    kernel = Kernel(Arch.SM90A, ops(), hopper_config(cluster=(2, 1)))
-    source = render_lab(kernel, timeline=True)
-    # entry, start barrier, first stage, exit, main-loop end, epilogue end, and the fill's end in both paths
-    assert source.count("tl_stamp(workspace, ") == 8 and "%%globaltimer" in source and "%%clock64" in source
-    assert "tl_stamp" not in render(kernel)
-    cubin, log = compile_source(kernel.name, source, options_for(kernel))
-    assert "0 bytes spill stores" in log
 
 
 # --- the store warp (config.store_warp) -------------------------------------------------------------
@@ -918,16 +878,6 @@ def test_store_warp_renders_the_store_loop_in_the_producer_warpgroup_and_hands_b
                                      "mma": "64x128x16", "stages": 6, "warp_specialized": True, "persistent": True,
                                      "schedule": "pingpong"})
     assert "#error" in render_lab(Kernel(Arch.SM90A, ops(), pingpong), epi_store_warp=True)
-
-
-def test_sw_lsu_lab_switch_copies_d_through_the_store_warps_and_counts_their_arrivals():
-    # Lab only (scripts/ab_lab.py --set sw_lsu=N, measured slower sustained): N producer warps copy the boxes
-    # with ld.shared/st.global.v4, and STORE_EMPTY expects one arrival from each of them.
-    source = render_lab(Kernel(Arch.SM90A, ops(), store_warp_config()), sw_lsu=2)
-    assert "else if (threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= 2) {" in source
-    assert "mbar_init(store_bar + 16 + 8 * h, 2);" in source
-    assert "st.global.v4.b32" in source
-    assert "sw_lsu" not in render(Kernel(Arch.SM90A, ops(), store_warp_config()))   # gemmgen never sets it
 
 
 @pytest.mark.parametrize("stages,cluster", [(3, (2, 1)), (4, (1, 1))])

@@ -15,13 +15,15 @@ from ..model import paths
 
 @lru_cache(maxsize=1)
 def kernel_code_digest() -> str:
-    """12 hex digits over templates/*.j2, gemmgen/families/*.py and gemmgen/render.py, in a fixed order."""
+    """12 hex digits over templates/**/*.j2, gemmgen/families/*.py and gemmgen/render.py, in a fixed order."""
     files = sorted(paths.TEMPLATES.rglob("*.j2")) + sorted((paths.PACKAGE / "families").rglob("*.py")) + \
         [paths.PACKAGE / "codegen" / "render.py"]
     h = hashlib.sha256()
     for f in files:
         if f.is_file():
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            # The path below templates/ (or the package), not the bare name: sm80_mma/ and sm90_wgmma/ share names.
+            rel = f.relative_to(paths.TEMPLATES) if f.is_relative_to(paths.TEMPLATES) else f.relative_to(paths.PACKAGE)
+            h.update(rel.as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 

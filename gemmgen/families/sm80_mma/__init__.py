@@ -30,7 +30,7 @@ class Sm80Mma(KernelFamily):
     dtypes = frozenset({DType.BF16, DType.F16})
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K})
     template_root = paths.TEMPLATES
-    template = "sm80_mma.cu.j2"
+    template = "sm80_mma/kernel.cu.j2"
     space_file = paths.SEARCH_SPACES / "sm80_mma.yaml"
     examples = (
         {"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16", "stages": 4,

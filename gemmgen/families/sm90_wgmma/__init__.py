@@ -36,7 +36,7 @@ class Sm90Wgmma(KernelFamily):
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K})
     fused_splitk = True
     template_root = paths.TEMPLATES
-    template = "sm90_wgmma.cu.j2"
+    template = "sm90_wgmma/kernel.cu.j2"
     space_file = paths.SEARCH_SPACES / "sm90_wgmma.yaml"
     examples = (
         {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...model.tiles import Kernel
 from .config import Schedule
-from .launch import (EPI_BOX_COLS, EPI_FAST, PREFETCH_TENSORMAPS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor,
+from .launch import (REDUCE_THREADS, a_is_kmajor, b_is_kmajor,
                      gemm_operands, is_fused, is_streamk, splits, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
@@ -19,7 +19,7 @@ def consumer_regs(consumers: int) -> int:
 
 
 def context(kernel: Kernel) -> dict:
-    """Every value templates/sm90_wgmma.cu.j2 reads, derived from a validated Kernel."""
+    """Every value templates/sm90_wgmma/*.j2 read, derived from a validated Kernel."""
     cfg, ops = kernel.config, gemm_operands(kernel)
     consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
     return {
@@ -49,33 +49,12 @@ def context(kernel: Kernel) -> dict:
         # (row, col) of D at [col][row].
         "swap_ab": cfg.swap_ab,
         "streamk": is_streamk(kernel),
-        "prefetch_tensormaps": PREFETCH_TENSORMAPS,
         "tma_store": uses_tma_store(kernel),
-        "stmatrix": True,   # False only in scripts/ab_lab.py: the TMA-store boxes filled with 4-byte st.shared
-        # A short epilogue path for interior tiles when beta == 0 (False only in scripts/ab_lab.py, to A/B it).
-        # TMA-store boxes per consumer warp and the warp's staging bytes come from constraints.sm90_epi_boxes.
-        "epi_fast": EPI_FAST,
+        # TMA-store boxes (16 x 32) per consumer warp and the warp's staging bytes: rules.epi_boxes.
         "epi_boxes": epi_boxes(cfg, ops),
         "epi_warp_bytes": epi_warp_bytes(cfg, ops),
-        "epi_box_cols": EPI_BOX_COLS,   # 64 only in scripts/ab_lab.py (16 x 64 boxes, 128B swizzle: a tie)
-        # 1 or 2 only in scripts/ab_lab.py: D's stores issued after the next tile's first MMAs (1), or one box per k-tile (2)
-        "epi_defer_store": 0,
         # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
         "epi_store_warp": uses_store_warp(kernel),
-        # 1, 2 or 3 only in scripts/ab_lab.py: that many producer warps (from warp 1) copy the staged boxes to D with
-        # ld.shared/st.global.v4 instead of one warp issuing TMA stores (keeps D's stores off the TMA unit)
-        "sw_lsu": 0,
-        "timeline": False,   # True only in scripts/timeline.py: %globaltimer stamps per CTA into the workspace
-        "epi_no_wait": False,   # True only in scripts/ab_lab.py: boxes refilled without waiting (D may be wrong)
-        "cluster_barriers": True,   # False only in scripts/ab_lab.py, with multicast False
-        "b_cpasync": False, "cpasync_producer_fence": False,
-        "multicast": True,   # False only in scripts/ab_lab.py, which then widens the tensor maps' boxes
-        # Only scripts/ab_lab.py sets these: 1 skips the epilogue, 2 only its global stores (times without D),
-        # 3 fills the TMA-store boxes but issues no store.
-        "skip_epilogue": 0,
-        # True only in scripts/ab_lab.py: Stream-K's range mode without its fix-up (no partials, flags or adds;
-        # D is wrong), to time the range schedule apart from the fix-up.
-        "sk_no_fixup": False,
     }
 
 

@@ -1,6 +1,6 @@
 """The sm90_wgmma family: template parameters, TMA tensor-map specs and launch manifests.
 
-The kernel (templates/sm90_wgmma.cu.j2) is warp-specialized: one producer warpgroup issues TMA into a
+The kernel (templates/sm90_wgmma/kernel.cu.j2) is warp-specialized: one producer warpgroup issues TMA into a
 ring of `stages` 128B-swizzled stages, and one or two consumer warpgroups run wgmma m64nNk16 on them.
 A operand tiles are BM x 64 and B tiles BN x 64 per stage, each as 64-wide blocks of 8 KB; a cluster of
 2 CTAs shares (multicasts) B when it is 2x1 and A when it is 1x2.
@@ -23,17 +23,11 @@ BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
 # 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
 L2_PROMOTION = "128B"
-# prefetch.tensormap of both maps at kernel start (scripts/ab_lab.py measures it against False).
-PREFETCH_TENSORMAPS = True
-# D through TMA stores where its rows allow (uses_tma_store). Measured against the vectorized st.global
-# epilogue on six suite winners: a tie (0.99-1.01x, docs/perf-notes.md "Where the epilogue's time goes"); kept
-# because the consumers issue a quarter of the instructions and never wait on D's writes.
-TMA_STORE = True
-# Interior tiles with beta == 0 skip C and the bounds tests in the TMA-store epilogue (one branch per tile).
-# Measured on the 2026-11-23 H100 run: the 128x256 tile's epilogue 3.7 -> 1.7 us, sq2048 0.93x -> 0.98x cuBLAS.
-EPI_FAST = True
-# The TMA-store epilogue's box per consumer warp (templates/sm90_wgmma.cu.j2, EPI_BOX_BYTES). 16 x 64 boxes
-# (128B swizzle, half the TMA stores) measured a tie on four suite winners (docs/perf-notes.md).
+# The TMA-store epilogue's box per consumer warp: 16 rows x 32 columns, 64B swizzle (templates/sm90_wgmma/
+# epilogue.cuh.j2, EPI_COLS). 16 x 64 boxes (128B swizzle, half the TMA stores) measured a tie on four suite
+# winners (docs/perf-notes.md). D leaves through TMA stores where its rows allow (uses_tma_store): against the
+# vectorized st.global epilogue a tie on six suite winners, kept because the consumers issue a quarter of the
+# instructions and never wait on D's writes.
 EPI_BOX_COLS, EPI_BOX_ROWS = 32, 16
 
 
@@ -69,7 +63,7 @@ def uses_tma_store(kernel: Kernel) -> bool:
     the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global; so do swapped
     kernels (their tile is D^T's) and tiles narrower than the 32-column store boxes."""
     cfg = kernel.config
-    return TMA_STORE and kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
+    return kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
 
 
 def uses_store_warp(kernel: Kernel) -> bool:
