@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen.runtime import device
+from gemmgen.runtime import device, driver
 from gemmgen.model.errors import CudaError, InvalidInput, NoGpu
 from gemmgen.model.problem import Problem
 from gemmgen.tune.reference import naive_manifest
@@ -56,7 +56,7 @@ class FakeDriver:
 def fake_driver(monkeypatch):
     def install(init=None):
         fake = FakeDriver(init)
-        monkeypatch.setattr(device, "_driver_module", lambda: fake)
+        monkeypatch.setattr(driver, "driver_module", lambda: fake)
         device.init_driver.cache_clear()
         return fake
 
@@ -81,7 +81,7 @@ def test_no_device_is_nogpu_naming_the_error(fake_driver):
 def test_missing_cuda_bindings_is_nogpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     with pytest.raises(NoGpu, match="cuda-python"):
-        device._driver_module()
+        driver.driver_module()
 
 
 def test_check_raises_cuda_error_with_call_code_and_decoded_name(fake_driver):
@@ -273,7 +273,7 @@ def test_manifest_launch_computes_the_product(dev, a, b, splits):
 def test_out_of_bounds_write_surfaces_as_sticky_cuda_error_naming_the_call():
     """Run in a child: an illegal address ruins the context for the rest of its process."""
     code = textwrap.dedent("""
-        from gemmgen.runtime import device
+        from gemmgen.runtime import device, driver
         from gemmgen.model.problem import Problem
         from tests.test_device import _run_naive
         with device.Device() as dev:

@@ -12,107 +12,21 @@ cuda-python is imported lazily: importing this module never needs a GPU.
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
 
 from ..model.arch import Arch, DType
 from ..model.errors import CompileError, CudaError, InvalidInput, NoGpu
+# The runtime's pieces, re-exported so `from gemmgen.runtime.device import ...` keeps serving launchers.
+from . import driver as drv  # its driver_module through the module, so tests can fake the driver
+from .driver import (DRIVER_HINT, STICKY_ERRORS, check, driver_module, driver_version, error_name,  # noqa: F401
+                     init_driver, is_sticky)
+from .host import float32_to_bf16_bits, host_uniform, numpy_dtype, to_float32  # noqa: F401
+from .launch import (NULLABLE_TENSORS, TENSORMAP_BYTES, LaunchSequence, PackedParams, PreparedLaunch,  # noqa: F401
+                     default_tensormap_encoder, enqueue, launch_dims, pack_params)
 
-DRIVER_HINT = "GPU commands need the NVIDIA driver; `gemmgen roofline` and `gemmgen tune --dry-run` work without one"
 POISON_16 = 0xFFFF  # a NaN for both bf16 and f16: exponent all ones, mantissa non-zero
 POISON_32 = 0xFFFFFFFF  # a NaN in fp32
-# Errors after which the context is unusable: every later call in this process fails too.
-STICKY_ERRORS = frozenset({
-    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_HARDWARE_STACK_ERROR",
-    "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-    "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT", "CUDA_ERROR_ECC_UNCORRECTABLE",
-    "CUDA_ERROR_CONTEXT_IS_DESTROYED", "CUDA_ERROR_TENSOR_MEMORY_LEAK", "CUDA_ERROR_UNKNOWN",
-})
-
-
-# --- the driver and its error codes --------------------------------------------------------
-
-def _driver_module():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        raise NoGpu("cuda-python (cuda.bindings) is not installed", "pip install 'cuda-bindings[all]'") from None
-    return driver
-
-
-def error_name(code) -> str:
-    """CUDA_ERROR_... for a CUresult, through cuGetErrorName, else the enum's own name."""
-    driver = _driver_module()
-    try:
-        err, name = driver.cuGetErrorName(code)
-        if int(err) == 0 and name:
-            return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # noqa: BLE001 - no libcuda: the enum still knows the name
-        pass
-    try:
-        return driver.CUresult(int(code)).name
-    except ValueError:
-        return f"CUresult {int(code)}"
-
-
-def _error_string(code) -> str:
-    driver = _driver_module()
-    try:
-        err, text = driver.cuGetErrorString(code)
-        if int(err) == 0 and text:
-            return text.decode() if isinstance(text, bytes) else str(text)
-    except Exception:  # noqa: BLE001
-        pass
-    return ""
-
-
-def check(call: str, result, detail: str = ""):
-    """Unpack a cuda-bindings result tuple (err, *values); raise CudaError naming `call` if err != 0."""
-    if isinstance(result, tuple):
-        err, values = result[0], result[1:]
-    else:
-        err, values = result, ()
-    code = int(err)
-    if code != 0:
-        name = error_name(err)
-        text = _error_string(err)
-        raise CudaError(call, code, name, "; ".join(p for p in (detail, text) if p))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
-
-
-def is_sticky(exc: BaseException) -> bool:
-    """Whether an error leaves the context unusable (the worker holding it must be replaced)."""
-    return isinstance(exc, CudaError) and exc.name in STICKY_ERRORS
-
-
-@lru_cache(maxsize=1)
-def init_driver():
-    """cuInit(0) once per process; NoGpu with one line when there is no driver or no device."""
-    driver = _driver_module()
-    try:
-        result = driver.cuInit(0)
-    except Exception:  # noqa: BLE001 - cuda.pathfinder raises its own error type when libcuda.so is missing
-        raise NoGpu("no CUDA driver (libcuda.so could not be loaded)", DRIVER_HINT) from None
-    code = int(result[0])
-    if code != 0:
-        name = error_name(result[0])
-        if name in ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_NOT_INITIALIZED"):
-            raise NoGpu(f"the CUDA driver found no device ({name})", DRIVER_HINT)
-        raise NoGpu(f"cuInit failed with {name} ({code})", DRIVER_HINT)
-    return driver
-
-
-def driver_version() -> str:
-    """The driver's CUDA version, e.g. '13.0'."""
-    driver = init_driver()
-    version = check("cuDriverGetVersion", driver.cuDriverGetVersion())
-    return f"{version // 1000}.{(version % 1000) // 10}"
-
-
-# --- small handles ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DeviceProps:
@@ -156,12 +70,12 @@ class Event:
         self.handle = handle
 
     def record(self, stream: int = 0) -> None:
-        driver = _driver_module()
+        driver = drv.driver_module()
         check("cuEventRecord", driver.cuEventRecord(self.handle, stream))
 
     def elapsed_s(self, start: "Event") -> float:
         """Seconds from `start` to this event; both must have completed."""
-        driver = _driver_module()
+        driver = drv.driver_module()
         ms = check("cuEventElapsedTime", driver.cuEventElapsedTime(start.handle, self.handle))
         return float(ms) / 1e3
 
@@ -177,7 +91,7 @@ class Function:
         """Opt in to `nbytes` of dynamic shared memory (needed above 48 KB)."""
         if nbytes <= self._smem_limit:
             return
-        driver = _driver_module()
+        driver = drv.driver_module()
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check("cuFuncSetAttribute", driver.cuFuncSetAttribute(self.handle, attr, int(nbytes)),
               f"{self.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}")
@@ -190,7 +104,7 @@ class Function:
 
     def attribute(self, name: str) -> int:
         """A CU_FUNC_ATTRIBUTE_<name> value, e.g. 'NUM_REGS'."""
-        driver = _driver_module()
+        driver = drv.driver_module()
         attr = getattr(driver.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
         return int(check("cuFuncGetAttribute", driver.cuFuncGetAttribute(attr, self.handle), self.name))
 
@@ -204,7 +118,7 @@ class Module:
 
     def function(self, name: str) -> Function:
         if name not in self._functions:
-            driver = _driver_module()
+            driver = drv.driver_module()
             handle = check("cuModuleGetFunction", driver.cuModuleGetFunction(self.handle, name.encode()),
                            f"entry point {name}")
             self._functions[name] = Function(handle, name)
@@ -212,155 +126,12 @@ class Module:
 
     def unload(self) -> None:
         if self.handle is not None:
-            driver = _driver_module()
+            driver = drv.driver_module()
             check("cuModuleUnload", driver.cuModuleUnload(self.handle))
             self.handle = None
 
 
 # --- kernel parameters from a manifest ----------------------------------------------------
-
-_SCALAR_CTYPES = {
-    "int": ctypes.c_int32, "int32_t": ctypes.c_int32, "unsigned": ctypes.c_uint32,
-    "unsigned int": ctypes.c_uint32, "uint32_t": ctypes.c_uint32, "long long": ctypes.c_int64,
-    "int64_t": ctypes.c_int64, "unsigned long long": ctypes.c_uint64, "uint64_t": ctypes.c_uint64,
-    "size_t": ctypes.c_uint64, "float": ctypes.c_float, "double": ctypes.c_double,
-}
-TENSORMAP_BYTES = 128
-# The tensor-valued names of the ABI; C and bias may be null (beta == 0, no bias).
-NULLABLE_TENSORS = frozenset({"C", "bias"})
-
-
-@dataclass
-class PackedParams:
-    """Host storage for one launch's parameters and the void** array cuLaunchKernel reads."""
-
-    names: "tuple[str, ...]"
-    storage: list  # ctypes objects, kept alive while the launch is enqueued
-    array: object  # (c_void_p * n)
-
-    @property
-    def address(self) -> int:
-        """The kernelParams argument: the address of the void* array (0 when there are no parameters)."""
-        return ctypes.addressof(self.array) if self.names else 0
-
-    def raw(self, index: int) -> bytes:
-        """The bytes the kernel receives for parameter `index` (for tests and debugging)."""
-        value = self.storage[index]
-        return ctypes.string_at(ctypes.addressof(value), ctypes.sizeof(value))
-
-
-def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int = 0,
-                encode_tensormap=None, entry: str = "kernel") -> PackedParams:
-    """Kernel parameters in manifest order: device pointers for tensors and the workspace, scalars by ctype,
-    and 128-byte tensor maps from `encode_tensormap(spec, base_ptr)`."""
-    storage, names = [], []
-    for spec in params:
-        name, kind = spec.get("name", "?"), spec.get("kind")
-        if kind == "tensor":
-            tensor = spec.get("tensor", name)
-            ptr = pointers.get(tensor)
-            if ptr is None:
-                if tensor not in NULLABLE_TENSORS:
-                    raise InvalidInput(f"{entry}: tensor parameter {name} needs a device pointer for", tensor)
-                ptr = 0
-            value = ctypes.c_uint64(int(ptr))
-        elif kind == "workspace":
-            value = ctypes.c_uint64(int(workspace or 0))
-        elif kind == "scalar":
-            ctype = _SCALAR_CTYPES.get(" ".join(str(spec.get("ctype", "")).replace("const", "").split()))
-            if ctype is None:
-                raise InvalidInput(f"{entry}: scalar parameter {name} must have a ctype among {sorted(_SCALAR_CTYPES)}",
-                                   spec.get("ctype"))
-            if "value" not in spec:
-                raise InvalidInput(f"{entry}: scalar parameter {name} must carry a value", spec)
-            value = ctype(spec["value"])
-        elif kind == "tensormap":
-            if encode_tensormap is None:
-                raise InvalidInput(f"{entry}: tensormap parameter {name} needs gemmgen.runtime.tma to encode it", spec)
-            tensor = spec.get("tensor")
-            if not pointers.get(tensor):
-                raise InvalidInput(f"{entry}: tensormap parameter {name} needs a device pointer for", tensor)
-            encoded = bytes(encode_tensormap(spec, int(pointers[tensor])))
-            if len(encoded) != TENSORMAP_BYTES:
-                raise InvalidInput(f"{entry}: an encoded tensor map must be {TENSORMAP_BYTES} bytes", len(encoded))
-            # The driver copies parameter bytes out of host memory, so the host copy needs no 64-byte alignment.
-            value = (ctypes.c_ubyte * TENSORMAP_BYTES).from_buffer_copy(encoded)
-        else:
-            raise InvalidInput(f"{entry}: parameter kind must be tensor, tensormap, workspace or scalar", kind)
-        storage.append(value)
-        names.append(name)
-    array = (ctypes.c_void_p * max(1, len(storage)))(*[ctypes.addressof(v) for v in storage])
-    return PackedParams(tuple(names), storage, array)
-
-
-def default_tensormap_encoder():
-    """gemmgen.runtime.tma.encode where that module exists (the Hopper family), else None."""
-    try:
-        from . import tma
-    except ModuleNotFoundError:
-        return None
-    return tma.encode
-
-
-@dataclass
-class _PreparedLaunch:
-    function: Function
-    grid: "tuple[int, int, int]"
-    block: "tuple[int, int, int]"
-    cluster: "tuple[int, int, int]"
-    dynamic_smem: int
-    params: PackedParams
-
-
-class LaunchSequence:
-    """A manifest's launches bound to buffers: run() zeroes what the manifest's workspace_zero asks for
-    before every run, and enqueues the launches in order."""
-
-    def __init__(self, launches: "list[_PreparedLaunch]", workspace: "Buffer | None", name: str,
-                 zero_each_run: "int | None" = None):
-        self.launches, self.workspace, self.name = launches, workspace, name
-        self.zero_each_run = workspace.nbytes if workspace is not None and zero_each_run is None else (zero_each_run or 0)
-
-    def run(self, stream: int = 0) -> None:
-        driver = _driver_module()
-        if self.workspace is not None and self.zero_each_run:
-            # sm80 split-K accumulates into the workspace: its contract is that it starts at zero.
-            check("cuMemsetD8Async", driver.cuMemsetD8Async(self.workspace.ptr, 0, self.zero_each_run, stream),
-                  f"zeroing the workspace of {self.name}")
-        for launch in self.launches:
-            _enqueue(driver, launch, stream)
-
-
-def _enqueue(driver, launch: _PreparedLaunch, stream: int) -> None:
-    gx, gy, gz = launch.grid
-    bx, by, bz = launch.block
-    detail = f"{launch.function.name} grid={list(launch.grid)} block={list(launch.block)} smem={launch.dynamic_smem}"
-    if launch.cluster == (1, 1, 1):
-        check("cuLaunchKernel", driver.cuLaunchKernel(launch.function.handle, gx, gy, gz, bx, by, bz,
-                                                      launch.dynamic_smem, stream, launch.params.address, 0), detail)
-        return
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-    config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
-    config.sharedMemBytes = launch.dynamic_smem
-    config.hStream = driver.CUstream(stream)
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.cluster
-    config.attrs = [attr]
-    config.numAttrs = 1
-    check("cuLaunchKernelEx", driver.cuLaunchKernelEx(config, launch.function.handle, launch.params.address, 0),
-          f"{detail} cluster={list(launch.cluster)}")
-
-
-def _dims(value, what: str, default=(1, 1, 1)) -> "tuple[int, int, int]":
-    value = list(value if value is not None else default)
-    if not (1 <= len(value) <= 3) or not all(isinstance(v, int) and v >= 1 for v in value):
-        raise InvalidInput(f"launch {what} must be 1 to 3 positive integers", value)
-    return tuple(value + [1] * (3 - len(value)))
-
-
-# --- the device ---------------------------------------------------------------------------
 
 class Device:
     """One GPU's primary context, made current; owns the buffers and modules it hands out."""
@@ -395,7 +166,7 @@ class Device:
         after a sticky error the context is gone anyway)."""
         if self._context is None:
             return
-        driver = _driver_module()
+        driver = drv.driver_module()
         for module in self._modules:
             try:
                 module.unload()
@@ -416,7 +187,7 @@ class Device:
         self.close()
 
     def make_current(self) -> None:
-        check("cuCtxSetCurrent", _driver_module().cuCtxSetCurrent(self._require()))
+        check("cuCtxSetCurrent", drv.driver_module().cuCtxSetCurrent(self._require()))
 
     def _require(self):
         if self._context is None:
@@ -447,7 +218,7 @@ class Device:
     def load(self, cubin: bytes) -> Module:
         """Load a cubin (SASS for this device; PTX from a newer NVRTC would be refused by an older driver)."""
         self._require()
-        driver = _driver_module()
+        driver = drv.driver_module()
         handle = check("cuModuleLoadData", driver.cuModuleLoadData(bytes(cubin)),
                        f"{len(cubin)}-byte image on {self.props.name} (cc {self.props.cc[0]}.{self.props.cc[1]})")
         module = Module(handle)
@@ -479,12 +250,12 @@ class Device:
                 function.set_dynamic_smem(smem)
             params = pack_params(launch.get("params", []), pointers, workspace.ptr if workspace else 0,
                                  encode_tensormap, entry)
-            prepared.append(_PreparedLaunch(function, _dims(launch.get("grid"), "grid"),
-                                            _dims(launch.get("block"), "block"),
-                                            _dims(launch.get("cluster"), "cluster"), smem, params))
+            prepared.append(PreparedLaunch(function, launch_dims(launch.get("grid"), "grid"),
+                                            launch_dims(launch.get("block"), "block"),
+                                            launch_dims(launch.get("cluster"), "cluster"), smem, params))
         from .manifest import workspace_zero
 
-        driver = _driver_module()
+        driver = drv.driver_module()
         name = str(manifest.get("name", "kernel"))
         rule = workspace_zero(manifest)
         if workspace is not None and rule["bytes"] > workspace.nbytes:
@@ -504,18 +275,18 @@ class Device:
     def synchronize(self, detail: str = "") -> None:
         """cuCtxSynchronize: where asynchronous faults (illegal address, traps) surface."""
         self._require()
-        check("cuCtxSynchronize", _driver_module().cuCtxSynchronize(), detail)
+        check("cuCtxSynchronize", drv.driver_module().cuCtxSynchronize(), detail)
 
     def event(self) -> Event:
         self._require()
-        driver = _driver_module()
+        driver = drv.driver_module()
         return Event(check("cuEventCreate", driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT)))
 
     # memory
     def alloc(self, nbytes: int) -> Buffer:
         self._require()
         nbytes = max(1, int(nbytes))
-        ptr = int(check("cuMemAlloc", _driver_module().cuMemAlloc(nbytes), f"{nbytes} bytes"))
+        ptr = int(check("cuMemAlloc", drv.driver_module().cuMemAlloc(nbytes), f"{nbytes} bytes"))
         buf = Buffer(ptr, nbytes)
         self._buffers[ptr] = buf
         return buf
@@ -524,11 +295,11 @@ class Device:
         if buf is None or buf.ptr not in self._buffers:
             return
         del self._buffers[buf.ptr]
-        check("cuMemFree", _driver_module().cuMemFree(buf.ptr))
+        check("cuMemFree", drv.driver_module().cuMemFree(buf.ptr))
 
     def memset(self, buf: Buffer, value: int, elem_bytes: int = 1, stream: int = 0) -> None:
         """Fill `buf` with a repeated 1-, 2- or 4-byte pattern."""
-        driver = _driver_module()
+        driver = drv.driver_module()
         calls = {1: ("cuMemsetD8Async", driver.cuMemsetD8Async), 2: ("cuMemsetD16Async", driver.cuMemsetD16Async),
                  4: ("cuMemsetD32Async", driver.cuMemsetD32Async)}
         name, call = calls[elem_bytes]
@@ -551,7 +322,7 @@ class Device:
         array = np.ascontiguousarray(host)
         if array.nbytes > buf.nbytes:
             raise InvalidInput("a host array must fit its device buffer", f"{array.nbytes} > {buf.nbytes} bytes")
-        check("cuMemcpyHtoD", _driver_module().cuMemcpyHtoD(buf.ptr, array, array.nbytes))
+        check("cuMemcpyHtoD", drv.driver_module().cuMemcpyHtoD(buf.ptr, array, array.nbytes))
 
     def copy_to_host(self, buf: Buffer, dtype, count: int, offset_bytes: int = 0):
         """`count` elements of numpy `dtype` from `buf` into a new host array (synchronous)."""
@@ -560,7 +331,7 @@ class Device:
         out = np.empty(count, dtype=dtype)
         if offset_bytes + out.nbytes > buf.nbytes:
             raise InvalidInput("a copy must stay inside its device buffer", f"{offset_bytes + out.nbytes} > {buf.nbytes}")
-        check("cuMemcpyDtoH", _driver_module().cuMemcpyDtoH(out, buf.ptr + offset_bytes, out.nbytes))
+        check("cuMemcpyDtoH", drv.driver_module().cuMemcpyDtoH(out, buf.ptr + offset_bytes, out.nbytes))
         return out
 
     def fill_uniform(self, buf: Buffer, dtype: "DType | str", count: int, seed: int, lo: float = -1.0,
@@ -585,7 +356,7 @@ class Device:
             {"name": "hi", "kind": "scalar", "ctype": "float", "value": float(hi)},
         ], {"out": buf.ptr}, entry="gemmgen_fill_uniform")
         blocks = max(1, min(4 * self.props.sm_count * 8, (count + 255) // 256))
-        _enqueue(_driver_module(), _PreparedLaunch(fn, (blocks, 1, 1), (256, 1, 1), (1, 1, 1), 0, params), stream)
+        enqueue(drv.driver_module(), PreparedLaunch(fn, (blocks, 1, 1), (256, 1, 1), (1, 1, 1), 0, params), stream)
 
     def hold_stream(self, seconds: float, stream: int = 0) -> bool:
         """Keep `stream` busy for `seconds` of GPU time; False (nothing queued) when NVRTC is missing."""
@@ -595,7 +366,7 @@ class Device:
         fn = module.function("gemmgen_hold")
         params = pack_params([{"name": "ns", "kind": "scalar", "ctype": "unsigned long long",
                                "value": int(seconds * 1e9)}], {}, entry="gemmgen_hold")
-        _enqueue(_driver_module(), _PreparedLaunch(fn, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0, params), stream)
+        enqueue(drv.driver_module(), PreparedLaunch(fn, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0, params), stream)
         return True
 
     def _utility_module(self) -> "Module | None":
@@ -703,50 +474,4 @@ def nvrtc_version() -> "str | None":
         return None
     return f"{major}.{minor}" if int(err) == 0 else None
 
-
-# --- host-side value helpers (NumPy) ---------------------------------------------------------
-
-def host_uniform(dtype: "DType | str", count: int, seed: int, lo: float = -1.0, hi: float = 1.0):
-    """Uniform values on the host, as the raw element type (uint16 bits for bf16)."""
-    import numpy as np
-
-    dt = DType.parse(dtype)
-    values = np.random.default_rng(seed).uniform(lo, hi, count).astype(np.float32)
-    if dt is DType.F32:
-        return values
-    if dt is DType.F16:
-        return values.astype(np.float16)
-    if dt is DType.BF16:
-        return float32_to_bf16_bits(values)
-    raise InvalidInput("random fill supports bf16, f16 and f32", dt.value)
-
-
-def float32_to_bf16_bits(values):
-    """Round fp32 to bf16 (nearest, ties to even) and return the 16-bit patterns."""
-    import numpy as np
-
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def to_float32(raw, dtype: "DType | str"):
-    """fp32 values of a host array of raw elements (bf16 as uint16 bits, f16, f32)."""
-    import numpy as np
-
-    dt = DType.parse(dtype)
-    if dt is DType.BF16:
-        return (np.asarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    if dt is DType.F16:
-        return np.asarray(raw).view(np.float16).astype(np.float32)
-    if dt is DType.F32:
-        return np.asarray(raw, dtype=np.float32)
-    raise InvalidInput("conversion supports bf16, f16 and f32", dt.value)
-
-
-def numpy_dtype(dtype: "DType | str"):
-    """The NumPy type that holds one element's raw bits."""
-    import numpy as np
-
-    return {DType.BF16: np.uint16, DType.F16: np.float16, DType.F32: np.float32}[DType.parse(dtype)]
 

@@ -1,0 +1,160 @@
+"""Launching from a manifest: kernel parameters packed from its `params`, and a launch sequence enqueued with
+cuLaunchKernel, or cuLaunchKernelEx where a launch asks for a thread-block cluster."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..model.errors import InvalidInput
+from . import driver as drv  # its driver_module through the module, so tests can fake the driver
+from .driver import check
+
+if TYPE_CHECKING:  # annotations only: device.py imports this module
+    from .device import Buffer, Function
+
+_SCALAR_CTYPES = {
+    "int": ctypes.c_int32, "int32_t": ctypes.c_int32, "unsigned": ctypes.c_uint32,
+    "unsigned int": ctypes.c_uint32, "uint32_t": ctypes.c_uint32, "long long": ctypes.c_int64,
+    "int64_t": ctypes.c_int64, "unsigned long long": ctypes.c_uint64, "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_uint64, "float": ctypes.c_float, "double": ctypes.c_double,
+}
+TENSORMAP_BYTES = 128
+# The tensor-valued names of the ABI; C and bias may be null (beta == 0, no bias).
+NULLABLE_TENSORS = frozenset({"C", "bias"})
+
+
+@dataclass
+class PackedParams:
+    """Host storage for one launch's parameters and the void** array cuLaunchKernel reads."""
+
+    names: "tuple[str, ...]"
+    storage: list  # ctypes objects, kept alive while the launch is enqueued
+    array: object  # (c_void_p * n)
+
+    @property
+    def address(self) -> int:
+        """The kernelParams argument: the address of the void* array (0 when there are no parameters)."""
+        return ctypes.addressof(self.array) if self.names else 0
+
+    def raw(self, index: int) -> bytes:
+        """The bytes the kernel receives for parameter `index` (for tests and debugging)."""
+        value = self.storage[index]
+        return ctypes.string_at(ctypes.addressof(value), ctypes.sizeof(value))
+
+
+def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int = 0,
+                encode_tensormap=None, entry: str = "kernel") -> PackedParams:
+    """Kernel parameters in manifest order: device pointers for tensors and the workspace, scalars by ctype,
+    and 128-byte tensor maps from `encode_tensormap(spec, base_ptr)`."""
+    storage, names = [], []
+    for spec in params:
+        name, kind = spec.get("name", "?"), spec.get("kind")
+        if kind == "tensor":
+            tensor = spec.get("tensor", name)
+            ptr = pointers.get(tensor)
+            if ptr is None:
+                if tensor not in NULLABLE_TENSORS:
+                    raise InvalidInput(f"{entry}: tensor parameter {name} needs a device pointer for", tensor)
+                ptr = 0
+            value = ctypes.c_uint64(int(ptr))
+        elif kind == "workspace":
+            value = ctypes.c_uint64(int(workspace or 0))
+        elif kind == "scalar":
+            ctype = _SCALAR_CTYPES.get(" ".join(str(spec.get("ctype", "")).replace("const", "").split()))
+            if ctype is None:
+                raise InvalidInput(f"{entry}: scalar parameter {name} must have a ctype among {sorted(_SCALAR_CTYPES)}",
+                                   spec.get("ctype"))
+            if "value" not in spec:
+                raise InvalidInput(f"{entry}: scalar parameter {name} must carry a value", spec)
+            value = ctype(spec["value"])
+        elif kind == "tensormap":
+            if encode_tensormap is None:
+                raise InvalidInput(f"{entry}: tensormap parameter {name} needs gemmgen.runtime.tma to encode it", spec)
+            tensor = spec.get("tensor")
+            if not pointers.get(tensor):
+                raise InvalidInput(f"{entry}: tensormap parameter {name} needs a device pointer for", tensor)
+            encoded = bytes(encode_tensormap(spec, int(pointers[tensor])))
+            if len(encoded) != TENSORMAP_BYTES:
+                raise InvalidInput(f"{entry}: an encoded tensor map must be {TENSORMAP_BYTES} bytes", len(encoded))
+            # The driver copies parameter bytes out of host memory, so the host copy needs no 64-byte alignment.
+            value = (ctypes.c_ubyte * TENSORMAP_BYTES).from_buffer_copy(encoded)
+        else:
+            raise InvalidInput(f"{entry}: parameter kind must be tensor, tensormap, workspace or scalar", kind)
+        storage.append(value)
+        names.append(name)
+    array = (ctypes.c_void_p * max(1, len(storage)))(*[ctypes.addressof(v) for v in storage])
+    return PackedParams(tuple(names), storage, array)
+
+
+def default_tensormap_encoder():
+    """gemmgen.runtime.tma.encode where that module exists (the Hopper family), else None."""
+    try:
+        from . import tma
+    except ModuleNotFoundError:
+        return None
+    return tma.encode
+
+
+@dataclass
+class PreparedLaunch:
+    function: Function
+    grid: "tuple[int, int, int]"
+    block: "tuple[int, int, int]"
+    cluster: "tuple[int, int, int]"
+    dynamic_smem: int
+    params: PackedParams
+
+
+class LaunchSequence:
+    """A manifest's launches bound to buffers: run() zeroes what the manifest's workspace_zero asks for
+    before every run, and enqueues the launches in order."""
+
+    def __init__(self, launches: "list[PreparedLaunch]", workspace: "Buffer | None", name: str,
+                 zero_each_run: "int | None" = None):
+        self.launches, self.workspace, self.name = launches, workspace, name
+        self.zero_each_run = workspace.nbytes if workspace is not None and zero_each_run is None else (zero_each_run or 0)
+
+    def run(self, stream: int = 0) -> None:
+        driver = drv.driver_module()
+        if self.workspace is not None and self.zero_each_run:
+            # sm80 split-K accumulates into the workspace: its contract is that it starts at zero.
+            check("cuMemsetD8Async", driver.cuMemsetD8Async(self.workspace.ptr, 0, self.zero_each_run, stream),
+                  f"zeroing the workspace of {self.name}")
+        for launch in self.launches:
+            enqueue(driver, launch, stream)
+
+
+def enqueue(driver, launch: PreparedLaunch, stream: int) -> None:
+    gx, gy, gz = launch.grid
+    bx, by, bz = launch.block
+    detail = f"{launch.function.name} grid={list(launch.grid)} block={list(launch.block)} smem={launch.dynamic_smem}"
+    if launch.cluster == (1, 1, 1):
+        check("cuLaunchKernel", driver.cuLaunchKernel(launch.function.handle, gx, gy, gz, bx, by, bz,
+                                                      launch.dynamic_smem, stream, launch.params.address, 0), detail)
+        return
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+    config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+    config.sharedMemBytes = launch.dynamic_smem
+    config.hStream = driver.CUstream(stream)
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.cluster
+    config.attrs = [attr]
+    config.numAttrs = 1
+    check("cuLaunchKernelEx", driver.cuLaunchKernelEx(config, launch.function.handle, launch.params.address, 0),
+          f"{detail} cluster={list(launch.cluster)}")
+
+
+def launch_dims(value, what: str, default=(1, 1, 1)) -> "tuple[int, int, int]":
+    value = list(value if value is not None else default)
+    if not (1 <= len(value) <= 3) or not all(isinstance(v, int) and v >= 1 for v in value):
+        raise InvalidInput(f"launch {what} must be 1 to 3 positive integers", value)
+    return tuple(value + [1] * (3 - len(value)))
+
+
+# --- the device ---------------------------------------------------------------------------
+
+
+__all__ = ["LaunchSequence", "NULLABLE_TENSORS", "PackedParams", "PreparedLaunch", "TENSORMAP_BYTES", "default_tensormap_encoder", "enqueue", "launch_dims", "pack_params"]
