@@ -1,0 +1,92 @@
+"""Properties of every feasible configuration of every family's space, on problems of several shapes: what the
+launch description promises a launcher (coverage, resources, workspace), whatever the decomposition, schedule,
+store warp or operand swap. Exhaustive over the spaces (a few hundred configurations), no GPU needed."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gemmgen import Arch, Kernel, Problem, TileConfig, families
+from gemmgen.families.rules import ctas_per_sm, smem_bytes
+from gemmgen.model.arch import lookup_gpu
+from gemmgen.model.tiles import DecompKind
+from gemmgen.rank.space import enumerate_space, families_for
+from gemmgen.runtime.manifest import make_manifest
+
+H100 = lookup_gpu("h100")
+PROBLEMS = {
+    "square": Problem.create(4096, 4096, 4096),
+    "odd": Problem.create(3000, 1000, 777, "f16", "col", "col", beta=0.5, bias=True, activation="gelu"),
+    "skinny": Problem.create(16, 4096, 4096, "bf16", "row", "col"),
+    "deep": Problem.create(1024, 1024, 65536, "bf16", "row", "row"),
+}
+
+
+def cases():
+    for label, problem in PROBLEMS.items():
+        for family in families_for(H100.arch):
+            for config in enumerate_space(family, H100, problem=problem):
+                yield label, problem, config
+
+
+CASES = list(cases())
+
+
+def test_every_family_has_feasible_configurations_for_every_kind_of_problem():
+    by_problem = {label: {c.family for l, _, c in CASES if l == label} for label in PROBLEMS}
+    assert all(by_problem.values()), by_problem
+    kinds = {c.decomposition.kind for _, _, c in CASES}
+    assert kinds == {DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K}
+
+
+@pytest.mark.parametrize("label,problem,config", CASES, ids=[f"{l}-{c.tag}" for l, _, c in CASES])
+def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem, config):
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    manifest = make_manifest(kernel, problem)
+    assert TileConfig.from_dict(manifest["config"]) == config
+    launches = manifest["launches"]
+    main = launches[0]
+    assert main["entry"] == kernel.name and main["block"] == [config.threads, 1, 1]
+    assert main["dynamic_smem"] <= H100.smem_per_block_optin
+    assert main["dynamic_smem"] in (0, smem_bytes(config, problem.operands))
+    cluster = main["cluster"][0]
+    assert cluster == config.cluster.size and main["grid"][0] % cluster == 0
+    ctas = math.prod(main["grid"])
+    gemm = families.of(config).gemm_problem(config, problem)
+    tiles = math.ceil(gemm.m / config.cta.m) * math.ceil(gemm.n / config.cta.n)
+    splits = config.decomposition.splits if config.decomposition.kind is DecompKind.SPLIT_K else 1
+    resident = ctas_per_sm(config, H100, problem.operands) * H100.sm_count
+    if getattr(config, "persistent", False):
+        # A persistent grid never exceeds what can be resident at once (Stream-K's owners spin on the others).
+        assert 1 <= ctas <= resident
+    else:
+        assert ctas >= tiles * splits  # one CTA per tile and K slice (clusters round the tile count up)
+    workspace = manifest["workspace_bytes"]
+    zero = manifest["workspace_zero"]
+    assert 0 <= zero["bytes"] <= workspace and zero["when"] in ("run", "bind")
+    if splits > 1:
+        assert workspace >= splits * problem.m * problem.n * 4  # every slice's fp32 partial of D
+        fused = config.decomposition.fused
+        assert len(launches) == (1 if fused else 2)
+        if not fused:
+            assert launches[1]["entry"] == f"{kernel.name}_reduce" and launches[1]["params"] == main["params"]
+    elif config.decomposition.kind is DecompKind.STREAM_K:
+        assert len(launches) == 1 and workspace > 0 and zero["when"] == "bind"
+    else:
+        assert len(launches) == 1 and workspace == 0
+    # Tensor maps are bound by the tensor they read: a swapped kernel's tmA reads the caller's B.
+    maps = {p["name"]: p["tensor"] for p in main["params"] if p["kind"] == "tensormap"}
+    if maps:
+        swapped = getattr(config, "swap_ab", False)
+        assert maps["tmA"] == ("B" if swapped else "A") and maps["tmB"] == ("A" if swapped else "B")
+    scalars = {p["name"]: p["value"] for p in main["params"] if p["kind"] == "scalar"}
+    assert (scalars["M"], scalars["N"], scalars["K"]) == (gemm.m, gemm.n, gemm.k)
+    assert scalars["ldc"] == problem.ldc
+
+
+def test_kernel_names_are_unique_across_the_spaces():
+    names = {}
+    for label, problem, config in CASES:
+        name = Kernel(Arch.SM90A, problem.operands, config).name
+        assert names.setdefault((label, name), config) == config
