@@ -21,8 +21,9 @@ __all__ = [
 ]
 
 
-def load(path):
-    """Load an exported kernel bundle (manifest .json or its folder) as a callable for torch/cupy arrays."""
+def load(path, name=None):
+    """Load an exported kernel bundle (manifest .json or its folder; `name` picks one of several) as a callable
+    for torch/cupy arrays. The bundle is verified first: schema, cubin sha256 and architecture, launches."""
     from .runtime.loader import load as _load  # imports cuda-python only when asked
 
-    return _load(path)
+    return _load(path, name)

@@ -112,15 +112,18 @@ BLOCKER = textwrap.dedent("""
 
 def test_the_runtime_loads_and_checks_a_bundle_with_jinja2_optuna_and_yaml_blocked(tmp_path):
     from gemmgen import Arch, Kernel, Problem
-    from gemmgen.rank.space import default_config
-    from gemmgen.runtime.manifest import make_manifest
     from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.tune.export import export_bundle
 
+    try:
+        from gemmgen.codegen.nvrtc import compile_kernel
+    except Exception as exc:  # noqa: BLE001 - no NVRTC on this machine
+        pytest.skip(f"NVRTC unavailable: {exc}")
     problem = Problem.create(300, 200, 100)
     kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, lookup_gpu("h100")))
-    manifest = make_manifest(kernel, problem)
-    (tmp_path / f"{kernel.name}.json").write_text(json.dumps(manifest))
-    (tmp_path / manifest["cubin"]).write_bytes(b"\x7fELF not a real cubin")
+    export_bundle(tmp_path, kernel, problem, compile_kernel(kernel), measured=None, verification=None,
+                  environment={})
     code = BLOCKER + textwrap.dedent(f"""
         import sys
         import numpy as np

@@ -2,6 +2,7 @@
 arrays against torch.matmul, and scripts/launch_from_manifest.py launching a bundle without gemmgen."""
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -18,8 +19,19 @@ from gemmgen.tune.reference import naive_manifest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def write_bundle(folder: Path, problem: Problem, cubin: bytes = b"\x7fELF", splits: int = 1) -> Path:
+def fake_cubin(sm: int = 90) -> bytes:
+    """A 64-byte ELF header that says CUDA (e_machine 190) and sm_<sm> (e_flags), as a cubin's does."""
+    header = bytearray(64)
+    header[:5] = b"\x7fELF\x02"
+    header[18:20] = (190).to_bytes(2, "little")
+    header[48:52] = (0x6000004 | sm << 8).to_bytes(4, "little")
+    return bytes(header)
+
+
+def write_bundle(folder: Path, problem: Problem, cubin: "bytes | None" = None, splits: int = 1) -> Path:
+    cubin = fake_cubin() if cubin is None else cubin
     manifest = naive_manifest(problem, splits=splits)
+    manifest["cubin_sha256"] = hashlib.sha256(cubin).hexdigest()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / manifest["cubin"]).write_bytes(cubin)
     path = folder / (manifest["name"] + ".json")
@@ -32,7 +44,7 @@ def test_a_folder_with_one_manifest_is_a_bundle(tmp_path):
     (tmp_path / "notes.json").write_text('{"not": "a manifest"}')
     assert find_manifest(tmp_path) == path
     manifest, cubin, found = read_bundle(tmp_path)
-    assert cubin == b"\x7fELF" and manifest["problem"]["M"] == 64 and found == path
+    assert cubin == fake_cubin() and manifest["problem"]["M"] == 64 and found == path
 
 
 def test_two_manifests_in_a_folder_are_ambiguous(tmp_path):

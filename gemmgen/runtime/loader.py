@@ -18,13 +18,15 @@ from pathlib import Path
 
 from ..model.errors import InvalidInput
 from ..model.problem import Layout, Problem
+from .bundle import runs_on, verify
 
 MANIFEST_FORMAT = "gemmgen-manifest/1"
 DTYPE_NAMES = {"bf16": {"bfloat16", "uint16", "int16"}, "f16": {"float16"}, "f32": {"float32"}}
 
 
-def find_manifest(path: "str | Path") -> Path:
-    """The manifest of a bundle: `path` itself if it is a .json file, else the one manifest in the folder."""
+def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
+    """The manifest of a bundle: `path` itself if it is a .json file, else the folder's one manifest, or the one
+    whose kernel is `name` when the folder holds several."""
     path = Path(path)
     if path.is_file():
         return path
@@ -37,16 +39,22 @@ def find_manifest(path: "str | Path") -> Path:
                 found.append(candidate)
         except (OSError, ValueError, AttributeError):
             continue
+    if name is not None:
+        named = [p for p in found if p.stem == name]
+        if not named:
+            raise InvalidInput("name must be one of the folder's kernels", name, [p.stem for p in found])
+        return named[0]
     if len(found) != 1:
-        names = [p.name for p in found]
-        raise InvalidInput(f"a bundle folder must hold exactly one {MANIFEST_FORMAT} .json (or pass the file)",
-                           names or str(path))
+        names = [p.stem for p in found]
+        raise InvalidInput(f"a bundle folder must hold exactly one {MANIFEST_FORMAT} .json (or pass the file, or "
+                           "name=KERNEL)", names or str(path))
     return found[0]
 
 
-def read_bundle(path: "str | Path") -> "tuple[dict, bytes, Path]":
-    """(manifest, cubin bytes, manifest path) of a bundle."""
-    manifest_path = find_manifest(path)
+def read_bundle(path: "str | Path", name: "str | None" = None) -> "tuple[dict, bytes, Path]":
+    """(manifest, cubin bytes, manifest path) of a bundle, after bundle.verify: schema, cubin sha256 and
+    architecture, and launches recomputed from the kernel's configuration."""
+    manifest_path = find_manifest(path, name)
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:
@@ -58,6 +66,7 @@ def read_bundle(path: "str | Path") -> "tuple[dict, bytes, Path]":
         cubin = cubin_path.read_bytes()
     except OSError:
         raise InvalidInput("a bundle must hold the cubin its manifest names", str(cubin_path)) from None
+    verify(manifest, cubin)
     return manifest, cubin, manifest_path
 
 
@@ -189,7 +198,12 @@ class LoadedKernel:
             from .device import Device
 
             self.close()
-            self._device = Device(ordinal).open()
+            device = Device(ordinal).open()
+            if not runs_on(self.manifest["arch"], device.props.cc):
+                device.close()
+                raise InvalidInput("the bundle's arch must run on this GPU", self.manifest["arch"],
+                                   f"device {ordinal} is compute capability {device.props.cc[0]}.{device.props.cc[1]}")
+            self._device = device
             self._module = self._device.load(self.cubin)
             nbytes = int(self.manifest.get("workspace_bytes", 0) or 0)
             self._workspace = self._device.alloc(nbytes) if nbytes else None
@@ -201,7 +215,8 @@ class LoadedKernel:
             self._device = self._module = self._workspace = None
 
 
-def load(path: "str | Path") -> LoadedKernel:
-    """Load an exported bundle (a folder holding one manifest .json and its .cubin, or the .json itself)."""
-    manifest, cubin, manifest_path = read_bundle(path)
+def load(path: "str | Path", name: "str | None" = None) -> LoadedKernel:
+    """Load an exported bundle (a folder holding a manifest .json and its .cubin, or the .json itself; `name`
+    picks one kernel of a folder that holds several). The bundle is verified before anything runs."""
+    manifest, cubin, manifest_path = read_bundle(path, name)
     return LoadedKernel(manifest, cubin, str(manifest_path))

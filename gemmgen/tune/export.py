@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def export_bundle(out_dir: "str | Path", kernel: Kernel, problem: Problem, compi
     manifest.setdefault("problem", problem.to_dict())
     manifest.setdefault("config", kernel.config.to_dict())
     manifest["cubin"] = f"{name}.cubin"
+    manifest["cubin_sha256"] = hashlib.sha256(bytes(compiled.cubin)).hexdigest()  # checked on load
     manifest["source"] = f"{name}.cu"
     manifest["measured"] = measured
     manifest["verification"] = verification

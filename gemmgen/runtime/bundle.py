@@ -1,0 +1,167 @@
+"""Checks of an exported bundle before anything is launched: the manifest's schema, the cubin's identity and
+architecture, and the launch parameters recomputed from the kernel's configuration.
+
+A manifest is data a launcher trusts with the GPU: a grid, shared-memory size or workspace that disagrees with
+the kernel could fault it. So every field a launch uses is checked, and each refusal names the field.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+
+from .. import families
+from ..model.arch import Arch
+from ..model.errors import InvalidInput
+from ..model.problem import Problem
+from ..model.tiles import Kernel, TileConfig
+
+EM_CUDA = 190  # ELF e_machine of CUDA cubins
+PARAM_KINDS = {"tensor", "tensormap", "scalar", "workspace"}
+TENSORS = {"A", "B", "C", "D", "bias"}
+
+
+def cubin_sm(cubin: bytes) -> int:
+    """The SM version a cubin's SASS is for (90 for sm_90/sm_90a), from its ELF header's e_flags."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF":
+        raise InvalidInput("cubin must be an ELF file (a SASS cubin, not PTX)", cubin[:8])
+    wide = cubin[4] == 2
+    (machine,) = struct.unpack_from("<H", cubin, 18)
+    if machine != EM_CUDA:
+        raise InvalidInput("cubin must be a CUDA ELF (e_machine 190)", machine)
+    (flags,) = struct.unpack_from("<I", cubin, 48 if wide else 36)
+    return (flags >> 8) & 0xFF
+
+
+def arch_sm(arch: str) -> int:
+    """sm_90a -> 90."""
+    digits = "".join(ch for ch in str(arch)[3:] if ch.isdigit())
+    if not str(arch).startswith("sm_") or not digits:
+        raise InvalidInput("manifest field arch must be sm_<NN>[a]", arch)
+    return int(digits)
+
+
+def runs_on(arch: str, cc: "tuple[int, int]") -> bool:
+    """SASS for sm_XY runs on devices of the same major with minor >= Y; arch-specific sm_XYa only on X.Y."""
+    sm = arch_sm(arch)
+    major, minor = divmod(sm, 10)
+    if str(arch).endswith("a"):
+        return cc == (major, minor)
+    return cc[0] == major and cc[1] >= minor
+
+
+def _field(manifest: dict, path: str, kind, check=None):
+    value = manifest
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise InvalidInput(f"manifest field {path} is required", "missing")
+        value = value[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InvalidInput(f"manifest field {path} must be {getattr(kind, '__name__', kind)}", value)
+    if check is not None and not check(value):
+        raise InvalidInput(f"manifest field {path} is out of range", value)
+    return value
+
+
+def _dims3(value, what: str, limit: int) -> "list[int]":
+    if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                              and 1 <= v <= limit for v in value)):
+        raise InvalidInput(f"manifest field {what} must be three integers in 1..{limit}", value)
+    return value
+
+
+def check_schema(manifest: dict) -> None:
+    """Every field a launcher uses is present and of the right type and range."""
+    _field(manifest, "name", str, str.isidentifier)
+    _field(manifest, "arch", str, lambda a: arch_sm(a) > 0)
+    _field(manifest, "cubin", str)
+    _field(manifest, "cubin_sha256", str, lambda h: len(h) == 64)
+    _field(manifest, "problem", dict)
+    _field(manifest, "config", dict)
+    _field(manifest, "workspace_bytes", int, lambda n: 0 <= n < 1 << 40)
+    zero = manifest.get("workspace_zero", {"bytes": manifest["workspace_bytes"], "when": "run"})
+    if not (isinstance(zero, dict) and isinstance(zero.get("bytes"), int) and 0 <= zero["bytes"] <= manifest["workspace_bytes"]
+            and zero.get("when") in ("run", "bind")):
+        raise InvalidInput("manifest field workspace_zero must be {bytes: 0..workspace_bytes, when: run|bind}", zero)
+    launches = _field(manifest, "launches", list, lambda v: 1 <= len(v) <= 4)
+    for i, launch in enumerate(launches):
+        where = f"launches[{i}]"
+        if not isinstance(launch, dict):
+            raise InvalidInput(f"manifest field {where} must be a mapping", launch)
+        if not isinstance(launch.get("entry"), str) or not launch["entry"].isidentifier():
+            raise InvalidInput(f"manifest field {where}.entry must be a C identifier", launch.get("entry"))
+        _dims3(launch.get("grid"), f"{where}.grid", 2**31 - 1)
+        block = _dims3(launch.get("block"), f"{where}.block", 1024)
+        if block[0] * block[1] * block[2] > 1024:
+            raise InvalidInput(f"manifest field {where}.block must hold at most 1024 threads", block)
+        _dims3(launch.get("cluster", [1, 1, 1]), f"{where}.cluster", 16)
+        smem = launch.get("dynamic_smem", 0)
+        if not isinstance(smem, int) or not 0 <= smem <= 256 * 1024:
+            raise InvalidInput(f"manifest field {where}.dynamic_smem must be 0..262144 bytes", smem)
+        params = launch.get("params")
+        if not isinstance(params, list):
+            raise InvalidInput(f"manifest field {where}.params must be a list", params)
+        for j, p in enumerate(params):
+            if not isinstance(p, dict) or p.get("kind") not in PARAM_KINDS:
+                raise InvalidInput(f"manifest field {where}.params[{j}].kind must be one of {sorted(PARAM_KINDS)}",
+                                   p.get("kind") if isinstance(p, dict) else p)
+            if p["kind"] in ("tensor", "tensormap") and p.get("tensor", p.get("name")) not in TENSORS:
+                raise InvalidInput(f"manifest field {where}.params[{j}].tensor must be one of {sorted(TENSORS)}",
+                                   p.get("tensor"))
+
+
+def check_cubin(manifest: dict, cubin: bytes) -> None:
+    """The cubin is the one the manifest was written for (sha256) and its SASS is for the manifest's arch."""
+    digest = hashlib.sha256(cubin).hexdigest()
+    if digest != manifest["cubin_sha256"]:
+        raise InvalidInput("manifest field cubin_sha256 must match the cubin's sha256", digest[:16] + "…",
+                           f"manifest says {manifest['cubin_sha256'][:16]}…")
+    sm = cubin_sm(cubin)
+    if sm != arch_sm(manifest["arch"]):
+        raise InvalidInput("manifest field arch must match the cubin's ELF architecture", manifest["arch"],
+                           f"the cubin holds SASS for sm_{sm}")
+
+
+def check_launches(manifest: dict) -> None:
+    """The launches agree with what the kernel's family computes from the manifest's configuration and problem:
+    block, cluster, shared memory, parameters and workspace exactly; the grid exactly unless the kernel is
+    persistent (its grid follows the device it was exported on), and never larger than the work."""
+    if manifest["config"].get("family") not in families.names():
+        return  # a kernel no registered family built (hand-written, a test's naive kernel): schema and cubin only
+    config = TileConfig.from_dict(manifest["config"])
+    problem = Problem.from_dict(manifest["problem"])
+    kernel = Kernel(Arch.parse(manifest["arch"]), problem.operands, config)
+    if kernel.name != manifest["name"]:
+        raise InvalidInput("manifest field name must be the kernel its config and problem name", manifest["name"],
+                           f"expected {kernel.name}")
+    expected = families.of(config).launches(kernel, problem)
+    if manifest["workspace_bytes"] < expected.workspace_bytes:
+        raise InvalidInput("manifest field workspace_bytes must cover the kernel's workspace",
+                           manifest["workspace_bytes"], f"needs {expected.workspace_bytes}")
+    if len(manifest["launches"]) != len(expected.launches):
+        raise InvalidInput("manifest field launches must list the kernel's launches", len(manifest["launches"]),
+                           f"expected {len(expected.launches)}")
+    persistent = bool(getattr(config, "persistent", False))
+    for i, (got, want) in enumerate(zip(manifest["launches"], expected.launches)):
+        for key in ("entry", "block", "cluster", "dynamic_smem"):
+            if got.get(key, [1, 1, 1] if key == "cluster" else None) != want[key]:
+                raise InvalidInput(f"manifest field launches[{i}].{key} must be what the kernel was built for",
+                                   got.get(key), f"expected {want[key]}")
+        if [(p.get("name"), p.get("kind")) for p in got["params"]] != [(p["name"], p["kind"]) for p in want["params"]]:
+            raise InvalidInput(f"manifest field launches[{i}].params must be the kernel's parameters in order",
+                               [p.get("name") for p in got["params"]])
+        if persistent and i == 0:
+            if got["grid"][1:] != [1, 1] or got["grid"][0] % want["cluster"][0]:
+                raise InvalidInput(f"manifest field launches[{i}].grid must be whole clusters in x", got["grid"])
+        elif got["grid"] != want["grid"]:
+            raise InvalidInput(f"manifest field launches[{i}].grid must be what the kernel was built for",
+                               got["grid"], f"expected {want['grid']}")
+
+
+def verify(manifest: dict, cubin: bytes) -> None:
+    """All of the above: schema, cubin identity and architecture, launches. Raises InvalidInput naming the field."""
+    check_schema(manifest)
+    check_cubin(manifest, cubin)
+    check_launches(manifest)
+
+
+__all__ = ["arch_sm", "check_cubin", "check_launches", "check_schema", "cubin_sm", "runs_on", "verify"]

@@ -1,0 +1,89 @@
+"""Bundles are checked before anything launches: schema, cubin sha256 and ELF architecture, launches recomputed
+from the kernel's configuration; each refusal names the manifest field. A folder of several bundles loads one
+by name."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import gemmgen
+from gemmgen import Arch, Kernel, Problem
+from gemmgen.model.arch import lookup_gpu
+from gemmgen.model.errors import InvalidInput
+from gemmgen.rank.space import default_config
+from gemmgen.runtime.bundle import cubin_sm, runs_on
+from gemmgen.runtime.loader import read_bundle
+from gemmgen.tune.export import export_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    try:
+        from gemmgen.codegen.nvrtc import compile_kernel
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    folder = tmp_path_factory.mktemp("bundle")
+    problem = Problem.create(1000, 512, 256)
+    kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, lookup_gpu("h100")))
+    exported = export_bundle(folder, kernel, problem, compile_kernel(kernel), measured=None, verification=None,
+                             environment={})
+    return exported
+
+
+def tampered(tmp_path, bundle, edit=None, cubin=None):
+    folder = tmp_path / "b"
+    shutil.copytree(bundle.manifest_path.parent, folder)
+    path = folder / bundle.manifest_path.name
+    manifest = json.loads(path.read_text())
+    if edit:
+        edit(manifest)
+    path.write_text(json.dumps(manifest))
+    if cubin is not None:
+        (folder / manifest["cubin"]).write_bytes(cubin)
+    return folder
+
+
+def test_an_exported_bundle_passes_and_says_its_architecture(bundle):
+    manifest, cubin, _ = read_bundle(bundle.manifest_path)
+    assert cubin_sm(cubin) == 90 and manifest["cubin_sha256"]
+    assert runs_on("sm_90a", (9, 0)) and not runs_on("sm_90a", (10, 0)) and not runs_on("sm_90a", (8, 0))
+    assert runs_on("sm_80", (8, 6)) and not runs_on("sm_80", (9, 0))
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m["launches"][0].update(block=[2048, 1, 1]), "launches[0].block"),
+    (lambda m: m["launches"][0].update(dynamic_smem=m["launches"][0]["dynamic_smem"] + 1024), "launches[0].dynamic_smem"),
+    (lambda m: m["launches"][0].update(grid=[m["launches"][0]["grid"][0] * 2 + 2, 1, 1]), "launches[0].grid"),
+    (lambda m: m.update(workspace_bytes=-1), "workspace_bytes"),
+    (lambda m: m.update(arch="sm_80"), "arch"),
+    (lambda m: m.update(cubin_sha256="0" * 64), "cubin_sha256"),
+    (lambda m: m.pop("cubin_sha256"), "cubin_sha256"),
+    (lambda m: m["launches"][0]["params"].reverse(), "launches[0].params"),
+    (lambda m: m["config"].update(stages=m["config"]["stages"] - 1), "name"),
+])
+def test_a_manifest_that_disagrees_with_its_kernel_is_refused_naming_the_field(tmp_path, bundle, edit, field):
+    with pytest.raises(InvalidInput, match=f"manifest field {field.replace('[', '.').replace(']', '.')}"):
+        gemmgen.load(tampered(tmp_path, bundle, edit))
+
+
+def test_a_cubin_that_is_not_the_manifests_is_refused(tmp_path, bundle):
+    original = bundle.cubin_path.read_bytes()
+    with pytest.raises(InvalidInput, match="cubin_sha256"):
+        gemmgen.load(tampered(tmp_path, bundle, cubin=original[:-16] + bytes(16)))
+    with pytest.raises(InvalidInput, match="ELF"):
+        read_bundle(tampered(tmp_path / "ptx", bundle, lambda m: m.update(cubin_sha256=__import__("hashlib").sha256(
+            b"// PTX text").hexdigest()), cubin=b"// PTX text"))
+
+
+def test_a_folder_of_several_bundles_loads_the_named_one(tmp_path, bundle):
+    folder = tampered(tmp_path, bundle)
+    other = json.loads(bundle.manifest_path.read_text())
+    other["name"] = "other_kernel"
+    (folder / "other_kernel.json").write_text(json.dumps(other))
+    with pytest.raises(InvalidInput, match="exactly one"):
+        gemmgen.load(folder)
+    assert gemmgen.load(folder, name=bundle.manifest["name"]).name == bundle.manifest["name"]
+    with pytest.raises(InvalidInput, match="name must be one of"):
+        gemmgen.load(folder, name="missing")
