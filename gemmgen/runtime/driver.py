@@ -102,4 +102,23 @@ def driver_version() -> str:
 # --- small handles ------------------------------------------------------------------------
 
 
-__all__ = ["DRIVER_HINT", "STICKY_ERRORS", "check", "driver_module", "driver_version", "error_name", "init_driver", "is_sticky"]
+@lru_cache(maxsize=1)
+def libcuda_launch():
+    """libcuda's cuLaunchKernel through ctypes, or None where libcuda cannot be opened that way (the launcher
+    then goes through cuda-python). The same library cuda-python drives: one context, one set of handles."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+    except (OSError, AttributeError):
+        return None
+    uint = ctypes.c_uint
+    fn.argtypes = [ctypes.c_void_p, uint, uint, uint, uint, uint, uint, uint, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+
+__all__ = ["DRIVER_HINT", "libcuda_launch", "STICKY_ERRORS", "check", "driver_module", "driver_version", "error_name", "init_driver", "is_sticky"]

@@ -108,43 +108,78 @@ class PreparedLaunch:
 
 class LaunchSequence:
     """A manifest's launches bound to buffers: run() zeroes what the manifest's workspace_zero asks for
-    before every run, and enqueues the launches in order."""
+    before every run, and enqueues the launches in order.
+
+    Each launch is turned into a ready call once: plain launches go straight to libcuda's cuLaunchKernel through
+    ctypes with their arguments converted ahead (cuda-python's wrapper converts them on every call, about 5 us),
+    cluster launches keep one cuLaunchKernelEx configuration whose stream alone changes."""
 
     def __init__(self, launches: "list[PreparedLaunch]", workspace: "Buffer | None", name: str,
                  zero_each_run: "int | None" = None):
         self.launches, self.workspace, self.name = launches, workspace, name
         self.zero_each_run = workspace.nbytes if workspace is not None and zero_each_run is None else (zero_each_run or 0)
+        self._calls = [ready_call(launch) for launch in launches]
 
     def run(self, stream: int = 0) -> None:
-        driver = drv.driver_module()
         if self.workspace is not None and self.zero_each_run:
             # sm80 split-K accumulates into the workspace: its contract is that it starts at zero.
+            driver = drv.driver_module()
             check("cuMemsetD8Async", driver.cuMemsetD8Async(self.workspace.ptr, 0, self.zero_each_run, stream),
                   f"zeroing the workspace of {self.name}")
-        for launch in self.launches:
-            enqueue(driver, launch, stream)
+        for call in self._calls:
+            call(stream)
 
 
-def enqueue(driver, launch: PreparedLaunch, stream: int) -> None:
+def _describe(launch: PreparedLaunch) -> str:
+    return (f"{launch.function.name} grid={list(launch.grid)} block={list(launch.block)} smem={launch.dynamic_smem}"
+            + (f" cluster={list(launch.cluster)}" if launch.cluster != (1, 1, 1) else ""))
+
+
+def ready_call(launch: PreparedLaunch):
+    """stream -> None: enqueue `launch`, every return code checked, with as little per-call work as possible."""
+    driver = drv.driver_module()
     gx, gy, gz = launch.grid
     bx, by, bz = launch.block
-    detail = f"{launch.function.name} grid={list(launch.grid)} block={list(launch.block)} smem={launch.dynamic_smem}"
     if launch.cluster == (1, 1, 1):
-        check("cuLaunchKernel", driver.cuLaunchKernel(launch.function.handle, gx, gy, gz, bx, by, bz,
-                                                      launch.dynamic_smem, stream, launch.params.address, 0), detail)
-        return
+        # Only beside the real cuda-python driver (a test's fake driver has no libcuda behind it).
+        direct = drv.libcuda_launch() if getattr(driver, "__name__", "") == "cuda.bindings.driver" else None
+        if direct is not None:
+            handle, smem, params = int(launch.function.handle), launch.dynamic_smem, launch.params.address
+
+            def call(stream: int) -> None:
+                code = direct(handle, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+                if code:
+                    check("cuLaunchKernel", (driver.CUresult(code),), _describe(launch))
+            return call
+
+        def call(stream: int) -> None:
+            check("cuLaunchKernel", driver.cuLaunchKernel(launch.function.handle, gx, gy, gz, bx, by, bz,
+                                                          launch.dynamic_smem, stream, launch.params.address, 0),
+                  _describe(launch))
+        return call
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
     config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
     config.sharedMemBytes = launch.dynamic_smem
-    config.hStream = driver.CUstream(stream)
     attr = driver.CUlaunchAttribute()
     attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.cluster
     config.attrs = [attr]
     config.numAttrs = 1
-    check("cuLaunchKernelEx", driver.cuLaunchKernelEx(config, launch.function.handle, launch.params.address, 0),
-          f"{detail} cluster={list(launch.cluster)}")
+    current = [None]
+
+    def call(stream: int) -> None:
+        if current[0] != stream:
+            config.hStream = driver.CUstream(stream)
+            current[0] = stream
+        check("cuLaunchKernelEx", driver.cuLaunchKernelEx(config, launch.function.handle, launch.params.address, 0),
+              _describe(launch))
+    return call
+
+
+def enqueue(driver, launch: PreparedLaunch, stream: int) -> None:
+    """Enqueue one launch (a single use: a LaunchSequence prepares its calls once)."""
+    ready_call(launch)(stream)
 
 
 def launch_dims(value, what: str, default=(1, 1, 1)) -> "tuple[int, int, int]":
@@ -157,4 +192,4 @@ def launch_dims(value, what: str, default=(1, 1, 1)) -> "tuple[int, int, int]":
 # --- the device ---------------------------------------------------------------------------
 
 
-__all__ = ["LaunchSequence", "NULLABLE_TENSORS", "PackedParams", "PreparedLaunch", "TENSORMAP_BYTES", "default_tensormap_encoder", "enqueue", "launch_dims", "pack_params"]
+__all__ = ["LaunchSequence", "ready_call", "NULLABLE_TENSORS", "PackedParams", "PreparedLaunch", "TENSORMAP_BYTES", "default_tensormap_encoder", "enqueue", "launch_dims", "pack_params"]

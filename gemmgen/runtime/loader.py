@@ -113,6 +113,18 @@ def describe_array(x, what: str, stream: bool = True) -> ArrayInfo:
     return ArrayInfo(int(cai["data"][0]), shape, strides, dtype, None, _current_stream(x) if stream else 0)
 
 
+def _is_torch(x) -> bool:
+    return type(x).__module__ == "torch" or type(x).__name__ == "Tensor" and hasattr(x, "data_ptr")
+
+
+def _torch_stream(index: int) -> int:
+    """The current torch stream of device `index` as a raw handle (torch's own fast accessor where it has one)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(raw(index)) if raw is not None else int(torch.cuda.current_stream(index).cuda_stream)
+
+
 def _typestr_name(typestr: str) -> str:
     return {"<f2": "float16", "<f4": "float32", "<u2": "uint16", "<i2": "int16"}.get(typestr, typestr)
 
@@ -185,16 +197,24 @@ class LoadedKernel:
             given["bias"] = bias
         elif bias is not None:
             raise InvalidInput("bias must be None: this kernel was built without a bias", "bias")
-        # Only D's stream is needed: the launch goes on the stream current for D's device.
-        infos = {name: describe_array(x, name, stream=name == "D") for name, x in given.items()}
         # The arrays' identity (address, shape, strides, dtype, device) is the key of a bound launch sequence:
         # a call with arrays seen before skips the checks, the parameter packing and the tensor-map encoding.
+        if _is_torch(D):
+            key = tuple((x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device()) for x in given.values())
+            sequence = self._bound.get(key)
+            if sequence is None:
+                sequence = self._bind({n: describe_array(x, n, stream=False) for n, x in given.items()}, key)
+            else:
+                self._device.make_current()  # the caller may have made another device's context current
+            sequence.run(_torch_stream(D.get_device()) if stream is None else int(stream))
+            return D
+        infos = {name: describe_array(x, name, stream=name == "D") for name, x in given.items()}
         key = tuple((info.ptr, info.shape, info.strides, info.dtype, info.device) for info in infos.values())
         sequence = self._bound.get(key)
         if sequence is None:
             sequence = self._bind(infos, key)
         else:
-            self._device.make_current()  # the caller may have made another device's context current
+            self._device.make_current()
         sequence.run(infos["D"].stream if stream is None else int(stream))
         return D
 
