@@ -199,7 +199,7 @@ class LoadedKernel:
             raise InvalidInput("bias must be None: this kernel was built without a bias", "bias")
         # The arrays' identity (address, shape, strides, dtype, device) is the key of a bound launch sequence:
         # a call with arrays seen before skips the checks, the parameter packing and the tensor-map encoding.
-        if _is_torch(D):
+        if all(_is_torch(x) for x in given.values()):
             key = tuple((x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device()) for x in given.values())
             sequence = self._bound.get(key)
             if sequence is None:
