@@ -65,6 +65,9 @@ class KernelFamily:
     space_file: ClassVar[Path] = Path()
     # Hand-picked configurations (dict form) that illustrate the family in `gemmgen roofline`; not its space.
     examples: ClassVar["tuple[dict, ...]"] = ()
+    # A module with check(config, gpu, arch, problem, operands, rule), smem_bytes(config, operands) and
+    # regs_estimate(config): the methods below use it unless a family overrides them.
+    rules: ClassVar[object] = None
 
     # --- targets -------------------------------------------------------------------------
     def supports_arch(self, arch: Arch) -> bool:
@@ -79,15 +82,15 @@ class KernelFamily:
               operands: "Operands | None", rule: Rule) -> None:
         """Report every family rule `config` breaks through `rule` (the shared rules are checked by
         families.rules.check: arch, dtype, tile divisibility, block shape, decomposition, resources)."""
-        raise NotImplementedError
+        self.rules.check(config, gpu, arch, problem, operands, rule)
 
     def smem_bytes(self, config: TileConfig, operands: "Operands | None" = None) -> int:
         """Dynamic shared memory one CTA needs."""
-        raise NotImplementedError
+        return self.rules.smem_bytes(config, operands)
 
     def regs_estimate(self, config: TileConfig) -> int:
         """Registers per thread the kernel needs."""
-        raise NotImplementedError
+        return self.rules.regs_estimate(config)
 
     def regs_allocated(self, config: TileConfig) -> int:
         """Registers per CTA after rounding each thread's count to the allocation unit."""

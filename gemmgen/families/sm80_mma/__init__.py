@@ -31,6 +31,7 @@ class Sm80Mma(KernelFamily):
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K})
     template_root = paths.TEMPLATES
     template = "sm80_mma/kernel.cu.j2"
+    rules = _rules
     space_file = paths.SEARCH_SPACES / "sm80_mma.yaml"
     examples = (
         {"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16", "stages": 4,
@@ -44,15 +45,6 @@ class Sm80Mma(KernelFamily):
         {"family": "sm80_mma", "cta": "16x64x64", "warp": "16x16x64", "mma": "16x8x16", "stages": 4,
          "decomposition": {"kind": "splitk", "splits": 8}},
     )
-
-    def check(self, config, gpu, arch, problem, operands, rule):
-        _rules.check(config, gpu, arch, problem, operands, rule)
-
-    def smem_bytes(self, config, operands=None):
-        return _rules.smem_bytes(config, operands)
-
-    def regs_estimate(self, config):
-        return _rules.regs_estimate(config)
 
     def efficiency(self, gpu: Gpu) -> float:
         return EFFICIENCY_HOPPER if gpu.arch.cc >= 90 else EFFICIENCY_OTHER

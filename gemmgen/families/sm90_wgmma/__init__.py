@@ -37,6 +37,7 @@ class Sm90Wgmma(KernelFamily):
     fused_splitk = True
     template_root = paths.TEMPLATES
     template = "sm90_wgmma/kernel.cu.j2"
+    rules = _rules
     space_file = paths.SEARCH_SPACES / "sm90_wgmma.yaml"
     examples = (
         {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3,
@@ -46,15 +47,6 @@ class Sm90Wgmma(KernelFamily):
         {"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
          "warp_specialized": True},
     )
-
-    def check(self, config, gpu, arch, problem, operands, rule):
-        _rules.check(config, gpu, arch, problem, operands, rule)
-
-    def smem_bytes(self, config, operands=None):
-        return _rules.smem_bytes(config, operands)
-
-    def regs_estimate(self, config):
-        return _rules.regs_estimate(config)
 
     def regs_allocated(self, config):
         per_thread = super().regs_allocated(config) // max(1, config.threads)
