@@ -13,8 +13,7 @@ import jinja2
 
 from .. import families
 from ..families import rules
-from ..model.arch import Arch, Gpu, catalogue
-from ..model.errors import InvalidInput
+from ..model.arch import Gpu, loosest_gpu
 from ..model.tiles import Kernel
 
 
@@ -34,15 +33,6 @@ def environment(root: "str | Path | None" = None) -> jinja2.Environment:
     )
 
 
-def reference_gpu(arch: Arch) -> Gpu:
-    """The most permissive catalogue GPU that runs `arch`: validation without a named GPU checks the
-    rules of the model (tiles, dtypes, pipeline), and only the loosest device limits."""
-    able = [g for g in catalogue().values() if g.arch.cc >= arch.cc and (g.arch.has_wgmma or not arch.has_wgmma)]
-    if not able:
-        raise InvalidInput("no catalogue GPU can run this arch", arch.value)
-    return max(able, key=lambda g: (g.smem_per_block_optin, g.regs_per_sm))
-
-
 def template_context(kernel: Kernel) -> dict:
     """Every value the family's templates may use, derived from the Kernel alone."""
     return families.of(kernel.config).context(kernel)
@@ -51,7 +41,7 @@ def template_context(kernel: Kernel) -> dict:
 def render(kernel: Kernel, gpu: "Gpu | None" = None) -> str:
     """The CUDA source of `kernel`, after checking its configuration (on `gpu`, else the loosest GPU
     that runs the arch). Raises InvalidConfig listing every broken rule."""
-    rules.validate(kernel.config, gpu or reference_gpu(kernel.arch), kernel.arch, operands=kernel.operands)
+    rules.validate(kernel.config, gpu or loosest_gpu(kernel.arch), kernel.arch, operands=kernel.operands)
     return render_unchecked(kernel)
 
 
@@ -62,4 +52,4 @@ def render_unchecked(kernel: Kernel, context: "dict | None" = None) -> str:
     return template.render(**(template_context(kernel) if context is None else context))
 
 
-__all__ = ["environment", "reference_gpu", "render", "render_unchecked", "template_context"]
+__all__ = ["environment", "render", "render_unchecked", "template_context"]

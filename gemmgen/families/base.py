@@ -10,6 +10,7 @@ runtime can build and check launch descriptions with numpy and cuda-bindings alo
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -20,6 +21,8 @@ from ..model.problem import Operands, Problem
 from ..model.tiles import DecompKind, Kernel, Shape3, TileConfig
 
 REG_LIMIT = 255
+# The kernels index operands with 32-bit integers: no operand may hold more elements than that reaches.
+MAX_OPERAND_ELEMENTS = 2**31 - 1
 REG_ALLOC_UNIT = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
 
 # rule(ok, name, value, limit): how a family's check reports a broken rule.
@@ -115,6 +118,20 @@ class KernelFamily:
         """Every value the family's templates read, derived from the Kernel alone."""
         raise NotImplementedError
 
+    def serves(self, kernel: Kernel) -> dict:
+        """The shapes one compiled kernel serves, for the manifest (the loader checks each call exactly with
+        families.rules.check): packed operands whose leading dimensions keep the kernel's alignment, offsets
+        within 32-bit indexing, and the family's problem-dependent limits."""
+        ops, cfg = kernel.operands, kernel.config
+        multiple = {"M": 1, "N": 1, "K": 1}
+        for axis, align in ((("K" if ops.a_layout.value == "row" else "M"), ops.align_a),
+                            (("N" if ops.b_layout.value == "row" else "K"), ops.align_b), ("N", ops.align_c)):
+            multiple[axis] = math.lcm(multiple[axis], align)
+        out = {"multiple_of": multiple, "max_operand_elements": MAX_OPERAND_ELEMENTS}
+        if cfg.decomposition.kind is DecompKind.SPLIT_K:
+            out["k_min"] = (cfg.decomposition.splits - 1) * cfg.cta.k + 1  # every slice gets a K tile
+        return out
+
     def launches(self, kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
                  max_clusters: "int | None" = None) -> Launches:
         """Grid, block, cluster, shared memory, parameters and workspace of `kernel` run on `problem`."""
@@ -174,5 +191,5 @@ def require_family(config: TileConfig, family: KernelFamily) -> None:
         raise InvalidInput(f"{family.name} needs a {family.name} configuration", config.family)
 
 
-__all__ = ["KernelFamily", "Launches", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "pointer_params",
+__all__ = ["KernelFamily", "Launches", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "pointer_params",
            "pow2", "reduce_launch", "require_family", "scalar_param", "scalar_params", "tensor_param", "workspace_param"]

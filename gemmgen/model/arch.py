@@ -182,3 +182,13 @@ def lookup_gpu(name: "str | Gpu") -> Gpu:
             return gpu
     known = ", ".join(sorted(gpus))
     raise InvalidInput(f"GPU must be one of the catalogue's ({known})", name)
+
+
+def loosest_gpu(arch: "Arch | str") -> Gpu:
+    """The most permissive catalogue GPU that runs `arch`: checks without a named GPU apply the model's rules
+    (tiles, dtypes, pipeline) and only the loosest device limits."""
+    arch = Arch.parse(arch)
+    able = [g for g in catalogue().values() if g.arch.cc >= arch.cc and (g.arch.has_wgmma or not arch.has_wgmma)]
+    if not able:
+        raise InvalidInput("no catalogue GPU can run this arch", arch.value)
+    return max(able, key=lambda g: (g.smem_per_block_optin, g.regs_per_sm))

@@ -4,8 +4,10 @@
     k(A, B, D)                                  # torch or cupy arrays on the GPU; D is written and returned
     k(A, B, D, C=C, bias=bias)                  # when the kernel was built with beta != 0 / a bias
 
-A cubin is built for one problem: shapes, dtypes and layouts must match the manifest's, or InvalidInput
-says which one does not. A is M×K and B is K×N in logical shape; a column-major operand is the transposed
+A cubin is built for dtypes, layouts, alignment and an epilogue, not for one shape: a kernel of a registered
+family serves any packed M, N, K its rules allow (the manifest's `serves` says which; runtime/serve.py checks each
+new shape exactly), with grid and workspace computed for the shape at hand. A manifest of another kernel serves
+its own problem only. Anything else is refused with InvalidInput saying why. A is M×K and B is K×N in logical shape; a column-major operand is the transposed
 view of a contiguous array (torch: `torch.empty(K, M).t()`). bf16 arrays without a bf16 dtype (cupy) may
 be passed as uint16/int16 holding the bits. The launch goes on the array library's current stream.
 The split-K workspace belongs to the loaded kernel: do not run one loaded kernel on two streams at once.
@@ -19,6 +21,7 @@ from pathlib import Path
 from ..model.errors import InvalidInput
 from ..model.problem import Layout, Problem
 from .bundle import runs_on, verify
+from .serve import kernel_of, manifest_for, problem_from_shapes
 
 MANIFEST_FORMAT = "gemmgen-manifest/1"
 BOUND_SEQUENCES = 16  # launch sequences kept bound to recently seen arrays (weights stay, activations rotate)
@@ -173,6 +176,8 @@ class LoadedKernel:
     def __init__(self, manifest: dict, cubin: bytes, source: str = "<memory>"):
         self.manifest, self.cubin, self.source = manifest, cubin, source
         self.problem = Problem.from_dict(manifest["problem"])
+        # The kernel serves other shapes too when a registered family describes it (serve.check_serves).
+        self.kernel = kernel_of(manifest)
         self.name = str(manifest.get("name", "kernel"))
         self._device = None
         self._module = None
@@ -219,20 +224,48 @@ class LoadedKernel:
         return D
 
     def _bind(self, infos: "dict[str, ArrayInfo]", key: tuple):
-        """Check the arrays against the problem, then bind the manifest's launches to their addresses."""
+        """Check the arrays, then bind the launches for their problem to their addresses."""
+        problem = self.problem
+        if self.kernel is not None:
+            problem = problem_from_shapes(self.problem, infos["A"].shape, infos["B"].shape, infos["D"].shape)
         for name, info in infos.items():
-            check_operand(name, info, self.problem)
+            check_operand(name, info, problem)
         devices = {info.device for info in infos.values() if info.device is not None}
         if len(devices) > 1:
             raise InvalidInput("all operands must be on one GPU", sorted(devices))
         dev = self._ensure(devices.pop() if devices else 0)
         dev.make_current()
+        manifest = self.manifest if problem == self.problem else self._manifest_for(problem, dev)
+        workspace = self._workspace_for(dev, int(manifest.get("workspace_bytes", 0) or 0))
         pointers = {name: info.ptr for name, info in infos.items()}
-        sequence = dev.prepare(self.manifest, self._module, pointers, self._workspace)
+        sequence = dev.prepare(manifest, self._module, pointers, workspace)
         if len(self._bound) >= BOUND_SEQUENCES:
             self._bound.pop(next(iter(self._bound)))  # the oldest binding
         self._bound[key] = sequence
         return sequence
+
+    def _manifest_for(self, problem: Problem, dev) -> dict:
+        """The launches for a problem other than the bundle's: the grid of a persistent cluster kernel follows
+        how many clusters the device holds at once (cuOccupancyMaxActiveClusters)."""
+        built = manifest_for(self.manifest, self.kernel, problem, dev.props.sm_count)
+        main = built["launches"][0]
+        if getattr(self.kernel.config, "persistent", False) and main.get("cluster", [1, 1, 1])[0] > 1:
+            from . import tma
+
+            function = self._module.function(main["entry"])
+            function.set_dynamic_smem(int(main.get("dynamic_smem", 0)))
+            clusters = tma.max_active_clusters(function.handle, main)
+            built = manifest_for(self.manifest, self.kernel, problem, dev.props.sm_count, clusters)
+        return built
+
+    def _workspace_for(self, dev, nbytes: int):
+        """The kernel's workspace, grown (and every binding to the old one dropped) when a problem needs more."""
+        if nbytes and (self._workspace is None or self._workspace.nbytes < nbytes):
+            if self._workspace is not None:
+                dev.free(self._workspace)
+            self._bound.clear()
+            self._workspace = dev.alloc(nbytes)
+        return self._workspace
 
     def _ensure(self, ordinal: int):
         if self._device is None or self._device.ordinal != ordinal:
@@ -246,8 +279,6 @@ class LoadedKernel:
                                    f"device {ordinal} is compute capability {device.props.cc[0]}.{device.props.cc[1]}")
             self._device = device
             self._module = self._device.load(self.cubin)
-            nbytes = int(self.manifest.get("workspace_bytes", 0) or 0)
-            self._workspace = self._device.alloc(nbytes) if nbytes else None
         return self._device
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ def workspace_zero(manifest: "dict | None", workspace_bytes: "int | None" = None
     return {"bytes": min(int(rule.get("bytes", nbytes)), nbytes), "when": when}
 
 
-def _check_match(kernel: Kernel, problem: Problem) -> None:
+def check_match(kernel: Kernel, problem: Problem) -> None:
     """The problem must be one the kernel was compiled for: same dtypes, layouts and epilogue kind,
     and leading dimensions at least as aligned as the kernel's vector accesses assume."""
     have, need = problem.operands, kernel.operands
@@ -54,7 +54,7 @@ def operands_dict(ops: Operands) -> dict:
 
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     """The launch manifest of `kernel` run on `problem` (compiled: nvrtc.Compiled, for resources)."""
-    _check_match(kernel, problem)
+    check_match(kernel, problem)
     built = families.of(kernel.config).launches(kernel, problem)
     launches, workspace, zero = built.launches, built.workspace_bytes, built.workspace_zero
     resources = {"registers": 0, "spill_bytes": 0, "stack_bytes": 0, "smem_static": 0}
@@ -74,6 +74,7 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
         "operands": operands_dict(kernel.operands),
         "workspace_bytes": workspace,
         "workspace_zero": zero,
+        "serves": families.of(kernel.config).serves(kernel),
         "launches": launches,
         "resources": resources,
         "nvrtc_version": nvrtc_version,
@@ -82,4 +83,4 @@ def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
     }
 
 
-__all__ = ["FORMAT", "make_manifest", "operands_dict", "workspace_zero"]
+__all__ = ["FORMAT", "check_match", "make_manifest", "operands_dict", "workspace_zero"]

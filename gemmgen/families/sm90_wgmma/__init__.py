@@ -67,6 +67,12 @@ class Sm90Wgmma(KernelFamily):
     def gemm_problem(self, config, problem: Problem) -> Problem:
         return problem.swapped() if config.swap_ab else problem
 
+    def serves(self, kernel: Kernel) -> dict:
+        out = super().serves(kernel)
+        if kernel.config.swap_ab:
+            out["m_max"] = kernel.config.cta.n  # the swapped kernel's tile N holds all of M
+        return out
+
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)
 

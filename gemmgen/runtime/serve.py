@@ -1,0 +1,63 @@
+"""Which problems one compiled kernel serves, and its launches for any of them.
+
+A kernel takes M, N, K and the leading dimensions as arguments; what ties it to a shape is only its compile-time
+operand description (dtypes, layouts, alignment, epilogue) and its family's problem-dependent rules (a split-K
+factor needs that many K tiles, a swapped kernel's tile must hold all of M). So a loaded kernel serves every
+packed problem that keeps those, and its grid and workspace are computed for the problem at hand.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import families
+from ..families.base import MAX_OPERAND_ELEMENTS
+from ..families.rules import check
+from ..model.arch import Arch, loosest_gpu
+from ..model.errors import InvalidInput
+from ..model.problem import Problem
+from ..model.tiles import Kernel, TileConfig
+from .manifest import check_match
+
+
+def kernel_of(manifest: dict) -> "Kernel | None":
+    """The Kernel a manifest was built from, or None for a kernel no registered family describes."""
+    config = manifest.get("config") or {}
+    if config.get("family") not in families.names():
+        return None
+    return Kernel(Arch.parse(manifest["arch"]), Problem.from_dict(manifest["problem"]).operands,
+                  TileConfig.from_dict(config))
+
+
+def problem_from_shapes(base: Problem, a_shape, b_shape, d_shape) -> Problem:
+    """`base` with the M, N, K that the arrays' logical shapes (A: M x K, B: K x N, D: M x N) give."""
+    (m, k), (k2, n), d = tuple(a_shape), tuple(b_shape), tuple(d_shape)
+    if k2 != k or d != (m, n):
+        raise InvalidInput("operands must be A: M x K, B: K x N and D: M x N", f"A {a_shape}, B {b_shape}, D {d_shape}")
+    if min(m, n, k) <= 0:
+        raise InvalidInput("M, N and K must be positive", (m, n, k))
+    return replace(base, m=int(m), n=int(n), k=int(k))
+
+
+def check_serves(kernel: Kernel, problem: Problem) -> None:
+    """InvalidInput naming the first rule `kernel` breaks for `problem`: the compile-time operand match, 32-bit
+    indexing, and the family's rules for this problem."""
+    check_match(kernel, problem)
+    for name, elements in (("A", problem.m * problem.k), ("B", problem.k * problem.n), ("D", problem.m * problem.n)):
+        if elements > MAX_OPERAND_ELEMENTS:
+            raise InvalidInput(f"{name} must hold at most 2^31-1 elements (the kernel's 32-bit indexing)", elements)
+    broken = check(kernel.config, loosest_gpu(kernel.arch), kernel.arch, problem)
+    if broken:
+        raise InvalidInput(f"this kernel does not serve {problem.m}x{problem.n}x{problem.k}: {broken[0]}",
+                           kernel.name)
+
+
+def manifest_for(manifest: dict, kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
+                 max_clusters: "int | None" = None) -> dict:
+    """`manifest` with its problem, launches and workspace for `problem` (after check_serves)."""
+    check_serves(kernel, problem)
+    built = families.of(kernel.config).launches(kernel, problem, sm_count, max_clusters)
+    return dict(manifest, problem=problem.to_dict(), launches=built.launches, workspace_bytes=built.workspace_bytes,
+                workspace_zero=built.workspace_zero)
+
+
+__all__ = ["check_serves", "kernel_of", "manifest_for", "problem_from_shapes"]
