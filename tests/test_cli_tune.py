@@ -258,7 +258,8 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
                  "--no-progress", "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]) == 0
     printed = capsys.readouterr().out
     assert "tiny" in printed and "geomean ratio to cuBLAS" in printed
-    [js] = (tmp_path / "results" / "h100-sxm").glob("suite-*.json")
+    [js] = (tmp_path / "results" / "h100-sxm").glob("suite*.json")
+    assert js.name == "suite.json"  # the latest report per GPU, replaced by the next run
     report = json.loads(js.read_text())
     row, twin = report["rows"]
     assert row["tflops"] and row["cublas_tflops"] and row["ratio"] == pytest.approx(row["tflops"] / row["cublas_tflops"])
@@ -271,7 +272,8 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
     js.unlink()
     shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
     assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16,f16", "--from-results"]) == 0
-    [js] = (tmp_path / "results" / "h100-sxm").glob("suite-*.json")
+    [js] = (tmp_path / "results" / "h100-sxm").glob("suite*.json")
+    assert js.name == "suite.json"  # the latest report per GPU, replaced by the next run
     bf16, f16 = json.loads(js.read_text())["rows"]
     assert bf16["tflops"] == pytest.approx(row["tflops"]) and bf16["ratio"] == pytest.approx(row["ratio"])
     assert f16["tflops"] is None and f16["note"] == "not tuned yet"

@@ -12,7 +12,7 @@ from .tune import Progress, add_timing_arg, measurer_for, options_from_args, sig
 def register(subparsers) -> None:
     p = subparsers.add_parser("suite", help="tune every shape of a YAML suite, side by side with cuBLAS",
                               description="Tune every shape of FILE (shapes: [{name, M, N, K}]) in each dtype, "
-                                          "with cuBLAS timed in the same run; write results/<gpu>/suite-<date>.md "
+                                          "with cuBLAS timed in the same run; write results/<gpu>/suite.md "
                                           "and .json and print the table with the geomean ratio.")
     p.add_argument("file", metavar="FILE.yaml", help="suite file, e.g. ../shared/shapes.yaml")
     add_gpu_arg(p)

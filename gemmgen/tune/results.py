@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +41,18 @@ class NothingStored(UserError):
 
 
 def results_root() -> Path:
-    """results/, or $GEMMGEN_RESULTS read at call time (tests point it at a temp dir)."""
-    env = os.environ.get("GEMMGEN_RESULTS")
-    return Path(env) if env else paths.RESULTS
+    """Where new records go (model/paths.results_dir, read at call time: tests point it at a temp dir)."""
+    return paths.results_dir()
 
 
 def gpu_dir(gpu: "Gpu | str") -> Path:
     return results_root() / (gpu.key if isinstance(gpu, Gpu) else str(gpu))
+
+
+def gpu_dirs(gpu: "Gpu | str") -> "list[Path]":
+    """Every folder records of this GPU are read from: the writable one first, then the shipped records."""
+    key = gpu.key if isinstance(gpu, Gpu) else str(gpu)
+    return [root / key for root in paths.results_dirs()]
 
 
 def problem_key(problem: Problem) -> str:
@@ -122,10 +126,13 @@ class Answer:
 def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
     """Every readable tuning record held for this GPU (unreadable files are skipped, not fatal). Replayed
     (simulated) records count only for problems with no GPU-measured record."""
-    out, measured = [], set()
-    for folder in ("tunes", "tunes-replay"):
-        root = gpu_dir(gpu) / folder
+    out, measured, seen = [], set(), set()
+    for folder, base in [(f, b) for f in ("tunes", "tunes-replay") for b in gpu_dirs(gpu)]:
+        root = base / folder
         for path in sorted(root.glob("*.json")) if root.is_dir() else ():
+            if (folder, path.name) in seen:
+                continue  # a record the user's own tunes hold shadows the shipped one
+            seen.add((folder, path.name))
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..model.arch import Gpu
 from ..model.errors import UserError
 from ..model.problem import Problem
-from .results import gpu_dir, now
+from ..model import paths
+from .results import now
 
 class StorageError(UserError):
     """The study storage cannot be used: bad URL, missing driver, corrupt or locked database."""
@@ -27,10 +28,10 @@ class StorageError(UserError):
 
 
 def default_storage_url(gpu: Gpu, simulated: bool = False) -> str:
-    """results/<gpu>/studies.db; replayed (simulated) tunes get their own file, so their trials never count
-    as measurements of the GPU."""
+    """<studies dir>/<gpu>/studies.db (model/paths.studies_dir: the per-user data directory, never the repository);
+    replayed (simulated) tunes get their own file, so their trials never count as measurements of the GPU."""
     name = "replay-studies.db" if simulated else "studies.db"
-    return f"sqlite:///{(gpu_dir(gpu) / name).resolve()}"
+    return f"sqlite:///{(paths.studies_dir() / gpu.key / name).resolve()}"
 
 
 def _lock_timeout() -> float:

@@ -2,12 +2,11 @@
 
 The file (e.g. ../shared/shapes.yaml) holds `shapes: [{name, M, N, K, [a: row|col], [b: row|col]}]`.
 One measuring worker and one compile pool serve every tune, so cuBLAS and gemmgen's kernels are
-timed in the same process on the same context. The table goes to results/<gpu>/suite-<date>.md
+timed in the same process on the same context. The table goes to results/<gpu>/suite.md
 and .json: shape, dtype, best TFLOP/s, cuBLAS TFLOP/s, ratio, tuning time, and the geomean ratio.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -18,6 +17,7 @@ import yaml
 from ..model.arch import DType, Gpu
 from ..model.errors import InvalidInput, UserError
 from ..model.problem import Layout, Problem, parse_dim
+from ..model.atomic import atomic_write
 from .results import gpu_dir, now, problem_key, record_path, write_json_atomic
 
 
@@ -162,11 +162,11 @@ class SuiteReport:
                 "geomean_ratio": self.geomeans()}
 
     def write(self) -> "tuple[Path, Path]":
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        base = gpu_dir(self.gpu) / f"suite-{stamp}{'-dry-run' if self.dry_run else ''}"
+        """results/<gpu>/suite.{md,json} (suite-dry-run.* for a dry run): the latest report per GPU, replaced
+        atomically; the date is inside."""
+        base = gpu_dir(self.gpu) / ("suite-dry-run" if self.dry_run else "suite")
         md, js = base.with_suffix(".md"), base.with_suffix(".json")
-        md.parent.mkdir(parents=True, exist_ok=True)
-        md.write_text(self.markdown())
+        atomic_write(md, self.markdown().encode(), durable=True)
         write_json_atomic(js, self.to_dict())
         return md, js
 
