@@ -5,7 +5,7 @@
 A 256^3 bf16 product takes a few microseconds on the GPU, so a loop of calls with no synchronisation measures the
 host's cost per call (the queue never runs dry of work only if the host is slower than the GPU; both are printed).
 Builds the model's pick for the size with public APIs (rank, codegen, tune.export), checks it against torch.matmul,
-then times, per call: the bound launch sequence's run() alone (a bare cuLaunchKernel), gemmgen.load(...)(A, B, D)
+then times, per call: the bound launch sequence's run() alone (gemm.bind(A, B, D).run: a bare cuLaunchKernel), gemmgen.load(...)(A, B, D)
 with the same arrays, the same with rotating activation buffers, and torch.matmul(A, B, out=D).
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     if not err < 1e-2:
         print(f"verification failed: relative error {err}", file=sys.stderr)
         return 1
-    (sequence,) = gemm._bound.values()   # the bound launch of these arrays
+    sequence = gemm.bind(A, B, D)   # the launch sequence bound to these arrays
     stream = torch.cuda.current_stream().cuda_stream
     rotating = [(torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.empty_like(D)) for _ in range(4)]
     state = {"i": 0}

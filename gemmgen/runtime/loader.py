@@ -188,6 +188,17 @@ class LoadedKernel:
         return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
 
     def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None):
+        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D."""
+        sequence, default_stream = self._sequence(A, B, D, C, bias)
+        sequence.run(default_stream() if stream is None else int(stream))
+        return D
+
+    def bind(self, A, B, D, C=None, bias=None):
+        """The launch sequence bound to these arrays (checked once): its run(stream) enqueues the kernel with no
+        per-call work beyond the launch itself, e.g. inside a loop or a CUDA graph capture."""
+        return self._sequence(A, B, D, C, bias)[0]
+
+    def _sequence(self, A, B, D, C, bias):
         ep = self.problem.epilogue
         given = {"A": A, "B": B, "D": D}
         if ep.beta != 0:
@@ -211,8 +222,7 @@ class LoadedKernel:
                 sequence = self._bind({n: describe_array(x, n, stream=False) for n, x in given.items()}, key)
             else:
                 self._device.make_current()  # the caller may have made another device's context current
-            sequence.run(_torch_stream(D.get_device()) if stream is None else int(stream))
-            return D
+            return sequence, lambda: _torch_stream(D.get_device())
         infos = {name: describe_array(x, name, stream=name == "D") for name, x in given.items()}
         key = tuple((info.ptr, info.shape, info.strides, info.dtype, info.device) for info in infos.values())
         sequence = self._bound.get(key)
@@ -220,8 +230,7 @@ class LoadedKernel:
             sequence = self._bind(infos, key)
         else:
             self._device.make_current()
-        sequence.run(infos["D"].stream if stream is None else int(stream))
-        return D
+        return sequence, lambda: infos["D"].stream
 
     def _bind(self, infos: "dict[str, ArrayInfo]", key: tuple):
         """Check the arrays, then bind the launches for their problem to their addresses."""

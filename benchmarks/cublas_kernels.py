@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which kernels cuBLAS (torch.matmul) runs for a few shapes and leading dimensions, with their GPU times.
 
-    python3 scripts/cublas_kernels.py [--shapes 3000x3000x3000,4096x4096x4096] [--pad 3008]
+    python3 benchmarks/cublas_kernels.py [--shapes 3000x3000x3000,4096x4096x4096] [--pad 3008]
 
 For each shape: A (M x K) and B (K x N) row-major bf16, once at their natural leading dimension and once as views
 into buffers padded to --pad columns (128-byte rows when pad * 2 % 128 == 0). torch.profiler names the kernels;

@@ -2,7 +2,7 @@
 """Launch an exported gemmgen cubin with cuda-python from its manifest alone (no gemmgen import),
 and check it against torch.matmul on fresh random inputs.
 
-    python3 scripts/launch_from_manifest.py out/<name>.json
+    python3 benchmarks/launch_from_manifest.py out/<name>.json
 
 Needs cuda-bindings and torch (torch only makes and checks the operands; the launch is the driver API).
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The tensor-core rate mma.sync can reach on this GPU: the ceiling of the sm80_mma family on Hopper.
 
-    PYTHONPATH=$PWD python3 scripts/mma_ceiling.py [--arch sm_90a]
+    PYTHONPATH=$PWD python3 benchmarks/mma_ceiling.py [--arch sm_90a]
 
 Two kernels. mma_loop, no memory traffic: every warp issues mma.sync.m16n8k16 (bf16 in, fp32 accumulate) on register
 operands, CHAINS independent accumulators deep, ITERS times; grids of 1-4 CTAs of 4-8 warps per SM. Timed with
@@ -242,6 +242,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from lab_common import run_main
+    from harness import run_main
 
     run_main(main, __file__)   # no GPU, a bad argument: one line, exit 2

@@ -1,0 +1,73 @@
+"""What the benchmarks share, on gemmgen's public APIs only: how a run ends, where its record goes, building a
+kernel from a problem and a configuration, and verifying it in the tuner's measuring process."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+
+def run_main(main: Callable[[], int], script: str) -> None:
+    """Exit with main()'s status; an error the user can fix (no GPU, a bad argument) prints one line, exit 2."""
+    from gemmgen.model.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"{Path(script).name}: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def write_report(out_dir, filename: str, report: dict) -> Path:
+    """The benchmark's JSON record under --out (created if missing); values JSON cannot hold are written as text."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / filename
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return path
+
+
+def kernel_for(problem, config, arch=None):
+    """The Kernel `config` implements for `problem` on `arch` (default: sm_90a)."""
+    from gemmgen import Arch, Kernel
+
+    return Kernel(arch or Arch.SM90A, problem.operands, config)
+
+
+def verify_all(todo, watchdog_s: float = 60.0, jobs: "int | None" = None) -> "list[dict]":
+    """Compile every (label, problem, kernel) of `todo` over a process pool, then run each once in the tuner's
+    measuring worker (fresh random inputs, NaN-poisoned outputs, cuBLAS fp32-accumulate reference, a watchdog that
+    kills a hung kernel). One row per case: ok, kind (compile, hang, crash, wrong, ...), rel_error, reason."""
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.model.errors import CompileError
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.tune.worker import WorkerBenchmark
+
+    built = compile_many([kernel for _, _, kernel in todo], jobs)
+    worker = WorkerBenchmark(watchdog_s=watchdog_s)
+    worker.start()
+    rows = []
+    try:
+        for (label, problem, kernel), result in zip(todo, built):
+            row = {"case": label, "name": kernel.name, "family": kernel.config.family,
+                   "problem": f"{problem.m}x{problem.n}x{problem.k}", "epilogue": str(problem.epilogue)}
+            if isinstance(result, CompileError):
+                row.update(ok=False, kind="compile", rel_error=None, reason=str(result)[:300])
+            else:
+                outcome = worker.measure(make_manifest(kernel, problem, result), result.cubin, problem)
+                row.update(ok=outcome.ok, kind=outcome.kind, rel_error=outcome.rel_error, reason=outcome.reason[:300])
+            rows.append(row)
+            if not row["ok"]:
+                print(f"  FAIL {label} {kernel.config.tag} {row['problem']}: {row['kind']} {row['reason'][:160]}",
+                      flush=True)
+    finally:
+        worker.close()
+    return rows
+
+
+__all__ = ["ROOT", "kernel_for", "run_main", "verify_all", "write_report"]

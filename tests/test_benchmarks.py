@@ -1,0 +1,56 @@
+"""benchmarks/: every experiment starts (its --help), uses gemmgen's public names only, and the GPU-free part of
+the space check selects a feasible case for every configuration of every family."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "harness.py")
+
+
+def test_no_benchmark_imports_a_private_gemmgen_name():
+    private = []
+    for path in BENCH.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gemmgen":
+                parts = node.module.split(".") + [a.name for a in node.names]
+                if any(p.startswith("_") for p in parts):
+                    private.append(f"{path.name}:{node.lineno} {node.module}")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("gemm", "gemmgen", "kernel"):
+                    private.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not private, private
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_every_benchmark_explains_itself(script):
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+                          cwd=BENCH.parent)
+    if done.returncode and "No module named 'torch'" in done.stderr:
+        pytest.skip("needs torch")
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+
+
+def test_space_check_picks_a_feasible_case_for_every_configuration_of_every_family():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from space_check import cases
+    finally:
+        sys.path.remove(str(BENCH))
+    from gemmgen import lookup_gpu
+    from gemmgen.families.rules import check
+    from gemmgen.rank.space import all_configs, families_for
+
+    gpu = lookup_gpu("h100")
+    todo = cases()
+    for name in families_for(gpu.arch):
+        feasible = {c.tag for c in all_configs(name) if not check(c, gpu, gpu.arch)}
+        covered = {kernel.config.tag for _, _, kernel in todo if kernel.config.family == name}
+        assert covered == feasible, sorted(feasible - covered)[:3]
+    assert all(not check(k.config, gpu, gpu.arch, problem) for _, problem, k in todo)
