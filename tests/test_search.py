@@ -230,7 +230,7 @@ def test_a_sampler_that_repeats_itself_gives_way_to_the_models_next_pick(tmp_pat
     stuck = ranking()[-1].config  # the model's last choice, proposed over and over
     params = SearchSpace(configs, lambda c: []).params(stuck)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-    monkeypatch.setattr(search, "make_sampler", lambda name, seed: optuna.samplers.PartialFixedSampler(
+    monkeypatch.setattr(search.study, "make_sampler", lambda name, seed: optuna.samplers.PartialFixedSampler(
         params, optuna.samplers.RandomSampler(seed=seed)))
     bench = Recorded()
     result = tune(PROBLEM, GPU, bench, options(tmp_path, trials=4, top_k=0, rounds=1), engines=engines())
@@ -592,10 +592,10 @@ def test_trials_that_timed_older_kernel_code_are_remeasured_first_not_carried(tm
     r1 = search.tune(PROBLEM, GPU, first, options(tmp_path, trials=6, top_k=6, rounds=1), engines=engines())
     old_best = sorted((t for t in load_study(tmp_path, r1).trials if t.state.name == "COMPLETE"),
                       key=lambda t: -t.value)
-    assert search.study_code(r1.study_name) == search.kernel_code_digest()
+    assert search.study_code(r1.study_name) == search.study.kernel_code_digest()
 
     # The templates changed: the same command opens a new study, whose values are only this code's timings.
-    monkeypatch.setattr(search, "kernel_code_digest", lambda: "0123456789ab")
+    monkeypatch.setattr(search.study, "kernel_code_digest", lambda: "0123456789ab")
     second = Recorded()
     r2 = search.tune(PROBLEM, GPU, second, options(tmp_path, trials=8, top_k=6, rounds=1), engines=engines())
     assert r2.study_name != r1.study_name and r2.study_name.endswith("/code-0123456789ab")

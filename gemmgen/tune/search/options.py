@@ -1,0 +1,151 @@
+"""The search's options, summaries and result types, and its constants."""
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...model.arch import Gpu
+from ...model.errors import InvalidInput
+from ...model.problem import Problem
+from ...model.tiles import TileConfig
+
+
+SAMPLERS = ("tpe", "random", "cmaes", "qmc", "grid")
+SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the tune
+FALLBACK_AFTER = 3  # sampler proposals in a row that give nothing new before the model's next pick is queued
+# Configurations re-measured first when the study's earlier trials timed older kernel code (the best by old time).
+REMEASURE_STALE = 8
+FINALIST_TIMINGS = ("burst", "sustained")  # bench.TIMINGS' names (search imports nothing from bench)
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int = 100  # measured trials in the study, counting earlier (resumed) runs
+    timeout_s: "float | None" = None
+    patience: "int | None" = 40  # measured trials without improvement before stopping
+    top_k: int = 10  # the model's best, enqueued before the sampler explores
+    sampler: str = "tpe"
+    jobs: int = max(1, (os.cpu_count() or 2) - 1)
+    finalists: int = 3
+    rounds: int = 5  # interleaved re-measurement rounds of the finalists
+    seed: "int | None" = None
+    min_improvement: float = 0.005  # relative gain that counts as an improvement for patience
+    storage: "str | None" = None
+    out: "str | None" = None
+    lookahead: "int | None" = None  # trials compiled ahead of measurement; default jobs + 1
+    max_idle_asks: int = 300  # sampler proposals in a row that yield nothing new before giving up
+    stale_after_s: float = 3600.0  # a RUNNING trial of another host older than this is abandoned
+    replay: "str | None" = None  # simulation mode: recorded in the record so nobody mistakes it
+    timing: str = "burst"  # how the finalist rounds time the finalists and cuBLAS: a bench.TIMINGS name
+
+    def validate(self) -> "TuneOptions":
+        if self.trials < 1:
+            raise InvalidInput("--trials must be a positive integer", self.trials)
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise InvalidInput("--timeout must be a positive number of seconds", self.timeout_s)
+        if self.patience is not None and self.patience < 1:
+            raise InvalidInput("--patience must be a positive integer", self.patience)
+        if self.top_k < 0:
+            raise InvalidInput("--top-k must be zero or a positive integer", self.top_k)
+        if self.sampler not in SAMPLERS:
+            raise InvalidInput(f"--sampler must be one of {', '.join(SAMPLERS)}", self.sampler)
+        if self.jobs < 0:
+            raise InvalidInput("--jobs must be zero (compile inline) or a positive integer", self.jobs)
+        if self.timing not in FINALIST_TIMINGS:
+            raise InvalidInput(f"--timing must be one of {', '.join(FINALIST_TIMINGS)}", self.timing)
+        return self
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """One trial as the record and the tables see it."""
+
+    number: int
+    state: str  # COMPLETE, FAIL, PRUNED, RUNNING, WAITING
+    tag: "str | None"
+    kernel: "str | None"
+    config: "dict | None"
+    time_s: "float | None"
+    tflops: "float | None"
+    predicted_time_s: "float | None"
+    reason: str
+    source: str
+    measured: bool
+
+    def to_dict(self) -> dict:
+        return {"number": self.number, "state": self.state, "config_tag": self.tag, "kernel": self.kernel,
+                "config": self.config, "time_s": self.time_s, "tflops": self.tflops,
+                "predicted_time_s": self.predicted_time_s, "reason": self.reason, "source": self.source,
+                "measured": self.measured}
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """A top configuration re-measured in interleaved rounds."""
+
+    kernel: str
+    config: TileConfig
+    times_s: "tuple[float, ...]"
+    predicted_time_s: float
+    flops: int
+    rel_error: "float | None" = None
+    failed: str = ""
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.median_s / 1e12
+
+    def quartiles(self) -> "tuple[float, float]":
+        if len(self.times_s) < 2:
+            return self.times_s[0], self.times_s[0]
+        q = statistics.quantiles(self.times_s, n=4, method="inclusive")
+        return q[0], q[2]
+
+    def to_dict(self) -> dict:
+        q1, q3 = self.quartiles() if self.times_s else (None, None)
+        return {"kernel": self.kernel, "config": self.config.to_dict(), "config_tag": self.config.tag,
+                "rounds": len(self.times_s), "times_s": list(self.times_s),
+                "median_time_s": self.median_s if self.times_s else None,
+                "min_time_s": min(self.times_s) if self.times_s else None,
+                "max_time_s": max(self.times_s) if self.times_s else None,
+                "q1_time_s": q1, "q3_time_s": q3, "tflops": self.tflops if self.times_s else None,
+                "predicted_time_s": self.predicted_time_s,
+                "pct_of_prediction": 100.0 * self.predicted_time_s / self.median_s if self.times_s else None,
+                "rel_error": self.rel_error, "failed": self.failed or None}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the top-five table."""
+
+    kernel: str
+    tag: str
+    tflops: float
+    predicted_tflops: float  # the model's prediction for this configuration
+    pct_of_prediction: float
+    pct_of_roofline: float  # of the problem's hard roofline: min(peak, minimum-traffic intensity x bandwidth)
+    vs_cublas: "float | None"
+    remeasured: bool
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    problem: Problem
+    gpu: Gpu
+    study_name: str
+    storage_url: str
+    stop_reason: str
+    elapsed_s: float
+    space_size: int
+    counts: dict
+    top: "tuple[Row, ...]"
+    finalists: "tuple[Finalist, ...]"
+    winner: "Finalist | None"
+    cublas_time_s: "float | None"
+    record_path: Path
+    bundle: object = None

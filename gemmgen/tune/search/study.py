@@ -1,0 +1,200 @@
+"""The Optuna study this tune resumes or starts: opening it, carrying earlier best configurations over to a (part of the search; see search/__init__.py)."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+
+from ...model.arch import Gpu
+from ...codegen.identity import kernel_code_digest
+from ...model.errors import InvalidInput
+from ...model.problem import Problem
+from ..results import problem_key
+from ...rank.ranking import SearchSpace
+from ..storage import Quarantine, open_storage, storage_errors
+from .options import REMEASURE_STALE, TrialSummary
+
+
+
+
+def study_name(gpu: Gpu, problem: Problem, space: SearchSpace) -> str:
+    """Deterministic, so the same command finds (and resumes) the same study: one per search space and per
+    version of the kernel code (templates and family modules), whose timings are the study's values."""
+    return f"gemmgen/{gpu.key}/{problem_key(problem)}/space-{space.version}/code-{kernel_code_digest()}"
+
+
+def study_code(name: str) -> "str | None":
+    """The kernel-code digest a study's name carries (None for studies named before the digest existed)."""
+    tail = name.rsplit("/", 1)[-1]
+    return tail[len("code-"):] if tail.startswith("code-") else None
+
+
+def make_sampler(name: str, seed: "int | None"):
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            # multivariate+group: axes are learned jointly, per family (the parameters are conditional);
+            # constant_liar: trials asked ahead (being compiled) are not proposed twice.
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                              n_startup_trials=10)
+        if name == "cmaes":
+            # CMA-ES has no categorical support: Optuna samples these axes with its independent sampler.
+            return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        if name == "qmc":
+            try:
+                import scipy  # noqa: F401  (QMCSampler needs scipy.stats.qmc)
+            except ImportError:
+                raise InvalidInput("--sampler qmc needs scipy", "qmc", "pip install scipy, or use tpe/random") from None
+            return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+        # random, and grid: an exhaustive sweep is every valid configuration enqueued in model order.
+        return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_gone(owner: "str | None", started, stale_after_s: float) -> bool:
+    """Whether the process that started a RUNNING trial has ended (so the trial is orphaned)."""
+    if not owner or ":" not in owner:
+        return True
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname():
+        if int(pid) == os.getpid():
+            return True
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    age = time.time() - started.timestamp() if started else float("inf")
+    return age > stale_after_s
+
+
+
+class StudyHistory:
+    """The Optuna study this tune resumes or starts: opening it, carrying earlier best configurations over to a
+    new kernel code, recovering trials a killed run left RUNNING, and accounting every trial it holds."""
+
+    # -- storage ---------------------------------------------------------------------------
+    def open(self) -> None:
+        optuna = self.optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.storage = open_storage(self.storage_url)
+        with storage_errors(self.storage_url):
+            self.quarantine = Quarantine(self.storage, self.gpu)
+            fresh = self.name not in {s.study_name for s in optuna.study.get_all_study_summaries(self.storage)}
+            self.study = optuna.create_study(storage=self.storage, study_name=self.name, direction="maximize",
+                                             sampler=make_sampler(self.options.sampler, self.options.seed),
+                                             load_if_exists=True)
+            if fresh:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    self.study.set_metric_names(["TFLOP/s"])
+                self.study.set_user_attr("problem", self.problem.to_dict())
+                self.study.set_user_attr("gpu", self.gpu.key)
+                self.study.set_user_attr("space_size", len(self.space))
+                self._carry_over()
+            self._recover_interrupted()
+            self._load_history()
+            self._enqueue_model_picks()
+
+    def _carry_over(self) -> None:
+        """Measured trials of this problem under an earlier space version stay valid when the kernel code is the
+        same: copy them in. Trials that timed older kernel code are not copied (their times describe kernels
+        that are no longer built); their best configurations are measured again first, ahead of the model's
+        picks (self.remeasure)."""
+        optuna = self.optuna
+        prefix = self.name.rsplit("/space-", 1)[0] + "/space-"
+        code = study_code(self.name)
+        stale: "dict[str, float]" = {}
+        for summary in optuna.study.get_all_study_summaries(self.storage):
+            if not summary.study_name.startswith(prefix) or summary.study_name == self.name:
+                continue
+            old = optuna.load_study(study_name=summary.study_name, storage=self.storage)
+            same_code = study_code(summary.study_name) == code
+            for t in old.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+                if not t.user_attrs.get("measured") or t.user_attrs.get("config_tag") not in self.by_tag:
+                    continue
+                if not same_code:
+                    tag = t.user_attrs["config_tag"]
+                    stale[tag] = max(stale.get(tag, 0.0), t.value or 0.0)
+                    continue
+                ranked = self.by_tag[t.user_attrs["config_tag"]]
+                attrs = dict(t.user_attrs, carried_from=f"{summary.study_name}#{t.number}",
+                             predicted_time_s=ranked.time_s, model_rank=ranked.rank)
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=self.space.params(ranked.config), distributions=self.space.distributions(
+                        ranked.config.family), value=t.value, user_attrs=attrs))
+                self.counts["carried"] += 1
+        best_stale = sorted(stale, key=lambda tag: -stale[tag])[:REMEASURE_STALE]
+        self.study.set_user_attr("remeasure", best_stale)
+
+    def _recover_interrupted(self) -> None:
+        """Trials left RUNNING by a tuner that died: FAIL them; re-queue, or quarantine a repeat offender."""
+        TrialState = self.optuna.trial.TrialState
+        storage = self.study._storage
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not _owner_gone(t.user_attrs.get("owner"), t.datetime_start, self.options.stale_after_s):
+                continue  # another live tuner is working on this study: leave its trial alone
+            phase = t.user_attrs.get("phase", "asked")
+            reason = f"interrupted: the tuning process {t.user_attrs.get('owner', '?')} ended while {phase}"
+            storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+            self.study.tell(t.number, state=TrialState.FAIL)
+            kernel = t.user_attrs.get("kernel")
+            if phase == "measuring" and t.user_attrs.get("requeued_from") is not None and kernel:
+                # Died twice measuring this kernel: it takes the tuner down with it (hang, driver crash).
+                self.quarantine.add(kernel, "the tuner died twice while measuring it", "crash", self.problem)
+            elif t.params:
+                self.study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+                self.counts["requeued"] += 1
+
+    def _load_history(self) -> None:
+        for t in self.study.get_trials(deepcopy=False):
+            s = self._summary_of(t)
+            if s.state in ("WAITING", "RUNNING"):
+                continue
+            self.summaries[t.number] = s
+            self._account(s, resumed=True)
+        self.counts["resumed"] = sum(1 for s in self.summaries.values() if s.measured)
+
+    def _summary_of(self, t) -> TrialSummary:
+        a = t.user_attrs
+        value = t.value if t.state == self.optuna.trial.TrialState.COMPLETE else None
+        return TrialSummary(t.number, t.state.name, a.get("config_tag"), a.get("kernel"), a.get("config"),
+                            a.get("time_s"), value, a.get("predicted_time_s"),
+                            str(a.get("fail_reason") or a.get("violation") or ""), str(a.get("source", "")),
+                            bool(a.get("measured")))
+
+    def _account(self, s: TrialSummary, resumed: bool = False) -> None:
+        """Fold one finished trial into the counters, the best-so-far and the patience window."""
+        if s.measured:
+            self.counts["measured"] += 0 if resumed else 1
+            if s.tag:
+                self.tried.add(s.tag)
+            improved = False
+            if s.state == "COMPLETE" and s.tflops:
+                if s.tag and (s.tag not in self.best or s.tflops > (self.best[s.tag].tflops or 0)):
+                    self.best[s.tag] = s
+                if s.tflops > self.best_tflops * (1 + self.options.min_improvement):
+                    improved = True
+                self.best_tflops = max(self.best_tflops, s.tflops)
+            else:
+                self.counts["failed"] += 0 if resumed else 1
+            if not resumed:
+                # --patience counts this run's trials: with trials from earlier runs (or carried from an older
+                # space) in the window, a re-run would stop before measuring anything new.
+                self.since_improvement = 0 if improved else self.since_improvement + 1
+        elif s.state == "COMPLETE" and s.tag and s.tflops and s.tag not in self.best:
+            self.best[s.tag] = s  # carried over from an earlier space version
+            self.tried.add(s.tag)
+            self.best_tflops = max(self.best_tflops, s.tflops)
+
+    @property
+    def measured_total(self) -> int:
+        return sum(1 for s in self.summaries.values() if s.measured)
