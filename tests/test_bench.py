@@ -14,7 +14,7 @@ import pytest
 
 from gemmgen.tune import bench
 from gemmgen.tune.bench import GpuBenchmark, Measurement, TimingPolicy
-from gemmgen.model.errors import InvalidInput
+from gemmgen.model.errors import CudaError, InvalidInput
 from gemmgen.model.problem import Problem
 from gemmgen.tune.reference import naive_manifest
 
@@ -96,7 +96,7 @@ def test_measure_never_raises_it_reports(monkeypatch):
     b = GpuBenchmark()
 
     def broken():
-        raise bench.CudaError("cuInit", 100, "CUDA_ERROR_NO_DEVICE")
+        raise CudaError("cuInit", 100, "CUDA_ERROR_NO_DEVICE")
 
     monkeypatch.setattr(GpuBenchmark, "device", property(lambda self: broken()))
     result = b.measure(naive_manifest(problem), b"\x7fELF", problem)
