@@ -13,6 +13,23 @@ import numpy as np
 import pytest
 
 from gemmgen.runtime import device, driver
+from gemmgen.tune import utility
+
+
+def nvrtc_missing() -> bool:
+    try:
+        from gemmgen.codegen.nvrtc import nvrtc_version
+        return not nvrtc_version()
+    except Exception:  # noqa: BLE001 - no bindings or no libnvrtc
+        return True
+
+
+def compile_for_device(*args):
+    from gemmgen.codegen.nvrtc import compile_for_device as compile_
+    return compile_(*args)
+
+
+compile_for_device.cache_clear = lambda: __import__("gemmgen.codegen.nvrtc", fromlist=["x"]).compile_for_device.cache_clear()
 from gemmgen.model.errors import CudaError, InvalidInput, NoGpu
 from gemmgen.model.problem import Problem
 from gemmgen.tune.reference import naive_manifest
@@ -178,9 +195,9 @@ def test_host_uniform_is_in_range_and_seeded():
 
 def test_utility_kernels_compile_to_sass_cubins():
     pytest.importorskip("cuda.bindings.nvrtc")
-    if device.nvrtc_version() is None:
+    if nvrtc_missing():
         pytest.skip("NVRTC library not loadable")
-    cubin = device.compile_utility(device.UTILITY_SOURCE, (9, 0))
+    cubin = compile_for_device("gemmgen_utility", utility.UTILITY_SOURCE, (9, 0))
     assert cubin[:4] == b"\x7fELF"
 
 
@@ -218,11 +235,11 @@ def test_device_random_fill_is_uniform_seeded_and_never_zero(dev, dtype):
     n = 1 << 20
     buf = dev.alloc(n * 4)
     raw_type = device.numpy_dtype(dtype)
-    dev.fill_uniform(buf, dtype, n, seed=11)
+    utility.fill_uniform(dev, buf, dtype, n, seed=11)
     a = device.to_float32(dev.copy_to_host(buf, raw_type, n), dtype)
-    dev.fill_uniform(buf, dtype, n, seed=12)
+    utility.fill_uniform(dev, buf, dtype, n, seed=12)
     b = device.to_float32(dev.copy_to_host(buf, raw_type, n), dtype)
-    dev.fill_uniform(buf, dtype, n, seed=11)
+    utility.fill_uniform(dev, buf, dtype, n, seed=11)
     again = device.to_float32(dev.copy_to_host(buf, raw_type, n), dtype)
     assert a.min() >= -1.0 and a.max() <= 1.0
     assert abs(a.mean()) < 0.01 and abs(a.std() - 1 / 3 ** 0.5) < 0.01  # uniform on [-1, 1): sd 0.577
@@ -240,12 +257,12 @@ def _run_naive(dev, problem, splits=1, fault="none"):
     m, n, k = problem.m, problem.n, problem.k
     a_count, b_count = m * k, k * n
     bufs = {"A": dev.alloc(a_count * 2), "B": dev.alloc(b_count * 2), "D": dev.alloc(m * n * 2)}
-    dev.fill_uniform(bufs["A"], problem.a_dtype, a_count, seed=3)
-    dev.fill_uniform(bufs["B"], problem.b_dtype, b_count, seed=4)
+    utility.fill_uniform(dev, bufs["A"], problem.a_dtype, a_count, seed=3)
+    utility.fill_uniform(dev, bufs["B"], problem.b_dtype, b_count, seed=4)
     dev.poison(bufs["D"], problem.c_dtype)
     workspace = dev.alloc(manifest["workspace_bytes"]) if manifest["workspace_bytes"] else None
     if workspace:
-        dev.fill_uniform(workspace, "f32", m * n, seed=5)  # garbage the launcher must zero
+        utility.fill_uniform(dev, workspace, "f32", m * n, seed=5)  # garbage the launcher must zero
     dev.launch(manifest, module, {k_: b.ptr for k_, b in bufs.items()}, workspace)
     dev.synchronize("naive kernel")
     raw = {name: dev.copy_to_host(b, device.numpy_dtype(problem.a_dtype), b.nbytes // 2) for name, b in bufs.items()}
@@ -292,8 +309,8 @@ def test_compiling_leaves_python_constants_alone():
     """Regression: NVRTC wrote an empty log into `b" " * 1`, CPython's shared b' ' object, which turned
     every space in the process into NUL (torch then failed to import on the H100)."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    if device.nvrtc_version() is None:
+    if nvrtc_missing():
         pytest.skip("NVRTC library not loadable")
-    device.compile_utility.cache_clear()
-    device.compile_utility(device.UTILITY_SOURCE, (9, 0))
+    compile_for_device.cache_clear()
+    compile_for_device("gemmgen_utility", utility.UTILITY_SOURCE, (9, 0))
     assert b" " == bytes([32]) and " ".join(["a", "b"]) == "a\x20b"

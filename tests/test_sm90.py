@@ -9,6 +9,7 @@ import pytest
 from gemmgen.families import rules as constraints
 
 from gemmgen.runtime import tma
+from gemmgen.tune import utility
 from gemmgen.model.arch import Arch, DType, lookup_gpu
 from gemmgen.model.errors import CompileError, InvalidInput
 from gemmgen.families.sm90_wgmma import context as sm90_context
@@ -727,8 +728,8 @@ def test_fused_split_k_gives_the_separate_reductions_bits_and_leaves_its_counter
     outs = []
     with device.Device() as dev:
         bufs = {name: dev.alloc(count * 2) for name, count in sizes.items()}
-        dev.fill_uniform(bufs["A"], dtype, sizes["A"], seed=21)
-        dev.fill_uniform(bufs["B"], dtype, sizes["B"], seed=22)
+        utility.fill_uniform(dev, bufs["A"], dtype, sizes["A"], seed=21)
+        utility.fill_uniform(dev, bufs["B"], dtype, sizes["B"], seed=22)
         for fused in (False, True):
             from dataclasses import replace
             config = fused_config(splits)

@@ -54,8 +54,17 @@ class FakeDevice:
             self.now += max(self.run_s, self.enqueue_s)
 
 
+class FakeHelpers:
+    """The benchmark's device-side helpers, on the fake device."""
+
+    @staticmethod
+    def hold_stream(dev, seconds, stream):
+        return dev.hold_stream(seconds, stream)
+
+
 def timed(policy, run_s, enqueue_s=0.0):
     bench = GpuBenchmark(policy=policy)
+    bench.helpers = FakeHelpers
     dev = FakeDevice(run_s, enqueue_s)
     bench._device = dev
     times = bench._timed(dev.run, 0, "timing a fake")

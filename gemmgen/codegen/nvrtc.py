@@ -21,7 +21,7 @@ from cuda.bindings import nvrtc
 from ..model.atomic import atomic_write
 from ..model import paths
 from ..model.arch import Arch, Gpu
-from ..model.errors import CompileError, GemmgenError
+from ..model.errors import CompileError, GemmgenError, NoGpu
 from .render import render
 from ..model.tiles import Kernel
 
@@ -224,6 +224,21 @@ def compile_source(name: str, source: str, options: "tuple[str, ...]") -> "tuple
         return bytes(cubin), log
     finally:
         _check(nvrtc.nvrtcDestroyProgram(program), "nvrtcDestroyProgram")
+
+
+@lru_cache(maxsize=32)
+def compile_for_device(name: str, source: str, cc: "tuple[int, int]") -> bytes:
+    """A SASS cubin of a small helper source (no template, no model) for compute capability `cc`: the measuring
+    process's fill and hold kernels, the reference GEMM. CompileError with the log; NoGpu where NVRTC is missing."""
+    options = (f"--gpu-architecture=sm_{cc[0]}{cc[1]}", "--std=c++17")
+    try:
+        cubin, _ = compile_source(name, source, options)
+    except GemmgenError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - cuda.pathfinder raises its own error when libnvrtc is missing
+        raise NoGpu(f"NVRTC is not available ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
+                    "pip install nvidia-cuda-nvrtc") from None
+    return cubin
 
 
 def compile_kernel(kernel: Kernel, gpu: "Gpu | None" = None, lineinfo: bool = False,

@@ -2,7 +2,7 @@
 
     with Device() as dev:                       # cuInit, primary context retained and made current
         module = dev.load(cubin)                # cuModuleLoadData
-        a = dev.alloc(nbytes); dev.fill_uniform(a, DType.BF16, count, seed=7)
+        a = dev.alloc(nbytes); dev.copy_to_device(a, host_array)
         seq = dev.prepare(manifest, module, {"A": a.ptr, ...}, workspace)
         seq.run(); dev.synchronize("after my kernel")
 
@@ -13,10 +13,9 @@ cuda-python is imported lazily: importing this module never needs a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from ..model.arch import Arch, DType
-from ..model.errors import CompileError, CudaError, InvalidInput, NoGpu
+from ..model.errors import CudaError, InvalidInput, NoGpu
 # The runtime's pieces, re-exported so `from gemmgen.runtime.device import ...` keeps serving launchers.
 from . import driver as drv  # its driver_module through the module, so tests can fake the driver
 from .driver import (DRIVER_HINT, STICKY_ERRORS, check, driver_module, driver_version, error_name,  # noqa: F401
@@ -333,145 +332,5 @@ class Device:
             raise InvalidInput("a copy must stay inside its device buffer", f"{offset_bytes + out.nbytes} > {buf.nbytes}")
         check("cuMemcpyDtoH", drv.driver_module().cuMemcpyDtoH(out, buf.ptr + offset_bytes, out.nbytes))
         return out
-
-    def fill_uniform(self, buf: Buffer, dtype: "DType | str", count: int, seed: int, lo: float = -1.0,
-                     hi: float = 1.0, stream: int = 0) -> None:
-        """Uniform random values in [lo, hi), generated on the device by a counter-based hash of (seed, index);
-        falls back to NumPy on the host when NVRTC is missing."""
-        dt = DType.parse(dtype)
-        module = self._utility_module()
-        if module is None:  # no NVRTC here: host generation gives the same distribution
-            self.copy_to_device(buf, host_uniform(dt, count, seed, lo, hi))
-            return
-        kind = {DType.BF16: 0, DType.F16: 1, DType.F32: 2}.get(dt)
-        if kind is None:
-            raise InvalidInput("random fill supports bf16, f16 and f32", dt.value)
-        fn = module.function("gemmgen_fill_uniform")
-        params = pack_params([
-            {"name": "out", "kind": "tensor", "tensor": "out"},
-            {"name": "n", "kind": "scalar", "ctype": "unsigned long long", "value": int(count)},
-            {"name": "seed", "kind": "scalar", "ctype": "unsigned long long", "value": int(seed) & (2**64 - 1)},
-            {"name": "kind", "kind": "scalar", "ctype": "int", "value": kind},
-            {"name": "lo", "kind": "scalar", "ctype": "float", "value": float(lo)},
-            {"name": "hi", "kind": "scalar", "ctype": "float", "value": float(hi)},
-        ], {"out": buf.ptr}, entry="gemmgen_fill_uniform")
-        blocks = max(1, min(4 * self.props.sm_count * 8, (count + 255) // 256))
-        enqueue(drv.driver_module(), PreparedLaunch(fn, (blocks, 1, 1), (256, 1, 1), (1, 1, 1), 0, params), stream)
-
-    def hold_stream(self, seconds: float, stream: int = 0) -> bool:
-        """Keep `stream` busy for `seconds` of GPU time; False (nothing queued) when NVRTC is missing."""
-        module = self._utility_module()
-        if module is None:
-            return False
-        fn = module.function("gemmgen_hold")
-        params = pack_params([{"name": "ns", "kind": "scalar", "ctype": "unsigned long long",
-                               "value": int(seconds * 1e9)}], {}, entry="gemmgen_hold")
-        enqueue(drv.driver_module(), PreparedLaunch(fn, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0, params), stream)
-        return True
-
-    def _utility_module(self) -> "Module | None":
-        """The random-fill kernels, compiled once per Device; None (remembered) when NVRTC cannot build them."""
-        if "utility" not in self.cache:
-            try:
-                self.cache["utility"] = self.load(compile_utility(UTILITY_SOURCE, self.props.cc))
-            except (NoGpu, CompileError):
-                self.cache["utility"] = None
-        return self.cache["utility"]
-
-
-# --- utility kernels (compiled by NVRTC for the device at hand) -------------------------------
-
-UTILITY_SOURCE = r"""
-// gemmgen utility kernels: random fill. No headers, so NVRTC needs no include path.
-__device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-// kind: 0 bf16, 1 f16, 2 f32. Each element hashes (seed, index), so the values do not depend on the grid.
-extern "C" __global__ void gemmgen_fill_uniform(void* out, unsigned long long n, unsigned long long seed,
-                                                int kind, float lo, float hi) {
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        unsigned long long h = splitmix64(seed * 0xD1B54A32D192ED03ull ^ i);
-        float u = (float)(h >> 40) * (1.0f / 16777216.0f);  // top 24 bits: exact in fp32, in [0, 1)
-        float x = lo + (hi - lo) * u;
-        if (kind == 2) {
-            ((float*)out)[i] = x;
-        } else {
-            unsigned short bits;
-            if (kind == 0) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
-            else           asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x));
-            ((unsigned short*)out)[i] = bits;
-        }
-    }
-}
-
-// Holds the stream for `ns` nanoseconds of GPU time (one thread). Timed runs are queued behind it, so the
-// GPU then runs them back to back and the events time the kernels, not the host's launch overhead.
-extern "C" __global__ void gemmgen_hold(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("nanosleep.u32 2000;" ::: "memory");
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
-}
-"""
-
-
-@lru_cache(maxsize=8)
-def compile_utility(source: str, cc: "tuple[int, int]") -> bytes:
-    """A SASS cubin of a small helper source for compute capability `cc` (NVRTC; raises CompileError)."""
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:
-        raise NoGpu("cuda-python's NVRTC bindings are not installed", "pip install 'cuda-bindings[all]'") from None
-    arch = f"sm_{cc[0]}{cc[1]}"
-    options = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
-
-    def nv(call, result):
-        err, *values = result
-        if int(err) != 0:
-            raise CompileError("gemmgen utility kernels", [o.decode() for o in options], f"{call} failed: {err!r}")
-        return values[0] if len(values) == 1 else values
-
-    try:
-        prog = nv("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(source.encode(), b"gemmgen_util.cu", 0, [], []))
-    except CompileError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - cuda.pathfinder raises its own error when libnvrtc is missing
-        raise NoGpu(f"NVRTC is not available ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
-                    "pip install nvidia-cuda-nvrtc") from None
-    try:
-        err, = nvrtc.nvrtcCompileProgram(prog, len(options), options)
-        # NVRTC writes into these buffers: they must be fresh and mutable. `b" " * 1` is CPython's shared
-        # one-byte singleton, and an empty log (size 1) written into it turned every b" " (and, seen on the
-        # H100, the spaces torch builds its op schemas with) into NUL for the rest of the process.
-        size = nv("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
-        log = bytearray(size)
-        nv("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(prog, log))
-        if int(err) != 0:
-            raise CompileError("gemmgen utility kernels", [o.decode() for o in options],
-                               bytes(log).rstrip(b"\0").decode(errors="replace"))
-        size = nv("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
-        cubin = bytearray(size)
-        nv("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, cubin))
-        return bytes(cubin)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def nvrtc_version() -> "str | None":
-    """NVRTC's version as 'major.minor', or None when the library cannot be loaded."""
-    try:
-        from cuda.bindings import nvrtc
-
-        err, major, minor = nvrtc.nvrtcVersion()
-    except Exception:  # noqa: BLE001 - missing bindings or libnvrtc both mean 'no NVRTC'
-        return None
-    return f"{major}.{minor}" if int(err) == 0 else None
 
 

@@ -276,11 +276,12 @@ def reference_manifest(problem: Problem, pointers: GemmPointers, ref_ptr: int) -
 def _compare_kernel(device, problem: Problem, pointers: GemmPointers, seed: int) -> Comparison:
     import numpy as np
 
-    from ..runtime.device import Buffer, compile_utility, numpy_dtype, to_float32
+    from ..codegen.nvrtc import compile_for_device
+    from ..runtime.device import Buffer, numpy_dtype, to_float32
 
     module = device.cache.get("reference")
     if module is None:
-        module = device.cache["reference"] = device.load(compile_utility(REFERENCE_SOURCE, device.props.cc))
+        module = device.cache["reference"] = device.load(compile_for_device("gemmgen_reference", REFERENCE_SOURCE, device.props.cc))
     m, n = problem.m, problem.n
     ref_buf = device.alloc(m * n * 4)
     try:
@@ -492,6 +493,7 @@ def naive_manifest(problem: Problem, fault: str = "none", splits: int = 1, arch:
 
 def naive_cubin(problem: Problem, cc: "tuple[int, int]" = (9, 0), fault: str = "none", splits: int = 1) -> bytes:
     """The naive kernel compiled by NVRTC to SASS for compute capability `cc`."""
-    from ..runtime.device import compile_utility
+    from ..codegen.nvrtc import compile_for_device
 
-    return compile_utility(naive_kernel_source(problem, fault, splits), tuple(cc))
+    return compile_for_device(naive_kernel_name(problem, fault, splits), naive_kernel_source(problem, fault, splits),
+                              tuple(cc))

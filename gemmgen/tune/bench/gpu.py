@@ -22,6 +22,7 @@ from ...model.arch import DType
 from ...model.errors import CudaError
 from ...model.problem import Problem
 from .policy import HOLD_BASE_S, HOLD_BATCH, HOLD_MAX_S, HOLD_PER_RUN_S, HOST_BOUND_S, Measurement, TimingPolicy, describe, failed, manifest_mismatch, median, plan_runs, rotation_count, threshold, timing_policy, verdict
+from .. import utility
 from ..reference import GemmPointers, operand_bytes, storage_shapes
 
 
@@ -35,6 +36,9 @@ class _OperandSet:
 class GpuBenchmark:
     """Verifies and times kernels on one GPU. Constructing it touches no GPU: the context opens on first use,
     so it can be built in a parent and used in a worker (it pickles as its settings)."""
+
+    # The device-side helpers (random fill, stream hold): tune/utility.py; tests put fakes here.
+    helpers = utility
 
     def __init__(self, ordinal: int = 0, reference: str = "auto", policy: TimingPolicy = TimingPolicy(),
                  seed: "int | None" = None, verify: bool = True):
@@ -181,7 +185,7 @@ class GpuBenchmark:
             # stream torch's dispatch (~20-40 us) would land inside the estimate, and a 9 us cuBLAS run would
             # pass for a long one and be timed back to back from Python in sustained mode (host-bound: sq1024's
             # cuBLAS read 94 TFLOP/s instead of 230 that way on 2026-11-24, docs/perf-notes.md).
-            dev.hold_stream(HOLD_BASE_S, stream)
+            self.helpers.hold_stream(dev, HOLD_BASE_S, stream)
             start.record(stream)
             run_one(0)
             end.record(stream)
@@ -207,7 +211,7 @@ class GpuBenchmark:
         batch = min(self.policy.batch, HOLD_BATCH)
         for first in range(0, reps, batch):
             chunk = pairs[first:first + batch]
-            dev.hold_stream(min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)
+            self.helpers.hold_stream(dev, min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)
             for i, (s, e) in enumerate(chunk, start=first):
                 s.record(stream)
                 run_one(i)
@@ -255,7 +259,7 @@ class GpuBenchmark:
             if name == "D":
                 continue  # poisoned before each check; its content does not matter for timing
             count = math.prod(shapes[name])
-            self.device.fill_uniform(buf, dtypes[name], count, self._rng.getrandbits(63))
+            self.helpers.fill_uniform(self.device, buf, dtypes[name], count, self._rng.getrandbits(63))
 
     def _release_sets(self) -> None:
         if self._device is not None:
