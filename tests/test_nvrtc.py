@@ -10,7 +10,7 @@ from gemmgen.codegen import nvrtc
 from gemmgen.model.arch import Arch, lookup_gpu
 from gemmgen.model.errors import CompileError
 from gemmgen.codegen.nvrtc import Compiled, compile_kernel, compile_many, compile_source, parse_ptxas_log
-from gemmgen.model.problem import Operands
+from gemmgen.model.problem import Operands, Problem
 from gemmgen.rank.space import enumerate_space
 from gemmgen.families.sm80_mma.config import Sm80Config
 from gemmgen.model.tiles import Kernel, Shape3, TileConfig
@@ -114,3 +114,19 @@ def test_every_config_of_the_space_compiles_or_is_rejected_by_check(arch, gpu):
     assert not failures, failures[0].log[:2000]
     assert all(isinstance(r, Compiled) and r.name == k.name for r, k in zip(results, kernels))
     assert time.monotonic() - start < 240
+
+
+def test_the_kernel_identity_is_the_compiled_kernels_and_follows_source_options_and_toolkit(monkeypatch):
+    """One identity: what a build's Compiled.identity says is what identity_of(kernel) predicts without
+    compiling, and it moves with the rendered source, the options and the NVRTC version."""
+    from gemmgen.codegen import identity
+
+    kernel = Kernel(Arch.SM80, Problem.create(256, 256, 256).operands, SMALL)
+    compiled = nvrtc.compile_kernel(kernel)
+    assert compiled.identity == identity.identity_of(kernel)
+    base = identity.kernel_identity(compiled.source, compiled.options, compiled.nvrtc_version)
+    assert identity.kernel_identity(compiled.source + "\n// changed", compiled.options, compiled.nvrtc_version) != base
+    assert identity.kernel_identity(compiled.source, compiled.options + ("-lineinfo",), compiled.nvrtc_version) != base
+    assert identity.kernel_identity(compiled.source, compiled.options, "99.9") != base
+    monkeypatch.setattr(identity, "render", lambda k: compiled.source.replace("__syncthreads", "__syncthreads "))
+    assert identity.identity_of(kernel) != compiled.identity

@@ -585,28 +585,46 @@ def test_the_top_table_measures_against_the_hard_roofline_and_the_model_separate
         assert row.pct_of_prediction == pytest.approx(100 * row.tflops / row.predicted_tflops)
 
 
-def test_trials_that_timed_older_kernel_code_are_remeasured_first_not_carried(tmp_path, monkeypatch):
+def engines_building(identity: str):
+    """The test engines, with every configuration building to kernel identity `identity`."""
+    from dataclasses import replace
+
+    return replace(engines(), identity=lambda kernel: identity)
+
+
+def test_trials_that_timed_another_kernel_identity_are_remeasured_first_never_served(tmp_path):
+    """Regression for the code digest that missed files: a stored time is trusted only for the kernel identity
+    (rendered source, NVRTC options, toolkit) it was measured as."""
     from gemmgen.tune import search
 
     first = Recorded()
-    r1 = search.tune(PROBLEM, GPU, first, options(tmp_path, trials=6, top_k=6, rounds=1), engines=engines())
-    old_best = sorted((t for t in load_study(tmp_path, r1).trials if t.state.name == "COMPLETE"),
-                      key=lambda t: -t.value)
-    assert search.study_code(r1.study_name) == search.study.kernel_code_digest()
+    r1 = search.tune(PROBLEM, GPU, first, options(tmp_path, trials=6, top_k=6, rounds=1),
+                     engines=engines_building("v1"))
+    old = load_study(tmp_path, r1)
+    old_best = sorted((t for t in old.trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)
+    assert {t.user_attrs["kernel_id"] for t in old_best} == {"v1"}
 
-    # The templates changed: the same command opens a new study, whose values are only this code's timings.
-    monkeypatch.setattr(search.study, "kernel_code_digest", lambda: "0123456789ab")
+    # The same command after a change that renders every kernel differently: the same study, whose v1 times are
+    # not served; the best of them are measured again before anything else, best first.
     second = Recorded()
-    r2 = search.tune(PROBLEM, GPU, second, options(tmp_path, trials=8, top_k=6, rounds=1), engines=engines())
-    assert r2.study_name != r1.study_name and r2.study_name.endswith("/code-0123456789ab")
-    assert r2.counts["carried"] == 0
+    r2 = search.tune(PROBLEM, GPU, second, options(tmp_path, trials=14, top_k=6, rounds=1),
+                     engines=engines_building("v2"))
+    assert r2.study_name == r1.study_name
     study = load_study(tmp_path, r2)
-    measured = [t for t in study.trials if t.user_attrs.get("measured")]
-    # The old study's best configurations are measured again before anything else, best first.
-    again = [t.user_attrs["config_tag"] for t in measured[:len(old_best)]]
+    fresh = [t for t in study.trials if t.user_attrs.get("kernel_id") == "v2" and t.user_attrs.get("measured")]
+    again = [t.user_attrs["config_tag"] for t in fresh[:len(old_best)]]
     assert again == [t.user_attrs["config_tag"] for t in old_best]
-    assert all(t.user_attrs.get("source", "").startswith("re-measure") for t in measured[:len(old_best)])
+    assert all(t.user_attrs.get("source", "").startswith("re-measure") for t in fresh[:len(old_best)])
     assert second.calls[:len(old_best)] == again
+    # The winner is chosen among this identity's times only.
+    assert r2.winner.config.tag in {t.user_attrs["config_tag"] for t in fresh}
+
+    # Resumed again with the same code: nothing is stale any more, nothing is re-measured.
+    third = Recorded()
+    r3 = search.tune(PROBLEM, GPU, third, options(tmp_path, trials=14, top_k=6, rounds=1),
+                     engines=engines_building("v2"))
+    resumed = load_study(tmp_path, r3)
+    assert not [t for t in resumed.trials[len(study.trials):] if t.user_attrs.get("source", "").startswith("re-measure")]
 
 
 def test_sustained_timing_covers_the_finalist_rounds_and_cublas_only_and_is_recorded(tmp_path):

@@ -1,30 +1,35 @@
-"""The digest of the code that turns a configuration into a kernel, so stored timings know which kernels they timed.
+"""One kernel identity: a hash of the rendered CUDA source, the NVRTC options and the NVRTC (toolkit) version.
 
-A trial's time is a property of the kernel the templates and the family modules rendered for its configuration,
-not of the configuration alone: when either changes (a faster epilogue, a fixed cluster exit), trials measured
-before are stale. The tuner keeps them out of its best-so-far and re-measures their best configurations first
-(search.py); the study name carries this digest.
+A trial's time is a property of the cubin that was built, not of its configuration: any change that shapes the
+kernel (a template, a family's context or rules, the model's tiles, the compiler options, the toolkit) changes
+this identity, and the tuner trusts a stored time only for the identity it was measured with (tune/search: each
+measured trial records `kernel_id`; trials of another identity are re-measured, never served).
 """
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 
-from ..model import paths
+from ..model.tiles import Kernel
+from .render import render
 
 
-@lru_cache(maxsize=1)
-def kernel_code_digest() -> str:
-    """12 hex digits over templates/**/*.j2, gemmgen/families/*.py and gemmgen/render.py, in a fixed order."""
-    files = sorted(paths.TEMPLATES.rglob("*.j2")) + sorted((paths.PACKAGE / "families").rglob("*.py")) + \
-        [paths.PACKAGE / "codegen" / "render.py"]
+def kernel_identity(source: str, options, nvrtc_version: "str | None") -> str:
+    """16 hex digits over the source, the options in order and the NVRTC version."""
     h = hashlib.sha256()
-    for f in files:
-        if f.is_file():
-            # The path below templates/ (or the package), not the bare name: sm80_mma/ and sm90_wgmma/ share names.
-            rel = f.relative_to(paths.TEMPLATES) if f.is_relative_to(paths.TEMPLATES) else f.relative_to(paths.PACKAGE)
-            h.update(rel.as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
+    for part in (source, "\0".join(options), nvrtc_version or "no-nvrtc"):
+        h.update(part.encode() + b"\0\1")
+    return h.hexdigest()[:16]
 
 
-__all__ = ["kernel_code_digest"]
+def identity_of(kernel: Kernel) -> str:
+    """The identity `kernel` would be compiled with here (renders it; compiles nothing)."""
+    from .nvrtc import nvrtc_version, options_for  # NVRTC bindings only when asked
+
+    try:
+        version = nvrtc_version()
+    except Exception:  # noqa: BLE001 - no NVRTC here: the identity still covers source and options
+        version = None
+    return kernel_identity(render(kernel), options_for(kernel), version)
+
+
+__all__ = ["identity_of", "kernel_identity"]

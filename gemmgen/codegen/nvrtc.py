@@ -71,6 +71,13 @@ class Compiled:
     nvrtc_version: str = ""
 
     @property
+    def identity(self) -> str:
+        """codegen/identity.kernel_identity of this build: source, options, NVRTC version."""
+        from .identity import kernel_identity
+
+        return kernel_identity(self.source, self.options, self.nvrtc_version)
+
+    @property
     def spill_bytes(self) -> int:
         """Spills of any entry point: a spill anywhere in the cubin counts."""
         return max([self.resources.spill_bytes] + [r.spill_bytes for _, r in self.entries])

@@ -66,6 +66,9 @@ class Engines:
     manifest: "Callable[[Kernel, Problem, object], dict]"
     nvrtc_version: "Callable[[], str | None]" = lambda: None
     tiebreak: "Callable[[Problem, TileConfig, Gpu], float] | None" = None
+    # The kernel identity a configuration builds to now (codegen/identity.identity_of): stored trials of
+    # another identity timed another cubin.
+    identity: "Callable[[Kernel], str]" = lambda kernel: "unversioned"
 
     def close(self) -> None:
         self.compiler.close()
@@ -107,9 +110,15 @@ def _tiebreak(problem, config, gpu):
     return heuristic_time(problem, config, gpu)
 
 
+def _identity(kernel):
+    from ..codegen.identity import identity_of
+
+    return identity_of(kernel)
+
+
 def default_engines(jobs: int) -> Engines:
     return Engines(_enumerate_families, _predict, PoolCompiler(jobs) if jobs > 0 else InlineCompiler(),
-                   _manifest, _nvrtc_version, _tiebreak)
+                   _manifest, _nvrtc_version, _tiebreak, _identity)
 
 
 # --- storage ----------------------------------------------------------------------------------

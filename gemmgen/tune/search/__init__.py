@@ -40,7 +40,7 @@ from .options import (FALLBACK_AFTER, FINALIST_TIMINGS, REMEASURE_STALE, SAMPLER
                       Finalist, Row, TrialSummary, TuneOptions, TuneResult)
 from .queue import CandidateQueue
 from .record import TuneRecord
-from .study import StudyHistory, make_sampler, study_code, study_name  # noqa: F401
+from .study import StudyHistory, make_sampler, study_name  # noqa: F401
 from .trials import TrialLoop
 
 
@@ -77,7 +77,9 @@ class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, TuneRecor
         self.systemic = 0  # measurements failed in a row for reasons that are not the kernel's
         self.current = None  # the in-flight entry being measured
         self.finalists: "list[Finalist]" = []
-        self.remeasure: "list[Ranked]" = []  # best configurations of trials that timed older kernel code
+        self.remeasure: "list[Ranked]" = []  # best configurations of trials that timed another kernel identity
+        self.stale: "dict[str, float]" = {}  # config tag -> best TFLOP/s it measured as another kernel identity
+        self.identities: "dict[str, str]" = {}  # config tag -> the kernel identity it builds to now
         self.winner = None
         self.stop_reason = ""
         self._last_write = 0.0

@@ -54,7 +54,7 @@ class CandidateQueue:
             r = self.pending.popleft()
             if r.config.tag in self.tried:
                 continue
-            source = "re-measure: timed with older kernel code" if r in self.remeasure else self.pick_source
+            source = "re-measure: timed as another kernel identity (the code changed)" if r in self.remeasure else self.pick_source
             self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": source})
             self.waiting += 1
 

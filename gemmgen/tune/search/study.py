@@ -7,27 +7,21 @@ import time
 import warnings
 
 from ...model.arch import Gpu
-from ...codegen.identity import kernel_code_digest
 from ...model.errors import InvalidInput
 from ...model.problem import Problem
 from ..results import problem_key
 from ...rank.ranking import SearchSpace
 from ..storage import Quarantine, open_storage, storage_errors
+from ...model.tiles import Kernel
 from .options import REMEASURE_STALE, TrialSummary
 
 
 
 
 def study_name(gpu: Gpu, problem: Problem, space: SearchSpace) -> str:
-    """Deterministic, so the same command finds (and resumes) the same study: one per search space and per
-    version of the kernel code (templates and family modules), whose timings are the study's values."""
-    return f"gemmgen/{gpu.key}/{problem_key(problem)}/space-{space.version}/code-{kernel_code_digest()}"
-
-
-def study_code(name: str) -> "str | None":
-    """The kernel-code digest a study's name carries (None for studies named before the digest existed)."""
-    tail = name.rsplit("/", 1)[-1]
-    return tail[len("code-"):] if tail.startswith("code-") else None
+    """Deterministic, so the same command finds (and resumes) the same study: one per search space. Which kernel
+    a trial timed is its own `kernel_id` (codegen/identity), checked when the study is resumed."""
+    return f"gemmgen/{gpu.key}/{problem_key(problem)}/space-{space.version}"
 
 
 def make_sampler(name: str, seed: "int | None"):
@@ -104,24 +98,34 @@ class StudyHistory:
             self._load_history()
             self._enqueue_model_picks()
 
+    def current_identity(self, tag: str) -> str:
+        """The kernel identity configuration `tag` builds to now (cached: rendering is the cost)."""
+        if tag not in self.identities:
+            self.identities[tag] = self.engines.identity(Kernel(self.arch, self.problem.operands,
+                                                                self.by_tag[tag].config))
+        return self.identities[tag]
+
+    def timed_current_kernel(self, t) -> bool:
+        """Whether a stored trial timed the kernel its configuration builds to now."""
+        tag = t.user_attrs.get("config_tag")
+        return tag in self.by_tag and t.user_attrs.get("kernel_id") == self.current_identity(tag)
+
     def _carry_over(self) -> None:
-        """Measured trials of this problem under an earlier space version stay valid when the kernel code is the
-        same: copy them in. Trials that timed older kernel code are not copied (their times describe kernels
-        that are no longer built); their best configurations are measured again first, ahead of the model's
-        picks (self.remeasure)."""
+        """Measured trials of this problem under an earlier space version stay valid when they timed the kernel
+        their configuration builds to now: copy them in. Trials of another kernel identity are not copied (their
+        times describe kernels that are no longer built); their best configurations are measured again first,
+        ahead of the model's picks (self.remeasure)."""
         optuna = self.optuna
         prefix = self.name.rsplit("/space-", 1)[0] + "/space-"
-        code = study_code(self.name)
         stale: "dict[str, float]" = {}
         for summary in optuna.study.get_all_study_summaries(self.storage):
             if not summary.study_name.startswith(prefix) or summary.study_name == self.name:
                 continue
             old = optuna.load_study(study_name=summary.study_name, storage=self.storage)
-            same_code = study_code(summary.study_name) == code
             for t in old.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
                 if not t.user_attrs.get("measured") or t.user_attrs.get("config_tag") not in self.by_tag:
                     continue
-                if not same_code:
+                if not self.timed_current_kernel(t):
                     tag = t.user_attrs["config_tag"]
                     stale[tag] = max(stale.get(tag, 0.0), t.value or 0.0)
                     continue
@@ -132,8 +136,7 @@ class StudyHistory:
                     params=self.space.params(ranked.config), distributions=self.space.distributions(
                         ranked.config.family), value=t.value, user_attrs=attrs))
                 self.counts["carried"] += 1
-        best_stale = sorted(stale, key=lambda tag: -stale[tag])[:REMEASURE_STALE]
-        self.study.set_user_attr("remeasure", best_stale)
+        self.stale.update(stale)
 
     def _recover_interrupted(self) -> None:
         """Trials left RUNNING by a tuner that died: FAIL them; re-queue, or quarantine a repeat offender."""
@@ -155,13 +158,21 @@ class StudyHistory:
                 self.counts["requeued"] += 1
 
     def _load_history(self) -> None:
+        """Fold the study's finished trials in. A measured trial that timed another kernel identity than its
+        configuration builds to now (the code changed since) is not served: its configuration is re-measured."""
         for t in self.study.get_trials(deepcopy=False):
             s = self._summary_of(t)
             if s.state in ("WAITING", "RUNNING"):
                 continue
             self.summaries[t.number] = s
+            if s.measured and s.state == "COMPLETE" and s.tag in self.by_tag and not self.timed_current_kernel(t):
+                self.stale[s.tag] = max(self.stale.get(s.tag, 0.0), s.tflops or 0.0)
+                continue
             self._account(s, resumed=True)
         self.counts["resumed"] = sum(1 for s in self.summaries.values() if s.measured)
+        for tag in self.best:
+            self.stale.pop(tag, None)  # measured again since with the current kernel
+        self.study.set_user_attr("remeasure", sorted(self.stale, key=lambda tag: -self.stale[tag])[:REMEASURE_STALE])
 
     def _summary_of(self, t) -> TrialSummary:
         a = t.user_attrs

@@ -107,6 +107,7 @@ class TrialLoop:
             self._finish(trial, config, "FAIL", fail_reason=reason, fail_kind=COMPILE, measured=True)
             return
         self.compiled[config.tag] = compiled
+        trial.set_user_attr("kernel_id", self.current_identity(config.tag))  # what this time is a time of
         resources = getattr(compiled, "resources", None)
         for key in ("registers", "spill_bytes"):
             if resources is not None and getattr(resources, key, None) is not None:
