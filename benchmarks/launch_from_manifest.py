@@ -48,12 +48,13 @@ def pack(params, ptrs, workspace):
     for p in params:
         if p["kind"] == "tensor":
             keep.append(ctypes.c_uint64(ptrs.get(p["tensor"], 0)))
-        elif p["kind"] == "workspace":
-            keep.append(ctypes.c_uint64(workspace))
+        elif p["kind"] == "workspace":   # the workspace, or a region of it (a packed operand's copy)
+            keep.append(ctypes.c_uint64(workspace + p.get("offset_bytes", 0)))
         elif p["kind"] == "scalar":
             keep.append(scalars[p["ctype"]](p["value"]))
         elif p["kind"] == "tensormap":
-            keep.append((ctypes.c_ubyte * 128).from_buffer_copy(tensor_map(p, ptrs[p["tensor"]])))
+            base = workspace + p.get("offset_bytes", 0) if p["tensor"] == "workspace" else ptrs[p["tensor"]]
+            keep.append((ctypes.c_ubyte * 128).from_buffer_copy(tensor_map(p, base)))
     array = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(k) for k in keep])
     return array, keep
 

@@ -20,6 +20,8 @@ PROBLEMS = {
     "odd": Problem.create(3000, 1000, 777, "f16", "col", "col", beta=0.5, bias=True, activation="gelu"),
     "skinny": Problem.create(16, 4096, 4096, "bf16", "row", "col"),
     "deep": Problem.create(1024, 1024, 65536, "bf16", "row", "row"),
+    # Leading dimensions 4093 and 3001 bf16 are not 16-byte multiples: TMA kernels pack them first.
+    "misaligned": Problem.create(4095, 3001, 4093, "bf16", "row", "col", bias=True),
 }
 
 
@@ -45,7 +47,9 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     manifest = make_manifest(kernel, problem)
     assert TileConfig.from_dict(manifest["config"]) == config
-    launches = manifest["launches"]
+    # Operand packs (copies TMA can read) come first; then the GEMM and its reduction, if any.
+    packs = [l for l in manifest["launches"] if l["entry"] == f"{kernel.name}_pack"]
+    launches = manifest["launches"][len(packs):]
     main = launches[0]
     assert main["entry"] == kernel.name and main["block"] == [config.threads, 1, 1]
     assert main["dynamic_smem"] <= H100.smem_per_block_optin
@@ -64,22 +68,36 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
         assert ctas >= tiles * splits  # one CTA per tile and K slice (clusters round the tile count up)
     workspace = manifest["workspace_bytes"]
     zero = manifest["workspace_zero"]
+    copies = []
+    for pack in packs:
+        p = {q["name"]: q for q in pack["params"]}
+        copies.append((p["dst"]["offset_bytes"], p["rows"]["value"] * p["ld_dst"]["value"] * 2))
+        assert p["ld_dst"]["value"] >= p["cols"]["value"] and pack["grid"][0] * 256 * 8 >= p["cols"]["value"]
+    copies.sort()
+    # Copies lie after the workspace's zeroed prefix, one after another, inside the workspace.
+    assert all(off >= zero["bytes"] for off, _ in copies)
+    assert all(a + n <= b for (a, n), (b, _) in zip(copies, copies[1:])) and all(a + n <= workspace for a, n in copies)
+    own = copies[0][0] if copies else workspace   # the GEMM's own workspace ends where the first copy begins
     assert 0 <= zero["bytes"] <= workspace and zero["when"] in ("run", "bind")
     if splits > 1:
-        assert workspace >= splits * problem.m * problem.n * 4  # every slice's fp32 partial of D
+        assert own >= splits * problem.m * problem.n * 4  # every slice's fp32 partial of D
         fused = config.decomposition.fused
         assert len(launches) == (1 if fused else 2)
         if not fused:
             assert launches[1]["entry"] == f"{kernel.name}_reduce" and launches[1]["params"] == main["params"]
     elif config.decomposition.kind is DecompKind.STREAM_K:
-        assert len(launches) == 1 and workspace > 0 and zero["when"] == "bind"
+        assert len(launches) == 1 and own > 0 and zero["when"] == "bind"
     else:
-        assert len(launches) == 1 and workspace == 0
+        assert len(launches) == 1 and own == 0
     # Tensor maps are bound by the tensor they read: a swapped kernel's tmA reads the caller's B.
+    # A packed operand's map reads its copy in the workspace instead.
     maps = {p["name"]: p["tensor"] for p in main["params"] if p["kind"] == "tensormap"}
     if maps:
         swapped = getattr(config, "swap_ab", False)
-        assert maps["tmA"] == ("B" if swapped else "A") and maps["tmB"] == ("A" if swapped else "B")
+        sources = {p["tensor"] for l in packs for p in l["params"] if p["name"] == "src"}
+        for tm, tensor in (("tmA", "B" if swapped else "A"), ("tmB", "A" if swapped else "B")):
+            assert maps[tm] == ("workspace" if tensor in sources else tensor)
+        assert len(sources) == sum(m == "workspace" for m in maps.values())
     scalars = {p["name"]: p["value"] for p in main["params"] if p["kind"] == "scalar"}
     assert (scalars["M"], scalars["N"], scalars["K"]) == (gemm.m, gemm.n, gemm.k)
     assert scalars["ldc"] == problem.ldc

@@ -85,12 +85,44 @@ def test_setmaxnreg_only_with_two_consumer_warpgroups():
 
 
 # --- feasibility ----------------------------------------------------------------------------------
-def test_unaligned_leading_dimension_rejects_sm90():
-    # lda = K = 4097 bf16 is not a 16-byte multiple: TMA cannot describe A, the tuner must fall back.
-    problem = Problem.create(1000, 3000, 4097, "bf16", "row", "col")
-    rules = [v.rule for v in constraints.check(hopper_config(), H100, Arch.SM90A, problem)]
-    assert any("A's leading dimension" in r for r in rules)
-    assert any("B's leading dimension" in r for r in rules)
+# Swapped kernels' 16/32-wide tiles need the caller's A row-major (K-major in shared memory), so not every layout.
+@pytest.mark.parametrize("a,b,swap", [(a, b, False) for a in ("row", "col") for b in ("row", "col")]
+                         + [("row", "row", True), ("row", "col", True)])
+def test_operands_tma_cannot_read_are_packed_into_the_workspace_first(a, b, swap):
+    # lda/ldb 4095 bf16 are not 16-byte multiples: TMA cannot describe them in place, so each misaligned operand
+    # is copied to a 128-byte-multiple leading dimension in the workspace and the GEMM's tensor map reads the copy.
+    m = 24 if swap else 1000
+    problem = Problem.create(m, 3001, 4095, "bf16", a, b)
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x32x64", "warp": "64x32x64",
+                                   "mma": "64x32x16", "stages": 6, "warp_specialized": True, "persistent": True,
+                                   "swap_ab": True}) if swap else hopper_config()
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    runs, workspace, _ = sm90.manifest_launches(kernel, problem)
+    gemm = next(r for r in runs if r["entry"] == kernel.name)
+    packs = [r for r in runs if r["entry"] == kernel.name + "_pack"]
+    assert runs[:len(packs)] == packs  # every copy is made before the GEMM reads it
+    ops = problem.swapped().operands if swap else problem.operands
+    expected = [name for name, align in (("A", ops.align_a), ("B", ops.align_b)) if align * 2 < 16]
+    assert len(packs) == len(expected)
+    maps = {p["name"]: p for p in gemm["params"] if p["kind"] == "tensormap"}
+    scalars = {p["name"]: p["value"] for p in gemm["params"] if p["kind"] == "scalar"}
+    for pack in packs:
+        params = {p["name"]: p for p in pack["params"]}
+        rows, cols = params["rows"]["value"], params["cols"]["value"]
+        ld_dst, offset = params["ld_dst"]["value"], params["dst"]["offset_bytes"]
+        assert ld_dst >= cols and ld_dst * 2 % 128 == 0 and offset % 1024 == 0
+        assert offset + rows * ld_dst * 2 <= workspace
+        assert pack["grid"][0] * 256 * 8 >= cols and pack["grid"][1] == min(rows, 65535)
+        tm = next(t for t in maps.values() if t.get("offset_bytes") == offset)
+        assert tm["tensor"] == "workspace" and tm["strides_bytes"] == [ld_dst * 2] and tm["dims"] == [cols, rows]
+        tma.validate_spec(tm)
+        assert scalars["lda" if tm["name"] == "tmA" else "ldb"] == ld_dst
+    copies = sorted((p["params"][1]["offset_bytes"], p["params"][2]["value"] * p["params"][5]["value"] * 2)
+                    for p in packs)
+    assert all(a_off + a_len <= b_off for (a_off, a_len), (b_off, _) in zip(copies, copies[1:]))  # no overlap
+    source = render(kernel)
+    assert (kernel.name + "_pack(") in source if packs else "_pack(" not in source
 
 
 def test_odd_k_is_fine_when_both_operands_are_mn_major():

@@ -1,6 +1,8 @@
 """Search spaces: the YAML's products, filtered by the feasibility check; default pick; bad files."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gemmgen.families import rules as constraints
@@ -88,20 +90,23 @@ def test_malformed_space_file_names_file_and_rule(tmp_path, monkeypatch, text, r
     assert "\n" not in message
 
 
-def test_a_leading_dimension_tma_cannot_load_rules_out_sm90_and_says_why():
+def test_a_leading_dimension_tma_cannot_load_no_longer_rules_out_the_tma_family():
+    # Before the pack pass (2026-11-25) lda = 4097 bf16 ruled sm90_wgmma out and the tuner fell back to sm80.
     from gemmgen.rank.space import excluded_families
 
     gpu = lookup_gpu("h100")
     odd = Problem.create(4096, 4096, 4097, "bf16")  # A row-major: lda = 4097 elements, not 16-byte rows
-    [(family, rule)] = excluded_families(odd, gpu)
-    assert family == "sm90_wgmma" and "16 bytes" in rule
+    assert excluded_families(odd, gpu) == []
     assert excluded_families(Problem.create(4096, 4096, 4096, "bf16"), gpu) == []
 
 
-def test_tune_dry_run_tells_which_family_it_fell_back_from(capsys, tmp_path, monkeypatch):
+def test_tune_dry_run_picks_a_packing_tma_kernel_for_misaligned_rows(capsys, tmp_path, monkeypatch):
     from gemmgen.cli import main
 
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
-    assert main(["tune", "300", "200", "100", "--gpu", "h100", "--dry-run", "--top-k", "1"]) == 0
-    err = capsys.readouterr().err
-    assert "family sm90_wgmma cannot run this problem" in err
+    assert main(["tune", "4095", "4095", "4095", "--gpu", "h100", "--dry-run", "--top-k", "1",
+                 "--out", str(tmp_path / "b")]) == 0
+    [manifest] = [json.loads(p.read_text()) for p in (tmp_path / "b").glob("*.json")]
+    assert manifest["config"]["family"] == "sm90_wgmma"
+    # lda = ldb = 4095: both operands are copied before the GEMM.
+    assert [l["entry"] for l in manifest["launches"]] == [manifest["name"] + "_pack"] * 2 + [manifest["name"]]

@@ -45,6 +45,16 @@ class ModelTraits:
 
 
 @dataclass(frozen=True)
+class Prepass:
+    """Launches a kernel runs before its main loop on one problem (packing operands): what the model charges."""
+
+    dram_bytes: int = 0       # read and written by the pre-pass launches
+    launches: int = 0
+    packed_a: bool = False    # the main loop reads a copy of A (B) whose rows start on 128-byte boundaries
+    packed_b: bool = False
+
+
+@dataclass(frozen=True)
 class Launches:
     """A kernel's launch description for one problem: the manifest's launches, workspace and zeroing rule."""
 
@@ -113,6 +123,10 @@ class KernelFamily:
     def gemm_problem(self, config: TileConfig, problem: Problem) -> Problem:
         """The product the main loop computes for `problem` (the problem itself unless the kernel swaps)."""
         return problem
+
+    def prepass(self, config: TileConfig, problem: Problem) -> Prepass:
+        """Launches before the main loop on `problem` (none unless the family packs operands)."""
+        return Prepass()
 
     def context(self, kernel: Kernel) -> dict:
         """Every value the family's templates read, derived from the Kernel alone."""
@@ -191,5 +205,5 @@ def require_family(config: TileConfig, family: KernelFamily) -> None:
         raise InvalidInput(f"{family.name} needs a {family.name} configuration", config.family)
 
 
-__all__ = ["KernelFamily", "Launches", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "pointer_params",
+__all__ = ["KernelFamily", "Launches", "Prepass", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "pointer_params",
            "pow2", "reduce_launch", "require_family", "scalar_param", "scalar_params", "tensor_param", "workspace_param"]

@@ -163,6 +163,9 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     if violations:
         raise InvalidConfig(Kernel(gpu.arch, problem.operands, config).name, violations)
     traits = families.of(config).traits(config, gpu)
+    # Operands packed before the main loop (rows TMA cannot read in place): the copies' traffic and launches
+    # are charged as overhead, and the main loop reads rows that start on 128-byte boundaries.
+    prepass = families.of(config).prepass(config, problem)
     if traits.swapped:
         # The main loop runs on D^T = B^T @ A^T: the same FLOPs and bytes, tiled the other way round (the bias,
         # counted per column below, is a handful of bytes either way).
@@ -207,7 +210,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     # Compute: the tensor cores do whole tiles, padding included.
     executed = 2.0 * (tiles_m * cta.m) * (tiles_n * cta.n) * (k_tiles * cta.k)
     fam_eff = traits.tensor_efficiency
-    if traits.tma_loads and any(ld * elt % 128 for ld in (problem.lda, problem.ldb)):
+    if traits.tma_loads and any(ld * elt % 128 and not packed
+                                for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
         fam_eff /= TMA_UNALIGNED_SLOWDOWN
     if traits.tma_loads:
         fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff)
@@ -257,7 +261,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     # nothing overlaps it. Measured on the H100 (docs/perf-notes.md, ping-pong): in the cooperative
     # persistent kernel both consumer warpgroups store together while the tensor cores idle; only the
     # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
-    overhead = LAUNCH_OVERHEAD_S
+    overhead = LAUNCH_OVERHEAD_S + prepass.launches * LAUNCH_OVERHEAD_S \
+        + prepass.dram_bytes / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
     if splits > 1 and decomp.fused:
         # No second launch, but each tile's last slice reads every slice's partial of its tile back after the
         # others have arrived, on one SM; the last wave's tiles put that read on the critical path.

@@ -104,9 +104,16 @@ def check_schema(manifest: dict) -> None:
             if not isinstance(p, dict) or p.get("kind") not in PARAM_KINDS:
                 raise InvalidInput(f"manifest field {where}.params[{j}].kind must be one of {sorted(PARAM_KINDS)}",
                                    p.get("kind") if isinstance(p, dict) else p)
-            if p["kind"] in ("tensor", "tensormap") and p.get("tensor", p.get("name")) not in TENSORS:
-                raise InvalidInput(f"manifest field {where}.params[{j}].tensor must be one of {sorted(TENSORS)}",
+            allowed = TENSORS | {"workspace"} if p["kind"] == "tensormap" else TENSORS
+            if p["kind"] in ("tensor", "tensormap") and p.get("tensor", p.get("name")) not in allowed:
+                raise InvalidInput(f"manifest field {where}.params[{j}].tensor must be one of {sorted(allowed)}",
                                    p.get("tensor"))
+            offset = p.get("offset_bytes", 0)
+            if p["kind"] in ("workspace", "tensormap") and not (
+                    isinstance(offset, int) and not isinstance(offset, bool)
+                    and 0 <= offset and (offset == 0 or offset < manifest["workspace_bytes"])):
+                raise InvalidInput(f"manifest field {where}.params[{j}].offset_bytes must lie inside the workspace",
+                                   offset, f"workspace_bytes {manifest['workspace_bytes']}")
 
 
 def check_cubin(manifest: dict, cubin: bytes) -> None:
@@ -149,7 +156,12 @@ def check_launches(manifest: dict) -> None:
         if [(p.get("name"), p.get("kind")) for p in got["params"]] != [(p["name"], p["kind"]) for p in want["params"]]:
             raise InvalidInput(f"manifest field launches[{i}].params must be the kernel's parameters in order",
                                [p.get("name") for p in got["params"]])
-        if persistent and i == 0:
+        for j, (p, q) in enumerate(zip(got["params"], want["params"])):
+            if p.get("offset_bytes", 0) != q.get("offset_bytes", 0) or p.get("tensor") != q.get("tensor"):
+                raise InvalidInput(f"manifest field launches[{i}].params[{j}] must point where the kernel's "
+                                   "launches put it", (p.get("tensor"), p.get("offset_bytes", 0)),
+                                   f"expected {(q.get('tensor'), q.get('offset_bytes', 0))}")
+        if persistent and want["entry"] == manifest["name"]:
             if got["grid"][1:] != [1, 1] or got["grid"][0] % want["cluster"][0]:
                 raise InvalidInput(f"manifest field launches[{i}].grid must be whole clusters in x", got["grid"])
         elif got["grid"] != want["grid"]:

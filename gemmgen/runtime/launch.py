@@ -59,7 +59,8 @@ def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int
                 ptr = 0
             value = ctypes.c_uint64(int(ptr))
         elif kind == "workspace":
-            value = ctypes.c_uint64(int(workspace or 0))
+            # A pointer into the workspace: its start, or a region `offset_bytes` in (a packed operand's copy).
+            value = ctypes.c_uint64(int(workspace or 0) + int(spec.get("offset_bytes", 0)) if workspace else 0)
         elif kind == "scalar":
             ctype = _SCALAR_CTYPES.get(" ".join(str(spec.get("ctype", "")).replace("const", "").split()))
             if ctype is None:
@@ -72,9 +73,12 @@ def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int
             if encode_tensormap is None:
                 raise InvalidInput(f"{entry}: tensormap parameter {name} needs gemmgen.runtime.tma to encode it", spec)
             tensor = spec.get("tensor")
-            if not pointers.get(tensor):
+            # A map over the workspace reads a copy the launch sequence's pack launches wrote there.
+            base = int(workspace) + int(spec.get("offset_bytes", 0)) if tensor == "workspace" and workspace \
+                else pointers.get(tensor)
+            if not base:
                 raise InvalidInput(f"{entry}: tensormap parameter {name} needs a device pointer for", tensor)
-            encoded = bytes(encode_tensormap(spec, int(pointers[tensor])))
+            encoded = bytes(encode_tensormap(spec, int(base)))
             if len(encoded) != TENSORMAP_BYTES:
                 raise InvalidInput(f"{entry}: an encoded tensor map must be {TENSORMAP_BYTES} bytes", len(encoded))
             # The driver copies parameter bytes out of host memory, so the host copy needs no 64-byte alignment.

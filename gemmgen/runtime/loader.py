@@ -257,7 +257,8 @@ class LoadedKernel:
         """The launches for a problem other than the bundle's: the grid of a persistent cluster kernel follows
         how many clusters the device holds at once (cuOccupancyMaxActiveClusters)."""
         built = manifest_for(self.manifest, self.kernel, problem, dev.props.sm_count)
-        main = built["launches"][0]
+        # The GEMM launch (pack launches, where a family has them, come before it under other entry names).
+        main = next((l for l in built["launches"] if l["entry"] == self.kernel.name), built["launches"][0])
         if getattr(self.kernel.config, "persistent", False) and main.get("cluster", [1, 1, 1])[0] > 1:
             from . import tma
 

@@ -13,7 +13,7 @@ from ...model.arch import Arch, DType, Gpu
 from ...model.problem import Problem
 from ...model.tiles import DecompKind, Kernel
 from .. import register
-from ..base import KernelFamily, Launches, ModelTraits
+from ..base import KernelFamily, Launches, ModelTraits, Prepass
 from . import context as _context
 from . import launch as _launch
 from . import rules as _rules
@@ -63,6 +63,11 @@ class Sm90Wgmma(KernelFamily):
             # Ping-pong: each consumer computes whole tiles on about half the ring.
             consumer_tile=config.warp if pingpong else config.cta,
             stages_ahead=config.stages / 2 if pingpong else config.stages - 1, swapped=config.swap_ab)
+
+    def prepass(self, config: Sm90Config, problem: Problem) -> Prepass:
+        kernel = Kernel(self.min_arch, problem.operands, config)
+        pack_a, pack_b = _launch.packed(kernel)
+        return Prepass(_launch.prepass_bytes(kernel, problem), int(pack_a) + int(pack_b), pack_a, pack_b)
 
     def gemm_problem(self, config, problem: Problem) -> Problem:
         return problem.swapped() if config.swap_ab else problem

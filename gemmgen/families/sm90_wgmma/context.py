@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...model.tiles import Kernel
 from .config import Schedule
-from .launch import (REDUCE_THREADS, a_is_kmajor, b_is_kmajor,
+from .launch import (PACK_CHUNK, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
                      gemm_operands, is_fused, is_streamk, splits, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
@@ -55,6 +55,8 @@ def context(kernel: Kernel) -> dict:
         "epi_warp_bytes": epi_warp_bytes(cfg, ops),
         # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
         "epi_store_warp": uses_store_warp(kernel),
+        # Operands TMA cannot read in place are copied first by <name>_pack (launch.pack_plan).
+        "pack": any(packed(kernel)), "pack_threads": PACK_THREADS, "pack_chunk": PACK_CHUNK,
     }
 
 

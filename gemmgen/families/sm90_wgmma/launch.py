@@ -52,6 +52,75 @@ def b_is_kmajor(operands: Operands) -> bool:
     return operands.b_layout is Layout.COL
 
 
+# --- packing operands TMA cannot read ---------------------------------------------------------------
+# TMA needs every global stride to be a multiple of 16 bytes. An operand whose rows are not (ld 4095 bf16) is
+# first copied by <name>_pack into the workspace with its leading dimension rounded up to 128 bytes (rows that
+# start off 128-byte boundaries slow TMA 1.3-1.5x, docs/perf-notes.md, odd3000); the main loop's tensor map then
+# reads the copy. Only the leading dimension changes: the copy's extent stays M x K (K x N), TMA fills the rest
+# of each box with zeros, so nothing past the extent is written or read.
+PACK_THREADS = 256
+PACK_CHUNK = 8             # elements one thread copies per step: one 16-byte store of 16-bit elements
+PACK_ROW_BYTES = 128       # leading dimension of a packed copy: a multiple of this many bytes
+PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride loop
+
+
+def packed(kernel: Kernel) -> "tuple[bool, bool]":
+    """(A packed, B packed): the main loop's operands whose rows TMA cannot read in place."""
+    ops = gemm_operands(kernel)
+    return ops.align_a * ops.a_dtype.bytes < 16, ops.align_b * ops.b_dtype.bytes < 16
+
+
+def pack_plan(kernel: Kernel, problem: Problem) -> "list[dict]":
+    """The pack copies of `problem`: per packed operand its name in the caller's frame, the rows and columns of
+    its storage (row-major view: columns contiguous), its source and packed leading dimensions, and the byte
+    offset of the copy in the workspace (after `base` bytes the kernel's other workspace uses)."""
+    gp, ops = gemm_problem(kernel, problem), gemm_operands(kernel)
+    pack_a, pack_b = packed(kernel)
+    a_name, b_name = ("B", "A") if kernel.config.swap_ab else ("A", "B")
+    plan = []
+    # Storage of the main loop's A (M x K): K-major rows are M of K, MN-major rows are K of M; B likewise.
+    if pack_a:
+        rows, cols = (gp.m, gp.k) if a_is_kmajor(ops) else (gp.k, gp.m)
+        plan.append({"operand": "A", "tensor": a_name, "rows": rows, "cols": cols, "ld": gp.lda,
+                     "elt": ops.a_dtype.bytes})
+    if pack_b:
+        rows, cols = (gp.n, gp.k) if b_is_kmajor(ops) else (gp.k, gp.n)
+        plan.append({"operand": "B", "tensor": b_name, "rows": rows, "cols": cols, "ld": gp.ldb,
+                     "elt": ops.b_dtype.bytes})
+    for p in plan:
+        per_row = PACK_ROW_BYTES // p["elt"]
+        p["packed_ld"] = -(-p["cols"] // per_row) * per_row
+        p["bytes"] = p["rows"] * p["packed_ld"] * p["elt"]
+    return plan
+
+
+def _place(plan: "list[dict]", base: int) -> int:
+    """Give each copy its workspace offset from `base` (1024-byte aligned); the workspace's end."""
+    offset = -(-base // 1024) * 1024
+    for p in plan:
+        p["offset"] = offset
+        offset += -(-p["bytes"] // 1024) * 1024
+    return offset
+
+
+def pack_launch(kernel: Kernel, copy: dict) -> dict:
+    """One launch of <name>_pack: every row of the operand's storage copied to its packed leading dimension."""
+    chunks = -(-copy["cols"] // PACK_CHUNK)
+    params = [{"name": "src", "ctype": "const u16*", "kind": "tensor", "tensor": copy["tensor"]},
+              {"name": "dst", "ctype": "u16*", "kind": "workspace", "offset_bytes": copy["offset"]},
+              {"name": "rows", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
+              {"name": "cols", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
+              {"name": "ld_src", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
+              {"name": "ld_dst", "ctype": "int", "kind": "scalar", "value": copy["packed_ld"]}]
+    return {"entry": f"{kernel.name}_pack", "grid": [-(-chunks // PACK_THREADS), min(copy["rows"], PACK_MAX_GRID_Y), 1],
+            "block": [PACK_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
+
+
+def prepass_bytes(kernel: Kernel, problem: Problem) -> int:
+    """DRAM bytes the pack launches move (each packed operand read once and written once)."""
+    return sum(p["rows"] * p["cols"] * p["elt"] * 2 for p in pack_plan(kernel, problem))
+
+
 def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
     """Outer box extent: a K-major box spans the operand's tile (or its slice of a multicast); MN-major 64."""
     return tile_rows // split if kmajor else 64
@@ -112,9 +181,10 @@ def splits(kernel: Kernel) -> int:
     return decomp.splits if decomp.kind is DecompKind.SPLIT_K else 1
 
 
-def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
+def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" = None) -> "tuple[dict, dict]":
     """The two tensor-map parameter specs (manifest 'kind': 'tensormap') for A and B. A swapped kernel's tmA
-    reads the caller's B (as B^T) and its tmB the caller's A."""
+    reads the caller's B (as B^T) and its tmB the caller's A; a packed operand's map reads its copy in the
+    workspace (`plan`, placed: pack_plan then _place)."""
     cfg, ops = kernel.config, gemm_operands(kernel)
     problem = gemm_problem(kernel, problem)
     a_name, b_name = ("B", "A") if cfg.swap_ab else ("A", "B")
@@ -132,6 +202,9 @@ def tensormap_specs(kernel: Kernel, problem: Problem) -> "tuple[dict, dict]":
             "strides_bytes": [problem.ldb * elt],
             "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
             "l2_promotion": L2_PROMOTION}
+    for copy in plan or ():
+        spec = tm_a if copy["operand"] == "A" else tm_b
+        spec.update(tensor="workspace", offset_bytes=copy["offset"], strides_bytes=[copy["packed_ld"] * elt])
     return tm_a, tm_b
 
 
@@ -184,14 +257,16 @@ def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "in
 
 
 def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
-           max_clusters: "int | None" = None) -> dict:
-    """The single launch of an sm90_wgmma kernel for `problem`, as a manifest 'launches' entry."""
+           max_clusters: "int | None" = None, plan: "list[dict] | None" = None) -> dict:
+    """The GEMM launch of an sm90_wgmma kernel for `problem`, as a manifest 'launches' entry (`plan`: the
+    placed pack copies its tensor maps read instead of A or B)."""
     cfg, ops = kernel.config, kernel.operands
     sm_count = sm_count or lookup_gpu("h100").sm_count
     ctype = f"const {ops.c_dtype.cuda_type}*"
-    tm_a, tm_b = tensormap_specs(kernel, problem)
+    tm_a, tm_b = tensormap_specs(kernel, problem, plan)
     gp = gemm_problem(kernel, problem)
-    scalars = [("M", gp.m), ("N", gp.n), ("K", gp.k), ("lda", gp.lda), ("ldb", gp.ldb),
+    lds = {copy["operand"]: copy["packed_ld"] for copy in plan or ()}
+    scalars = [("M", gp.m), ("N", gp.n), ("K", gp.k), ("lda", lds.get("A", gp.lda)), ("ldb", lds.get("B", gp.ldb)),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     params = [tm_a, tm_b] + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
               {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
@@ -212,8 +287,22 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
              max_clusters: "int | None" = None) -> "tuple[list[dict], int]":
     """The manifest's launches and workspace bytes: the GEMM alone, or for split-K the partial-sum kernel
     then `<name>_reduce` over the same parameters (the sm80 family's reduce ABI and grid), with an fp32
-    workspace[splits][M][N] (for a swapped kernel [splits][N][M], D^T's partials); for Stream-K the GEMM alone over [flags][one BM x BN fp32 partial per CTA]."""
-    main = launch(kernel, problem, sm_count, max_clusters)
+    workspace[splits][M][N] (for a swapped kernel [splits][N][M], D^T's partials); for Stream-K the GEMM alone over [flags][one BM x BN fp32 partial per CTA].
+    Operands TMA cannot read in place are packed first (pack_plan): one <name>_pack launch each, into the
+    workspace after what the GEMM itself uses."""
+    plan = pack_plan(kernel, problem)
+    # The GEMM's own workspace size does not depend on where the copies go (a persistent grid is fixed by the
+    # problem and the SMs), so it is computed first, and the copies placed after it.
+    runs, own = _gemm_launches(kernel, problem, sm_count, max_clusters, None)
+    if not plan:
+        return runs, own
+    end = _place(plan, own)
+    runs, _ = _gemm_launches(kernel, problem, sm_count, max_clusters, plan)
+    return [pack_launch(kernel, copy) for copy in plan] + runs, end
+
+
+def _gemm_launches(kernel, problem, sm_count, max_clusters, plan) -> "tuple[list[dict], int]":
+    main = launch(kernel, problem, sm_count, max_clusters, plan)
     if is_streamk(kernel):
         grid = main["grid"][0]
         return [main], streamk_flag_words(grid) * 4 + grid * kernel.config.cta.m * kernel.config.cta.n * 4
@@ -234,7 +323,8 @@ def manifest_launches(kernel: Kernel, problem: Problem, sm_count: "int | None" =
     when bound (the kernel leaves them zero); split-K writes every partial before reading it, so nothing."""
     runs, workspace = launches(kernel, problem, sm_count, max_clusters)
     if is_streamk(kernel):
-        return runs, workspace, {"bytes": streamk_flag_words(runs[0]["grid"][0]) * 4, "when": "bind"}
+        main = next(r for r in runs if r["entry"] == kernel.name)
+        return runs, workspace, {"bytes": streamk_flag_words(main["grid"][0]) * 4, "when": "bind"}
     if is_fused(kernel):
         # The last CTA of each tile resets its counter, so the counters are zeroed once, when bound.
         return runs, workspace, {"bytes": fused_counter_words(kernel, problem) * 4, "when": "bind"}
@@ -246,6 +336,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
