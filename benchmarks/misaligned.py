@@ -65,6 +65,50 @@ def timed(torch, fn, sets) -> float:
     return statistics.median(samples)
 
 
+def breakdown(torch, gemm, sets, problem, gpu, row, built, kernels) -> dict:
+    """Microseconds of the pack launches alone, the GEMM (and reduction) launches alone, the whole sequence, and
+    the same configuration compiled for the aligned shape rounded up to multiples of 8 (no pack, TMA stores)."""
+    import gemmgen
+    from gemmgen import Kernel, Problem
+    from gemmgen.codegen.nvrtc import compile_kernel
+    from gemmgen.runtime.launch import LaunchSequence
+    from gemmgen.tune.export import export_bundle
+
+    bound = [gemm.bind(*s) for s in sets]
+    npack = sum(l.function.name.endswith("_pack") for l in bound[0].launches)
+    parts = {"pack": [LaunchSequence(b.launches[:npack], b.workspace, "pack", 0) for b in bound],
+             "gemm": [LaunchSequence(b.launches[npack:], b.workspace, "gemm", 0) for b in bound],
+             "all": bound}
+    out = {}
+    for key, seqs in parts.items():
+        if seqs[0].launches:
+            out[key + "_us"] = timed(torch, lambda i_s, q=seqs: q[i_s].run(torch.cuda.current_stream().cuda_stream),
+                                     list(range(len(seqs)))) * 1e6
+    m8, n8, k8 = (-(-x // 8) * 8 for x in (problem.m, problem.n, problem.k))
+    aligned = Problem.create(m8, n8, k8, "bf16", problem.a_layout.value, problem.b_layout.value)
+    config = next(k.config for k in kernels if k.config.tag == row["config"])
+    kernel = Kernel(gpu.arch, aligned.operands, config)
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="gemmgen-aligned-"))
+    export_bundle(folder, kernel, aligned, compile_kernel(kernel), measured=None, verification=None, environment={})
+    g = gemmgen.load(folder)
+    asets = []
+    for _ in range(SETS):
+        asets.append((operand(torch, m8, k8, problem.a_layout.value, torch.bfloat16),
+                      operand(torch, k8, n8, problem.b_layout.value, torch.bfloat16),
+                      torch.empty(m8, n8, device="cuda", dtype=torch.bfloat16)))
+    for s in asets:
+        g(*s)
+    out["aligned_us"] = timed(torch, lambda s: g(*s), asets) * 1e6
+    out["aligned_shape"] = f"{m8}x{n8}x{k8}"
+    moved = sum(x.numel() * 2 * 2 for x in (sets[0][0], sets[0][1]))
+    if "pack_us" in out:
+        out["pack_GBps"] = moved / (out["pack_us"] * 1e-6) / 1e9
+    print(f"  breakdown {row['config'][:50]}: {out}", flush=True)
+    g.close()
+    return out
+
+
 def candidates(problem, gpu, top: int):
     """The model's top configurations of each family for `problem` (public rank APIs)."""
     from gemmgen.rank.predict import predict
@@ -83,6 +127,9 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=3, help="model picks per family (default 3)")
     parser.add_argument("--only", nargs="*", default=None, help="case names (default: all)")
     parser.add_argument("--out", default=None, help="write misaligned.json here")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the best kernel's pack launches and GEMM launch apart, and the same "
+                             "configuration on the next aligned shape (no pack)")
     args = parser.parse_args(argv)
     import torch
 
@@ -175,6 +222,9 @@ def main(argv=None) -> int:
             row.update(tflops=tf[row["config"]], vs_cublas=tf[row["config"]] / tf["cublas"],
                        vs_padded=tf[row["config"]] / tf["padded"])
         best_row = max((row for row, _ in loaded), key=lambda r: r["tflops"])
+        if args.breakdown:
+            best_gemm = next(g for row, g in loaded if row is best_row)
+            best_row["breakdown"] = breakdown(torch, best_gemm, sets, problem, gpu, best_row, built, kernels)
         summary.append({"case": name, "shape": best_row["shape"], "layouts": best_row["layouts"],
                         "best": best_row["config"], "family": best_row["family"], "tflops": best_row["tflops"],
                         "cublas_tflops": tf["cublas"], "padded_tflops": tf["padded"],

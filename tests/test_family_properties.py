@@ -69,10 +69,13 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
     workspace = manifest["workspace_bytes"]
     zero = manifest["workspace_zero"]
     copies = []
+    assert len(packs) <= 1   # one launch copies every misaligned operand
     for pack in packs:
         p = {q["name"]: q for q in pack["params"]}
-        copies.append((p["dst"]["offset_bytes"], p["rows"]["value"] * p["ld_dst"]["value"] * 2))
-        assert p["ld_dst"]["value"] >= p["cols"]["value"] and pack["grid"][0] * 256 * 8 >= p["cols"]["value"]
+        for z in range(pack["grid"][2]):
+            copies.append((p[f"dst{z}"]["offset_bytes"], p[f"rows{z}"]["value"] * p[f"ld_dst{z}"]["value"] * 2))
+            assert p[f"ld_dst{z}"]["value"] >= p[f"cols{z}"]["value"]
+            assert pack["grid"][0] * 256 * 8 >= p[f"cols{z}"]["value"]
     copies.sort()
     # Copies lie after the workspace's zeroed prefix, one after another, inside the workspace.
     assert all(off >= zero["bytes"] for off, _ in copies)
@@ -94,7 +97,8 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
     maps = {p["name"]: p["tensor"] for p in main["params"] if p["kind"] == "tensormap"}
     if maps:
         swapped = getattr(config, "swap_ab", False)
-        sources = {p["tensor"] for l in packs for p in l["params"] if p["name"] == "src"}
+        sources = {p["tensor"] for l in packs for p in l["params"]
+                   if p["name"].startswith("src") and int(p["name"][3:]) < l["grid"][2]}
         for tm, tensor in (("tmA", "B" if swapped else "A"), ("tmB", "A" if swapped else "B")):
             assert maps[tm] == ("workspace" if tensor in sources else tensor)
         assert len(sources) == sum(m == "workspace" for m in maps.values())

@@ -67,7 +67,7 @@ class Sm90Wgmma(KernelFamily):
     def prepass(self, config: Sm90Config, problem: Problem) -> Prepass:
         kernel = Kernel(self.min_arch, problem.operands, config)
         pack_a, pack_b = _launch.packed(kernel)
-        return Prepass(_launch.prepass_bytes(kernel, problem), int(pack_a) + int(pack_b), pack_a, pack_b)
+        return Prepass(_launch.prepass_bytes(kernel, problem), int(pack_a or pack_b), pack_a, pack_b)  # one launch
 
     def gemm_problem(self, config, problem: Problem) -> Problem:
         return problem.swapped() if config.swap_ab else problem

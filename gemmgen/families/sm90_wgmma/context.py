@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...model.tiles import Kernel
 from .config import Schedule
-from .launch import (PACK_CHUNK, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
+from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
                      gemm_operands, is_fused, is_streamk, splits, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
@@ -57,6 +57,7 @@ def context(kernel: Kernel) -> dict:
         "epi_store_warp": uses_store_warp(kernel),
         # Operands TMA cannot read in place are copied first by <name>_pack (launch.pack_plan).
         "pack": any(packed(kernel)), "pack_threads": PACK_THREADS, "pack_chunk": PACK_CHUNK,
+        "pack_rows": PACK_ROWS,
     }
 
 

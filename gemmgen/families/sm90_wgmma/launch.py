@@ -54,12 +54,13 @@ def b_is_kmajor(operands: Operands) -> bool:
 
 # --- packing operands TMA cannot read ---------------------------------------------------------------
 # TMA needs every global stride to be a multiple of 16 bytes. An operand whose rows are not (ld 4095 bf16) is
-# first copied by <name>_pack into the workspace with its leading dimension rounded up to 128 bytes (rows that
+# first copied by <name>_pack (one launch for both operands) into the workspace with its leading dimension rounded up to 128 bytes (rows that
 # start off 128-byte boundaries slow TMA 1.3-1.5x, docs/perf-notes.md, odd3000); the main loop's tensor map then
 # reads the copy. Only the leading dimension changes: the copy's extent stays M x K (K x N), TMA fills the rest
 # of each box with zeros, so nothing past the extent is written or read.
 PACK_THREADS = 256
 PACK_CHUNK = 8             # elements one thread copies per step: one 16-byte store of 16-bit elements
+PACK_ROWS = 4              # rows one thread copies per step, loads before stores (more bytes in flight)
 PACK_ROW_BYTES = 128       # leading dimension of a packed copy: a multiple of this many bytes
 PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride loop
 
@@ -103,16 +104,23 @@ def _place(plan: "list[dict]", base: int) -> int:
     return offset
 
 
-def pack_launch(kernel: Kernel, copy: dict) -> dict:
-    """One launch of <name>_pack: every row of the operand's storage copied to its packed leading dimension."""
-    chunks = -(-copy["cols"] // PACK_CHUNK)
-    params = [{"name": "src", "ctype": "const u16*", "kind": "tensor", "tensor": copy["tensor"]},
-              {"name": "dst", "ctype": "u16*", "kind": "workspace", "offset_bytes": copy["offset"]},
-              {"name": "rows", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
-              {"name": "cols", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
-              {"name": "ld_src", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
-              {"name": "ld_dst", "ctype": "int", "kind": "scalar", "value": copy["packed_ld"]}]
-    return {"entry": f"{kernel.name}_pack", "grid": [-(-chunks // PACK_THREADS), min(copy["rows"], PACK_MAX_GRID_Y), 1],
+def pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
+    """The one launch of <name>_pack: copy z of `plan` (one or two operands) in blockIdx.z == z, every row of the
+    operand's storage copied to its packed leading dimension. With one copy, the second parameter set repeats
+    the first (its blockIdx.z never runs)."""
+    params = []
+    for z in range(2):
+        copy = plan[min(z, len(plan) - 1)]
+        params += [{"name": f"src{z}", "ctype": "const u16*", "kind": "tensor", "tensor": copy["tensor"]},
+                   {"name": f"dst{z}", "ctype": "u16*", "kind": "workspace", "offset_bytes": copy["offset"]},
+                   {"name": f"rows{z}", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
+                   {"name": f"cols{z}", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
+                   {"name": f"ld_src{z}", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
+                   {"name": f"ld_dst{z}", "ctype": "int", "kind": "scalar", "value": copy["packed_ld"]}]
+    chunks = max(-(-c["cols"] // PACK_CHUNK) for c in plan)
+    row_groups = max(-(-c["rows"] // PACK_ROWS) for c in plan)
+    return {"entry": f"{kernel.name}_pack", "grid": [-(-chunks // PACK_THREADS), min(row_groups, PACK_MAX_GRID_Y),
+                                                      len(plan)],
             "block": [PACK_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
 
 
@@ -298,7 +306,7 @@ def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
         return runs, own
     end = _place(plan, own)
     runs, _ = _gemm_launches(kernel, problem, sm_count, max_clusters, plan)
-    return [pack_launch(kernel, copy) for copy in plan] + runs, end
+    return [pack_launch(kernel, plan)] + runs, end
 
 
 def _gemm_launches(kernel, problem, sm_count, max_clusters, plan) -> "tuple[list[dict], int]":
@@ -336,6 +344,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
