@@ -1,5 +1,5 @@
 """loader.py: bundle discovery and operand checks on the CPU; on a GPU, gemmgen.load() on torch and cupy
-arrays against torch.matmul, and scripts/launch_from_manifest.py launching a bundle without gemmgen."""
+arrays against torch.matmul, and benchmarks/launch_from_manifest.py launching a bundle without gemmgen."""
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,7 @@
 """The sm90_wgmma family on the CPU: rendering, NVRTC for sm_90a, SASS, TMA specs and feasibility.
 
-GPU correctness and timing live in scripts/hopper_lab.py (run on the H100; figures in docs/perf-notes.md).
+GPU correctness: benchmarks/space_check.py and the gpu-marked tests; the timing lab that was here is at
+ac47e8f:scripts/hopper_lab.py (figures in docs/perf-notes.md).
 """
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     add_timing_arg(p)
     p.add_argument("--watchdog", type=float, default=60.0, metavar="S", help="per-measurement watchdog (default 60)")
-    p.add_argument("--storage", default=None, metavar="URL", help="Optuna storage (default results/<gpu>/studies.db)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage (default: <per-user data dir>/studies/<gpu>/studies.db)")
     p.add_argument("--out", default=None, metavar="DIR", help="export each winner to DIR/<problem>/")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("--replay", default=None, metavar="FILE", help="simulation mode: replay recorded timings")

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--patience", type=int, default=40,
                    help="stop after this many measured trials without a 0.5%% improvement (default 40)")
     p.add_argument("--storage", default=None, metavar="URL",
-                   help="Optuna storage, any SQLAlchemy URL (default sqlite:///results/<gpu>/studies.db)")
+                   help="Optuna storage, any SQLAlchemy URL (default: <per-user data dir>/studies/<gpu>/studies.db)")
     p.add_argument("--out", default=None, metavar="DIR", help="export the winner's .cubin, .cu and .json here")
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, cmaes, qmc (needs scipy), "
                                                      "grid (every valid configuration, in model order)")

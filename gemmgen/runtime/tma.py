@@ -151,7 +151,7 @@ def _launch_config(launch: dict, stream=None):
     attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.get("cluster", [1, 1, 1])
     attrs = [attr]
-    policy = launch.get("cluster_policy")   # optional, for experiments (scripts/ab_lab.py --set cluster_policy=)
+    policy = launch.get("cluster_policy")   # optional, for experiments (ac47e8f:scripts/ab_lab.py --set cluster_policy=)
     if policy:
         extra = driver.CUlaunchAttribute()
         extra.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
