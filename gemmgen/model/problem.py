@@ -142,8 +142,10 @@ class Problem:
                bias=False, activation=None) -> "Problem":
         """Build a Problem from loose values (strings from a CLI or YAML), validating each."""
         ab = DType.parse(dtype)
+        # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
+        default_out = DType.BF16 if ab.bytes == 1 else ab
         return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, ab,
-                   DType.parse(c_dtype) if c_dtype else ab, DType.F32, Layout.parse(a), Layout.parse(b),
+                   DType.parse(c_dtype) if c_dtype else default_out, DType.F32, Layout.parse(a), Layout.parse(b),
                    Epilogue(float(alpha), float(beta), bool(bias), Activation.parse(activation)))
 
     @property

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model.arch import DType
 from ..model.errors import InvalidInput
 from ..model.problem import Layout, Problem
 from .bundle import runs_on, verify
@@ -25,7 +26,10 @@ from .serve import kernel_of, manifest_for, problem_from_shapes
 
 MANIFEST_FORMAT = "gemmgen-manifest/1"
 BOUND_SEQUENCES = 16  # launch sequences kept bound to recently seen arrays (weights stay, activations rotate)
-DTYPE_NAMES = {"bf16": {"bfloat16", "uint16", "int16"}, "f16": {"float16"}, "f32": {"float32"}}
+DTYPE_NAMES = {"bf16": {"bfloat16", "uint16", "int16"}, "f16": {"float16"}, "f32": {"float32"},
+               # fp8: torch's float8 types, or their bytes as uint8/int8 (cupy has no fp8 dtype)
+               "e4m3": {"float8_e4m3fn", "uint8", "int8"}, "e5m2": {"float8_e5m2", "uint8", "int8"}}
+SCALES = ("scale_a", "scale_b")   # fp8 kernels' per-tensor scales: one float32 on the GPU each, or None (1)
 
 
 def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
@@ -150,12 +154,16 @@ def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple
         out["C"] = ((m, n), (n, 1))
     if problem.epilogue.bias:
         out["bias"] = ((n,), (1,))
+    for name in SCALES:
+        out[name] = ((1,), (1,))
     return out
 
 
 def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
     """InvalidInput unless `info` has the manifest problem's shape, layout and dtype for operand `name`."""
     shape, strides = expected_layout(problem)[name]
+    if name in SCALES and info.shape in ((), (1,)):
+        info = ArrayInfo(info.ptr, (1,), (1,), info.dtype, info.device, info.stream)   # a 0-d scalar is fine too
     if info.shape != shape:
         raise InvalidInput(f"{name} must have shape {shape} for this kernel", info.shape)
     # A stride along an axis of extent 1 is never used, and libraries report anything there.
@@ -164,8 +172,14 @@ def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
         raise InvalidInput(f"{name} must be {layout}-major with element strides {strides}", info.strides,
                            "a col-major operand is the transposed view of a contiguous array")
     dtype = {"A": problem.a_dtype, "B": problem.b_dtype}.get(name, problem.c_dtype)
+    if name in SCALES:
+        dtype = DType.F32
     if info.dtype not in DTYPE_NAMES.get(dtype.value, {dtype.value}):
         raise InvalidInput(f"{name} must have dtype {dtype.value}", info.dtype)
+    if name in SCALES:
+        if info.ptr % 4:
+            raise InvalidInput(f"{name} must be 4-byte aligned", hex(info.ptr))
+        return
     if info.ptr % 16:
         raise InvalidInput(f"{name} must start on a 16-byte boundary (the kernel's vector loads)", hex(info.ptr))
 
@@ -187,18 +201,19 @@ class LoadedKernel:
     def __repr__(self) -> str:
         return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
 
-    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None):
-        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D."""
-        sequence, default_stream = self._sequence(A, B, D, C, bias)
+    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, scale_a=None, scale_b=None):
+        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D. fp8 kernels take per-tensor
+        scales as one-element float32 GPU arrays (D = alpha * scale_a * scale_b * A @ B ...); None means 1."""
+        sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b)
         sequence.run(default_stream() if stream is None else int(stream))
         return D
 
-    def bind(self, A, B, D, C=None, bias=None):
+    def bind(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None):
         """The launch sequence bound to these arrays (checked once): its run(stream) enqueues the kernel with no
         per-call work beyond the launch itself, e.g. inside a loop or a CUDA graph capture."""
-        return self._sequence(A, B, D, C, bias)[0]
+        return self._sequence(A, B, D, C, bias, scale_a, scale_b)[0]
 
-    def _sequence(self, A, B, D, C, bias):
+    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None):
         ep = self.problem.epilogue
         given = {"A": A, "B": B, "D": D}
         if ep.beta != 0:
@@ -213,6 +228,11 @@ class LoadedKernel:
             given["bias"] = bias
         elif bias is not None:
             raise InvalidInput("bias must be None: this kernel was built without a bias", "bias")
+        for name, scale in zip(SCALES, (scale_a, scale_b)):
+            if scale is not None:
+                if self.problem.a_dtype.bytes != 1:
+                    raise InvalidInput(f"{name} is for fp8 kernels: this one reads {self.problem.a_dtype.value}", name)
+                given[name] = scale
         # The arrays' identity (address, shape, strides, dtype, device) is the key of a bound launch sequence:
         # a call with arrays seen before skips the checks, the parameter packing and the tensor-map encoding.
         if all(_is_torch(x) for x in given.values()):

@@ -11,7 +11,7 @@ import ctypes
 from ..model.errors import CudaError, InvalidInput
 
 TENSORMAP_BYTES = 128
-_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
 # CU_TENSOR_MAP_L2_PROMOTION_* by the spec's "l2_promotion" ("none" and "NONE" alike). Manifests written
 # before the key existed were encoded with 256B and keep it; new ones say 128B (families/sm90.L2_PROMOTION).
 L2_PROMOTIONS = ("NONE", "64B", "128B", "256B")
@@ -70,9 +70,9 @@ def encode(spec: dict, base_ptr: int) -> bytes:
     validate_spec(spec)
     if base_ptr % 16:
         raise InvalidInput("a TMA tensor's address must be 16-byte aligned", hex(base_ptr))
-    dtype = {"bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-             "f16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             "f32": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[spec["dtype"]]
+    # fp8 has no tensor-map type of its own: TMA moves bytes, and wgmma reads them as e4m3/e5m2.
+    dtype = getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + {
+        "bf16": "BFLOAT16", "f16": "FLOAT16", "f32": "FLOAT32", "e4m3": "UINT8", "e5m2": "UINT8"}[spec["dtype"]])
     swizzle = {"128B": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
                "64B": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
                "32B": driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,

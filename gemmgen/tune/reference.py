@@ -93,6 +93,8 @@ def compare(device, problem: Problem, pointers: GemmPointers, backend: str = "au
     if backend not in BACKENDS:
         raise InvalidInput(f"reference backend must be one of {BACKENDS} or auto", backend)
     device.synchronize("before the reference")
+    if problem.a_dtype.bytes == 1 and backend != "torch":
+        raise InvalidInput("fp8 products are verified against torch (float8 tensors): install torch", backend)
     if backend == "torch":
         return _compare_torch(problem, pointers)
     if backend == "cupy":
@@ -116,7 +118,8 @@ def torch_operands(problem: Problem, pointers: GemmPointers) -> dict:
     import torch
 
     shapes = storage_shapes(problem)
-    dtypes = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
+    dtypes = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32,
+              DType.E4M3: torch.float8_e4m3fn, DType.E5M2: torch.float8_e5m2}
     addresses = {"A": pointers.a, "B": pointers.b, "C": pointers.c, "D": pointers.d, "bias": pointers.bias}
     kinds = {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "D": problem.c_dtype,
              "bias": problem.c_dtype}
@@ -124,7 +127,7 @@ def torch_operands(problem: Problem, pointers: GemmPointers) -> dict:
     for name, shape in shapes.items():
         dt = kinds[name]
         # CAI has no bf16 typestr: wrap the 16 bits as int16 and reinterpret.
-        typestr = {2: "<i2", 4: "<f4"}[dt.bytes]
+        typestr = {1: "|u1", 2: "<i2", 4: "<f4"}[dt.bytes]
         tensor = torch.as_tensor(_CudaArray(addresses[name], shape, typestr)).view(dtypes[dt])
         out[name] = tensor
     if problem.a_layout is Layout.COL:

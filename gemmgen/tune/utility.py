@@ -22,7 +22,8 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
     return x ^ (x >> 31);
 }
 
-// kind: 0 bf16, 1 f16, 2 f32. Each element hashes (seed, index), so the values do not depend on the grid.
+// kind: 0 bf16, 1 f16, 2 f32, 3 e4m3, 4 e5m2 (fp8: saturating round to nearest). Each element hashes
+// (seed, index), so the values do not depend on the grid.
 extern "C" __global__ void gemmgen_fill_uniform(void* out, unsigned long long n, unsigned long long seed,
                                                 int kind, float lo, float hi) {
     unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -32,6 +33,11 @@ extern "C" __global__ void gemmgen_fill_uniform(void* out, unsigned long long n,
         float x = lo + (hi - lo) * u;
         if (kind == 2) {
             ((float*)out)[i] = x;
+        } else if (kind >= 3) {
+            unsigned short pair;   // cvt packs two fp8 values; the low byte holds the second operand's
+            if (kind == 3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+            else           asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+            ((unsigned char*)out)[i] = (unsigned char)(pair & 0xFF);
         } else {
             unsigned short bits;
             if (kind == 0) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
@@ -75,9 +81,9 @@ def fill_uniform(dev: Device, buf: Buffer, dtype: "DType | str", count: int, see
     if module is None:
         dev.copy_to_device(buf, host_uniform(dt, count, seed, lo, hi))
         return
-    kind = {DType.BF16: 0, DType.F16: 1, DType.F32: 2}.get(dt)
+    kind = {DType.BF16: 0, DType.F16: 1, DType.F32: 2, DType.E4M3: 3, DType.E5M2: 4}.get(dt)
     if kind is None:
-        raise InvalidInput("random fill supports bf16, f16 and f32", dt.value)
+        raise InvalidInput("random fill supports bf16, f16, f32, e4m3 and e5m2", dt.value)
     fn = module.function("gemmgen_fill_uniform")
     params = pack_params([
         {"name": "out", "kind": "tensor", "tensor": "out"},

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...model.tiles import Kernel
 from .config import Schedule
-from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
+from .launch import (has_scales, PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
                      gemm_operands, is_fused, is_streamk, splits, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
@@ -24,7 +24,10 @@ def context(kernel: Kernel) -> dict:
     consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
     return {
         "name": kernel.name,
-        "ab": ops.a_dtype.ptx,
+        "ab": ops.a_dtype.ptx, "bb": ops.b_dtype.ptx,
+        "elt": ops.a_dtype.bytes, "mma_k": cfg.mma.k,
+        # fp8 kernels take per-tensor scales of A and B as device scalars (launch.has_scales).
+        "scales": has_scales(kernel),
         "cd": ops.c_dtype.ptx,
         "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,
         "wm": cfg.warp.m, "wn": cfg.warp.n, "wg_n": cfg.warps_n,

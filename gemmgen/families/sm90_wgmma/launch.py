@@ -18,7 +18,7 @@ from ..base import Launches
 from .rules import smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
-BK_ELEMENTS = 64     # one 128-byte swizzle row of 16-bit elements
+SWIZZLE_ROW_BYTES = 128  # one 128B-swizzle row: the TMA box's inner extent (64 16-bit or 128 fp8 elements)
 # The tensor maps' L2 promotion, recorded in each manifest spec ("l2_promotion") so every launcher encodes
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
 # 3000^3 13-16% slower; aligned rows (3008, 4096^3) showed no difference (docs/perf-notes.md, odd3000).
@@ -68,6 +68,8 @@ PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride lo
 def packed(kernel: Kernel) -> "tuple[bool, bool]":
     """(A packed, B packed): the main loop's operands whose rows TMA cannot read in place."""
     ops = gemm_operands(kernel)
+    if ops.a_dtype.bytes != 2:   # the pack pass copies 16-bit elements; fp8 rows must be 16-byte aligned (rules)
+        return False, False
     return ops.align_a * ops.a_dtype.bytes < 16, ops.align_b * ops.b_dtype.bytes < 16
 
 
@@ -127,6 +129,12 @@ def pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
 def prepass_bytes(kernel: Kernel, problem: Problem) -> int:
     """DRAM bytes the pack launches move (each packed operand read once and written once)."""
     return sum(p["rows"] * p["cols"] * p["elt"] * 2 for p in pack_plan(kernel, problem))
+
+
+def has_scales(kernel: Kernel) -> bool:
+    """fp8 kernels take per-tensor scales of A and B as device scalars (float*, null meaning 1): the ABI's
+    scale_a and scale_b after bias."""
+    return kernel.operands.a_dtype.bytes == 1
 
 
 def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
@@ -203,12 +211,12 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
     tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": a_name, "dtype": ops.a_dtype.value,
             "dims": [problem.k, problem.m] if a_k else [problem.m, problem.k],
             "strides_bytes": [problem.lda * elt],
-            "box": [BK_ELEMENTS, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B",
+            "box": [SWIZZLE_ROW_BYTES // elt, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B",
             "l2_promotion": L2_PROMOTION}
     tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": b_name, "dtype": ops.b_dtype.value,
             "dims": [problem.k, problem.n] if b_k else [problem.n, problem.k],
             "strides_bytes": [problem.ldb * elt],
-            "box": [BK_ELEMENTS, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
+            "box": [SWIZZLE_ROW_BYTES // elt, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
             "l2_promotion": L2_PROMOTION}
     for copy in plan or ():
         spec = tm_a if copy["operand"] == "A" else tm_b
@@ -281,8 +289,11 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
                "tensor": "A" if cfg.swap_ab else "B"},
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
               {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
-              {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"},
-              {"name": "workspace", "ctype": "float*", "kind": "workspace"}]
+              {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"}]
+    if has_scales(kernel):   # the caller's A and B scales, whichever operand the swapped main loop reads as A
+        params += [{"name": "scale_a", "ctype": "const float*", "kind": "tensor", "tensor": "scale_a"},
+                   {"name": "scale_b", "ctype": "const float*", "kind": "tensor", "tensor": "scale_b"}]
+    params += [{"name": "workspace", "ctype": "float*", "kind": "workspace"}]
     params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},
                {"name": "beta", "ctype": "float", "kind": "scalar", "value": problem.epilogue.beta}]
@@ -344,6 +355,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["has_scales", "packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]

@@ -42,7 +42,20 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         if operands is not None:
             operands = operands.swapped()
 
-    rule(mma.m == 64 and mma.k == 16, "wgmma shape for 16-bit inputs must be m64nNk16", str(mma), "64xNx16")
+    # One wgmma k-step reads 32 bytes of K per row: k16 for 16-bit inputs, k32 for fp8.
+    elt = elt_bytes(operands)
+    rule(mma.m == 64 and mma.k * elt == 32, f"wgmma shape for {8 * elt}-bit inputs must be m64nNk{32 // elt}",
+         str(mma), f"64xNx{32 // elt}")
+    if operands is not None and elt == 1:
+        # wgmma takes MN-major (transposed) shared-memory operands for 16-bit types only.
+        rule(operands.a_layout.value == "row" and operands.b_layout.value == "col",
+             "fp8 wgmma needs both operands K-major: A row-major and B column-major",
+             f"{operands.a_layout.value}/{operands.b_layout.value}", "row/col")
+        rule(operands.align_a * elt >= 16 and operands.align_b * elt >= 16,
+             "fp8 operands need leading dimensions that are multiples of 16 bytes (the pack pass copies 16-bit "
+             "elements only)", f"align {operands.align_a}/{operands.align_b}", 16)
+        rule(operands.c_dtype.bytes == 2, "fp8 kernels write a 16-bit D (bf16 or f16)", operands.c_dtype.value,
+             "bf16 or f16")
     rule(mma.n % 8 == 0 and 8 <= mma.n <= 256, "wgmma N must be a multiple of 8 up to 256", mma.n, "8..256")
     rule(mma.n == warp.n, "wgmma N must equal the warpgroup tile N", mma.n, warp.n)
     rule(config.smem_layout is SmemLayout.SWIZZLE, "sm90_wgmma needs the 128B swizzle layout",
