@@ -248,3 +248,69 @@ def test_a_bucketed_bundle_for_m_1_to_8192_computes_20_random_m_as_torch_does(tm
     with pytest.raises(InvalidInput, match="M must be within"):
         gemm(torch.empty(8193, 4096, device="cuda", dtype=torch.bfloat16), B,
              torch.empty(8193, 4096, device="cuda", dtype=torch.bfloat16))
+
+
+# --- the per-call path, with the launch faked -----------------------------------------------------
+
+class _Tensor:
+    """What the dispatcher reads of a torch tensor (data_ptr, shape, stride, dtype, get_device)."""
+
+    def __init__(self, ptr, shape):
+        self.ptr, self.shape, self.dtype = ptr, tuple(shape), "bfloat16"
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return (self.shape[1], 1)
+
+    def get_device(self):
+        return 0
+
+
+def test_a_call_seen_before_costs_one_key_lookup_and_a_new_shape_binds_its_buckets_kernel(monkeypatch):
+    from types import SimpleNamespace
+
+    from gemmgen import Arch, Kernel, Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.runtime import dispatch
+    from gemmgen.runtime.dispatch import DispatchKernel
+    from gemmgen.runtime.manifest import make_manifest
+
+    gpu = lookup_gpu("h100")
+    bundles = {}
+    for m in (16, 4096):
+        problem = Problem.create(m, 4096, 4096, "bf16")
+        manifest = make_manifest(Kernel(Arch.SM90A, problem.operands, default_config(problem, gpu)), problem)
+        bundles[manifest["name"]] = (manifest, b"", "<test>")
+    small, large = list(bundles)
+    tables = {(4096, 4096): Table(4096, 4096, (1, 17), (16, 4096), (small, large))}
+    gemm = DispatchKernel({}, tables, bundles)
+    runs, binds = [], []
+    monkeypatch.setattr(dispatch, "_torch_stream", lambda ordinal: 7)
+    for kernel in gemm.kernels.values():
+        def bind(A, B, D, C=None, bias=None, kernel=kernel):
+            binds.append((kernel.name, A.shape[0]))
+            if A.shape[0] == 7:
+                kernel.generation += 1  # as when a shape needs a larger workspace: older bindings die
+            return SimpleNamespace(run=lambda stream, name=kernel.name: runs.append((name, stream)))
+        kernel.bind = bind
+        kernel._device = SimpleNamespace(current_setter=lambda: (lambda: None))
+
+    B = _Tensor(0x10000, (4096, 4096))
+    A1, D1 = _Tensor(0x20000, (5, 4096)), _Tensor(0x30000, (5, 4096))
+    A2, D2 = _Tensor(0x40000, (3000, 4096)), _Tensor(0x50000, (3000, 4096))
+    for _ in range(3):
+        gemm(A1, B, D1)
+    gemm(A2, B, D2)
+    gemm(A1, B, D1, stream=9)
+    assert binds == [(small, 5), (large, 3000)]          # bound once per array set, by the bucket of M
+    assert runs == [(small, 7)] * 3 + [(large, 7), (small, 9)]
+    gemm(_Tensor(0x80000, (7, 4096)), B, _Tensor(0x90000, (7, 4096)))  # grows the small kernel's workspace
+    gemm(A2, B, D2)
+    gemm(A1, B, D1)
+    # The other kernel's binding survives; the small kernel's older one is bound again.
+    assert binds == [(small, 5), (large, 3000), (small, 7), (small, 5)]
+    with pytest.raises(InvalidInput, match="N x K must be one the dispatch table covers"):
+        gemm(_Tensor(0x60000, (5, 1024)), _Tensor(0x70000, (1024, 4096)), D1)
