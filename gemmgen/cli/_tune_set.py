@@ -55,7 +55,7 @@ def buckets_from_args(args):
 def run_shape_set(args) -> int:
     from ..model.problem import Problem
     from ..tune.dispatch import tune_buckets
-    from .tune import Progress, measurer_for, options_from_args, say_fallbacks, sigterm_as_interrupt
+    from .tune import Progress, measurer_for, options_from_args, say_calibration, say_fallbacks, sigterm_as_interrupt
 
     buckets = buckets_from_args(args)
     base = Problem.create(buckets[0].m_max, buckets[0].n, buckets[0].k, args.dtype, args.a_layout, args.b_layout,
@@ -65,6 +65,7 @@ def run_shape_set(args) -> int:
         return dry_run_shape_set(args, base, buckets, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
     say_fallbacks(base, gpu)
+    say_calibration(gpu)
     progress = Progress(not args.no_progress)
 
     def on_event(kind, info):

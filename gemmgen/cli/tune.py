@@ -168,6 +168,15 @@ class Progress:
             self.bar = None
 
 
+def say_calibration(gpu) -> None:
+    """Say when the model ranks with a stored calibration (gemmgen calibrate --fit) rather than its defaults."""
+    from ..rank.calibration import params_for
+
+    path = params_for(gpu)[1]
+    if path is not None:
+        print(f"note: the model ranks with the calibration in {path}", file=sys.stderr)
+
+
 def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
     such problems fall back to the sm80 family)."""
@@ -197,12 +206,14 @@ def run(args) -> int:
             check_url(args.storage)  # a bad URL is an error even where a dry run will not open it
             print("note: a dry run measures nothing, so --storage is not opened", file=sys.stderr)
         say_fallbacks(problem, gpu)
+        say_calibration(gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
         print_dry_run(result)
         return 0 if result.pick is not None else 1
     options = options_from_args(args)
     gpu, measurer, device = measurer_for(args, args.gpu)
     say_fallbacks(problem, gpu)
+    say_calibration(gpu)
     progress = Progress(not args.no_progress)
     try:
         with sigterm_as_interrupt():
