@@ -22,8 +22,9 @@ __all__ = [
 
 
 def load(path, name=None):
-    """Load an exported kernel bundle (manifest .json or its folder; `name` picks one of several) as a callable
-    for torch/cupy arrays. The bundle is verified first: schema, cubin sha256 and architecture, launches."""
+    """Load an exported kernel bundle (manifest .json or its folder; `name` picks one of several), or a dispatch
+    folder (dispatch.json: the kernel is picked per call by the shape's bucket), as a callable for torch/cupy
+    arrays. Everything is verified first: schema, cubin sha256 and architecture, launches, the table."""
     from .runtime.loader import load as _load  # imports cuda-python only when asked
 
     return _load(path, name)

@@ -13,6 +13,17 @@ def register(subparsers) -> None:
                                           "predicted ratio per kernel family with the efficiency it suggests.")
     add_gpu_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--fit", action="store_true",
+                   help="refit the model's free parameters to the stored trials (held-out shapes excluded), report "
+                        "rank correlation and top-16 hits on the held-out shapes before and after, and write a "
+                        "calibration file that tuning and --dry-run then use")
+    p.add_argument("--holdout", default=None, metavar="MxNxK,...",
+                   help="shapes the fit never sees (default: the list fixed in gemmgen/tune/fit.py)")
+    p.add_argument("--prior", type=float, default=None, metavar="W",
+                   help="weight of the pull towards the default constants (default 0.02; 0: unregularised)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where --fit writes (default: <per-user data dir>/calibration/<gpu>.json; "
+                        "results/<gpu>/calibration.json ships one with a checkout)")
     p.set_defaults(func=run)
 
 
@@ -22,6 +33,10 @@ def run(args) -> int:
 
     gpu = resolve_gpu(args.gpu)
     records = [record for _, record in load_records(gpu)]
+    if args.fit:
+        from ._calibrate_fit import run_fit
+
+        return run_fit(args, gpu, records)
     tunes, families = calibrate(records, gpu)
     if not tunes:
         raise InvalidInput(f"calibration needs measured tunes in {gpu_dir(gpu) / 'tunes'}", gpu.key,

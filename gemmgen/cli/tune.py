@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput, NoGpu
 from ._common import add_gpu_arg, add_problem_args, problem_from_args, table
+from ._tune_set import add_shape_set_args, is_shape_set, run_shape_set
 
 DRY_RUN_HINT = "to rank by the model and compile without a GPU: gemmgen tune M N K --gpu h100 --dry-run --out DIR"
 
@@ -17,8 +18,12 @@ def register(subparsers) -> None:
                               description="Rank every valid configuration with the roofline model, enqueue the "
                                           "top-k, explore with an Optuna sampler, re-measure the best few "
                                           "interleaved and export the winner. Re-running the same command resumes.")
-    add_problem_args(p)
+    p.add_argument("M", nargs="?", help="rows of A and D (or tune a shape set: --m RANGE --n N --k K, --shapes)")
+    p.add_argument("N", nargs="?", help="columns of B and D")
+    p.add_argument("K", nargs="?", help="the reduction dimension")
+    add_problem_args(p, shape=False)
     add_gpu_arg(p)
+    add_shape_set_args(p)
     p.add_argument("--trials", type=int, default=100,
                    help="measured trials in the study, counting resumed runs (default 100)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop searching after S seconds")
@@ -163,6 +168,15 @@ class Progress:
             self.bar = None
 
 
+def say_calibration(gpu) -> None:
+    """Say when the model ranks with a stored calibration (gemmgen calibrate --fit) rather than its defaults."""
+    from ..rank.calibration import params_for
+
+    path = params_for(gpu)[1]
+    if path is not None:
+        print(f"note: the model ranks with the calibration in {path}", file=sys.stderr)
+
+
 def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
     such problems fall back to the sm80 family)."""
@@ -175,6 +189,11 @@ def say_fallbacks(problem, gpu) -> None:
 def run(args) -> int:
     from ..tune.search import dry_run, tune
 
+    if is_shape_set(args):
+        return run_shape_set(args)
+    if None in (args.M, args.N, args.K):
+        raise InvalidInput("tune needs M N K, or a shape set: --m LO..HI --n N --k K, or --shapes FILE",
+                           " ".join(str(v) for v in (args.M, args.N, args.K) if v is not None) or "nothing")
     problem = problem_from_args(args)
     if args.dry_run:
         if not args.gpu:
@@ -187,12 +206,14 @@ def run(args) -> int:
             check_url(args.storage)  # a bad URL is an error even where a dry run will not open it
             print("note: a dry run measures nothing, so --storage is not opened", file=sys.stderr)
         say_fallbacks(problem, gpu)
+        say_calibration(gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
         print_dry_run(result)
         return 0 if result.pick is not None else 1
     options = options_from_args(args)
     gpu, measurer, device = measurer_for(args, args.gpu)
     say_fallbacks(problem, gpu)
+    say_calibration(gpu)
     progress = Progress(not args.no_progress)
     try:
         with sigterm_as_interrupt():

@@ -70,19 +70,55 @@ MULTICAST_REALIZED = 0.0
 FUSED_ARRIVE_S = 3.5e-6
 FUSED_REDUCE_BYTES_PER_S_PER_SM = 29e9
 
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The model's free parameters: the constants above (their defaults) and a scale on each family's main-loop
+    efficiency. `gemmgen calibrate --fit` refits them per GPU (rank/calibration.py stores them)."""
+
+    tma_unaligned_slowdown: float = TMA_UNALIGNED_SLOWDOWN
+    tma_latency_clocks: float = TMA_LATENCY_CLOCKS
+    dram_efficiency: float = DRAM_EFFICIENCY
+    launch_overhead_s: float = LAUNCH_OVERHEAD_S
+    smem_bytes_per_clock_per_sm: float = SMEM_BYTES_PER_CLOCK_PER_SM
+    l2_bytes_per_clock_per_sm: "float | None" = None  # None: L2_BYTES_PER_CLOCK_PER_SM of the GPU's arch
+    overlap_penalty: float = OVERLAP_PENALTY
+    dram_latency_s: float = DRAM_LATENCY_S
+    l2_usable_fraction: float = L2_USABLE_FRACTION
+    sk_fixup_s: float = SK_FIXUP_S
+    sk_range_fixup_s: float = SK_RANGE_FIXUP_S
+    l2_skew_k_tiles: float = L2_SKEW_K_TILES
+    multicast_realized: float = MULTICAST_REALIZED
+    fused_arrive_s: float = FUSED_ARRIVE_S
+    fused_reduce_bytes_per_s_per_sm: float = FUSED_REDUCE_BYTES_PER_S_PER_SM
+    efficiency_scale: "tuple[tuple[str, float], ...]" = ()  # (family, factor on its efficiency(gpu))
+
+    def l2_rate(self, gpu: Gpu) -> float:
+        """L2 -> SM bytes per clock per SM."""
+        if self.l2_bytes_per_clock_per_sm is not None:
+            return self.l2_bytes_per_clock_per_sm
+        return L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0)
+
+    def scale_of(self, family: str) -> float:
+        return dict(self.efficiency_scale).get(family, 1.0)
+
+
+DEFAULT_PARAMS = ModelParams()
+
 def config_levels(config: TileConfig, dtype: "DType | str", peak: float,
-                  reads: str = "fragments") -> "tuple[Level, ...]":
+                  reads: str = "fragments", params: ModelParams = DEFAULT_PARAMS) -> "tuple[Level, ...]":
     """Every level of `config` at `peak` FLOP/clock/SM, from DRAM inwards."""
     cl = config.cluster
-    share_m = 1 + (cl.m - 1) * MULTICAST_REALIZED
-    share_n = 1 + (cl.n - 1) * MULTICAST_REALIZED
+    share_m = 1 + (cl.m - 1) * params.multicast_realized
+    share_n = 1 + (cl.n - 1) * params.multicast_realized
     return (cta_level(config.cta, dtype, peak, share_m, share_n),
             smem_level(config.warp, dtype, peak, reads),
             warp_level(config.warp, config.mma, peak, dtype),
             mma_level(config.mma, dtype, peak))
 
 
-def latency_coverage(traits: ModelTraits, bk: int, flop_per_clock: float) -> float:
+def latency_coverage(traits: ModelTraits, bk: int, flop_per_clock: float,
+                     params: ModelParams = DEFAULT_PARAMS) -> float:
     """Fraction of the main loop's rate left when the stages in flight do not cover the TMA latency.
 
     One stage feeds a consumer for (its FLOP / rate) clocks; the stages ahead of it (the family's
@@ -90,7 +126,7 @@ def latency_coverage(traits: ModelTraits, bk: int, flop_per_clock: float) -> flo
     TMA_LATENCY_CLOCKS."""
     tile = traits.consumer_tile
     stage_clocks = 2.0 * tile.m * tile.n * bk / flop_per_clock
-    return min(1.0, traits.stages_ahead * stage_clocks / TMA_LATENCY_CLOCKS)
+    return min(1.0, traits.stages_ahead * stage_clocks / params.tma_latency_clocks)
 
 
 # --- Whole problem ---------------------------------------------------------------------------
@@ -150,8 +186,9 @@ def footprint(wave: int, tiles_m: int, tiles_n: int, order: RasterOrder, group: 
     return panel, min(tiles_n, math.ceil(wave / panel))
 
 
-def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
-    """Predicted time of `config` on `problem` and `gpu`; raises InvalidConfig if it cannot run.
+def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams | None" = None) -> Prediction:
+    """Predicted time of `config` on `problem` and `gpu` (with the model's free parameters `params`, by default
+    the constants above); raises InvalidConfig if it cannot run.
 
     time = max(compute, memory) + overheads, where
       compute = executed FLOP / (SMs * peak/SM * family efficiency * feed efficiency) / wave efficiency,
@@ -162,6 +199,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     violations = check(config, gpu, problem=problem)
     if violations:
         raise InvalidConfig(Kernel(gpu.arch, problem.operands, config).name, violations)
+    p = params or DEFAULT_PARAMS
     traits = families.of(config).traits(config, gpu)
     # Operands packed before the main loop (rows TMA cannot read in place): the copies' traffic and launches
     # are charged as overhead, and the main loop reads rows that start on 128-byte boundaries.
@@ -209,19 +247,20 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
 
     # Compute: the tensor cores do whole tiles, padding included.
     executed = 2.0 * (tiles_m * cta.m) * (tiles_n * cta.n) * (k_tiles * cta.k)
-    fam_eff = traits.tensor_efficiency
+    fam_eff = min(1.0, traits.tensor_efficiency * p.scale_of(config.family))
     if traits.tma_loads and any(ld * elt % 128 and not packed
                                 for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
-        fam_eff /= TMA_UNALIGNED_SLOWDOWN
+        fam_eff /= p.tma_unaligned_slowdown
     if traits.tma_loads:
-        fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff)
-    levels = config_levels(config, problem.a_dtype, peak, traits.smem_reads)
+        fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff, p)
+    levels = config_levels(config, problem.a_dtype, peak, traits.smem_reads, p)
+    l2_rate = p.l2_rate(gpu)
     target = peak * fam_eff  # FLOP/clk/SM the main loop aims for
     util = {"tensor": 1.0,
-            "smem": target / levels[1].intensity / SMEM_BYTES_PER_CLOCK_PER_SM,
-            "l2": target / levels[0].intensity / L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0)}
+            "smem": target / levels[1].intensity / p.smem_bytes_per_clock_per_sm,
+            "l2": target / levels[0].intensity / l2_rate}
     slowest = max(util, key=util.get)
-    loop_time = util[slowest] + OVERLAP_PENALTY * (sum(util.values()) - util[slowest])
+    loop_time = util[slowest] + p.overlap_penalty * (sum(util.values()) - util[slowest])
     achieved = fam_eff / loop_time
     compute_s = executed / (gpu.sm_count * peak * clock * achieved) / wave_eff
 
@@ -232,11 +271,11 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
     # only among the tiles of one slice.
     wave_tiles = max(1, min(slots, tiles))
     rows, cols = footprint(wave_tiles, tiles_m, tiles_n, config.raster.order, config.raster.group)
-    usable_l2 = gpu.l2_bytes * L2_USABLE_FRACTION
+    usable_l2 = gpu.l2_bytes * p.l2_usable_fraction
     if a_once + b_once <= usable_l2:
         a_dram, b_dram = float(a_once), float(b_once)  # both operands stay in L2: each read once
     else:
-        live = (rows * cta.m + cols * cta.n) * cta.k * elt * L2_SKEW_K_TILES
+        live = (rows * cta.m + cols * cta.n) * cta.k * elt * p.l2_skew_k_tiles
         reuse = min(1.0, usable_l2 / live)
         a_dram = max(a_once, a_tiled * (reuse * rows / wave_tiles + (1 - reuse)))
         b_dram = max(b_once, b_tiled * (reuse * cols / wave_tiles + (1 - reuse)))
@@ -254,39 +293,38 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
 
     stage = (min(cta.m, m) * cta.k + cta.k * min(cta.n, n)) * elt
     in_flight = max(1, config.stages - 1) * stage
-    dram_rate = min(gpu.dram_bandwidth * DRAM_EFFICIENCY, active_ctas * in_flight / DRAM_LATENCY_S)
+    dram_rate = min(gpu.dram_bandwidth * p.dram_efficiency, active_ctas * in_flight / p.dram_latency_s)
     memory_s = (dram_bytes - (partials / 2 if splits > 1 else 0)) / dram_rate
 
     # Fixed costs: launches, the reduction pass's read of the partials, and each tile's epilogue where
     # nothing overlaps it. Measured on the H100 (docs/perf-notes.md, ping-pong): in the cooperative
     # persistent kernel both consumer warpgroups store together while the tensor cores idle; only the
     # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
-    overhead = LAUNCH_OVERHEAD_S + prepass.launches * LAUNCH_OVERHEAD_S \
-        + prepass.dram_bytes / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
+    overhead = p.launch_overhead_s + prepass.launches * p.launch_overhead_s \
+        + prepass.dram_bytes / (gpu.dram_bandwidth * p.dram_efficiency)
     if splits > 1 and decomp.fused:
         # No second launch, but each tile's last slice reads every slice's partial of its tile back after the
         # others have arrived, on one SM; the last wave's tiles put that read on the critical path.
         tile_rows, tile_cols = min(cta.m, m), min(cta.n, n)
-        overhead += FUSED_ARRIVE_S + math.ceil(tiles / slots) * splits * tile_rows * tile_cols * ACC_BYTES / \
-            FUSED_REDUCE_BYTES_PER_S_PER_SM
+        overhead += p.fused_arrive_s + math.ceil(tiles / slots) * splits * tile_rows * tile_cols * ACC_BYTES / \
+            p.fused_reduce_bytes_per_s_per_sm
     elif splits > 1:
-        overhead += LAUNCH_OVERHEAD_S + (partials / 2) / (gpu.dram_bandwidth * DRAM_EFFICIENCY)
+        overhead += p.launch_overhead_s + (partials / 2) / (gpu.dram_bandwidth * p.dram_efficiency)
     if sk_slices > 1:
         # A remainder tile's owner reads the other slices' partials one after another, from L2.
-        overhead += SK_FIXUP_S + (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (
-            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
+        overhead += p.sk_fixup_s + (sk_slices - 1) * cta.m * cta.n * ACC_BYTES / (l2_rate * clock)
     elif sk_slices == 0:
         # A range mode CTA stores its first piece's partial, then as an owner reads the (slots - rem) / rem
         # partials of its tile's other pieces on average, from L2.
-        overhead += SK_RANGE_FIXUP_S + (1.0 + (slots - sk_rem) / sk_rem) * cta.m * cta.n * ACC_BYTES / (
-            L2_BYTES_PER_CLOCK_PER_SM.get(gpu.arch.cc, 48.0) * clock)
-    epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * DRAM_EFFICIENCY / gpu.sm_count)
+        overhead += p.sk_range_fixup_s + (1.0 + (slots - sk_rem) / sk_rem) * cta.m * cta.n * ACC_BYTES / (
+            l2_rate * clock)
+    epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * p.dram_efficiency / gpu.sm_count)
     if not traits.persistent:
-        overhead += math.ceil(max(waves, 1e-9)) * (DRAM_LATENCY_S + epilogue) / max(1, per_sm)
+        overhead += math.ceil(max(waves, 1e-9)) * (p.dram_latency_s + epilogue) / max(1, per_sm)
     elif traits.epilogue_hidden:
-        overhead += DRAM_LATENCY_S
+        overhead += p.dram_latency_s
     else:
-        overhead += DRAM_LATENCY_S + math.ceil(max(waves, 1e-9)) * epilogue * traits.epilogue_exposed
+        overhead += p.dram_latency_s + math.ceil(max(waves, 1e-9)) * epilogue * traits.epilogue_exposed
 
     main = max(compute_s, memory_s)
     bound = "compute" if compute_s >= memory_s else "memory"
@@ -308,4 +346,4 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu) -> Prediction:
 
 
 
-__all__ = ["Prediction", "config_levels", "footprint", "latency_coverage", "predict", "tensor_efficiency"]
+__all__ = ["DEFAULT_PARAMS", "ModelParams", "Prediction", "config_levels", "footprint", "latency_coverage", "predict", "tensor_efficiency"]

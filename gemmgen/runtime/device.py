@@ -188,6 +188,22 @@ class Device:
     def make_current(self) -> None:
         check("cuCtxSetCurrent", drv.driver_module().cuCtxSetCurrent(self._require()))
 
+    def current_setter(self):
+        """A no-argument call that makes this context current, as cheaply as the driver allows (libcuda through
+        ctypes beside the real cuda-python; make_current otherwise): for per-call paths."""
+        context = self._require()
+        driver = drv.driver_module()
+        direct = drv.libcuda_set_current() if getattr(driver, "__name__", "") == "cuda.bindings.driver" else None
+        if direct is None:
+            return self.make_current
+        handle = int(context)
+
+        def set_current() -> None:
+            code = direct(handle)
+            if code:
+                check("cuCtxSetCurrent", (driver.CUresult(code),))
+        return set_current
+
     def _require(self):
         if self._context is None:
             self.open()

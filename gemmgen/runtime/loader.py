@@ -197,6 +197,9 @@ class LoadedKernel:
         self._module = None
         self._workspace = None
         self._bound: "dict[tuple, object]" = {}  # array identities -> bound launch sequence (oldest first)
+        # Bumped whenever bound sequences die (a grown workspace, close()): a caller that keeps sequences of its
+        # own (runtime/dispatch.py) drops them when this changes.
+        self.generation = 0
 
     def __repr__(self) -> str:
         return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
@@ -294,6 +297,7 @@ class LoadedKernel:
             if self._workspace is not None:
                 dev.free(self._workspace)
             self._bound.clear()
+            self.generation += 1
             self._workspace = dev.alloc(nbytes)
         return self._workspace
 
@@ -316,10 +320,18 @@ class LoadedKernel:
             self._device.close()
             self._device = self._module = self._workspace = None
             self._bound.clear()
+            self.generation += 1
 
 
-def load(path: "str | Path", name: "str | None" = None) -> LoadedKernel:
+def load(path: "str | Path", name: "str | None" = None):
     """Load an exported bundle (a folder holding a manifest .json and its .cubin, or the .json itself; `name`
-    picks one kernel of a folder that holds several). The bundle is verified before anything runs."""
+    picks one kernel of a folder that holds several) as a LoadedKernel, or a dispatch folder (one holding
+    dispatch.json, unless `name` picks one of its kernels) as a DispatchKernel that picks the kernel for each
+    call's shape. Everything is verified before anything runs."""
+    if name is None:
+        from .dispatch import is_dispatch_folder, load_dispatch  # dispatch builds on this module
+
+        if is_dispatch_folder(path):
+            return load_dispatch(path)
     manifest, cubin, manifest_path = read_bundle(path, name)
     return LoadedKernel(manifest, cubin, str(manifest_path))

@@ -291,7 +291,10 @@ class ReplayBenchmark:
       {"rel_error": 0.3}               the kernel runs but its result is wrong
       {"hang": true}                   the kernel never finishes (the watchdog must catch it)
       {"crash": true}                  the process dies, as on a segfault in the driver
-    A top-level "delay_s" makes each measurement take that long (simulated GPU time).
+    A top-level "delay_s" makes each measurement take that long (simulated GPU time). An optional "shapes"
+    mapping holds timings per problem shape, {"MxNxK": {"timings": {...}, "cublas_time_s": ...}}: a problem
+    found there is answered from its own timings (a shape set's buckets each have their winner), others from
+    "timings".
     Tags missing from the file fail with a reason naming the tag. If `log_path` is given, each
     measure() appends the tag to it, so tests can count what was measured across processes.
     """
@@ -307,6 +310,10 @@ class ReplayBenchmark:
             raise InvalidInput("a replay file must be readable JSON with a 'timings' mapping", str(path))
         self.timings: dict = data["timings"]
         self.cublas_s = data.get("cublas_time_s")
+        self.shapes: dict = data.get("shapes") or {}
+        if not isinstance(self.shapes, dict) or not all(isinstance(v, dict) and isinstance(v.get("timings"), dict)
+                                                        for v in self.shapes.values()):
+            raise InvalidInput("a replay file's 'shapes' must map 'MxNxK' to {'timings': {...}}", str(path))
         self.delay_s = float(data.get("delay_s", 0.0))  # simulated GPU time per measurement
         self.log_path = Path(log_path) if log_path else None
         self._calls: "dict[str, int]" = {}
@@ -318,7 +325,7 @@ class ReplayBenchmark:
         if self.log_path is not None:
             with open(self.log_path, "a") as log:
                 log.write(tag + "\n")
-        entry = self.timings.get(tag)
+        entry = self._for(problem)[0].get(tag)
         count = self._calls.get(tag, 0)
         self._calls[tag] = count + 1
         if self.delay_s:
@@ -340,8 +347,16 @@ class ReplayBenchmark:
         time_s = times[count % len(times)]
         return Outcome(True, time_s, (time_s,), 0.0, "", "ok", problem.flops / time_s / 1e12)
 
+    def _for(self, problem) -> "tuple[dict, object]":
+        """(timings, cuBLAS time) of `problem`'s shape, else the file's own."""
+        shape = self.shapes.get(f"{problem.m}x{problem.n}x{problem.k}")
+        if shape is None:
+            return self.timings, self.cublas_s
+        return shape["timings"], shape.get("cublas_time_s", self.cublas_s)
+
     def cublas_time(self, problem, fresh: bool = False) -> "float | None":
-        return float(self.cublas_s) if self.cublas_s else None
+        cublas = self._for(problem)[1]
+        return float(cublas) if cublas else None
 
 
 def replay_factory(path: str, log_path: "str | None" = None) -> Callable[[], ReplayBenchmark]:

@@ -38,6 +38,9 @@ class TuneOptions:
     stale_after_s: float = 3600.0  # a RUNNING trial of another host older than this is abandoned
     replay: "str | None" = None  # simulation mode: recorded in the record so nobody mistakes it
     timing: str = "burst"  # how the finalist rounds time the finalists and cuBLAS: a bench.TIMINGS name
+    # Configuration tags measured first, before the model's picks (a neighbouring bucket's finalists when a
+    # shape set is tuned); tags this problem's space does not hold are skipped.
+    seeds: "tuple[str, ...]" = ()
 
     def validate(self) -> "TuneOptions":
         if self.trials < 1:

@@ -40,7 +40,11 @@ class CandidateQueue:
         self.remeasure = [self.by_tag[tag] for tag in self.study.user_attrs.get("remeasure", ())
                           if tag in self.by_tag and tag not in skip]
         again = {r.config.tag for r in self.remeasure}
-        self.pending = deque(self.remeasure + [r for r in self.model_picks() if r.config.tag not in skip | again])
+        self.seeded = [self.by_tag[tag] for tag in dict.fromkeys(self.options.seeds)
+                       if tag in self.by_tag and tag not in skip | again]
+        again |= {r.config.tag for r in self.seeded}
+        self.pending = deque(self.remeasure + self.seeded +
+                             [r for r in self.model_picks() if r.config.tag not in skip | again])
 
     def _new_model_picks_due(self, inflight) -> bool:
         """Model picks never measured (a grown search space, or a better model) are measured on a re-run even
@@ -54,7 +58,8 @@ class CandidateQueue:
             r = self.pending.popleft()
             if r.config.tag in self.tried:
                 continue
-            source = "re-measure: timed as another kernel identity (the code changed)" if r in self.remeasure else self.pick_source
+            source = ("re-measure: timed as another kernel identity (the code changed)" if r in self.remeasure
+                      else "seed: a neighbouring bucket's finalist" if r in self.seeded else self.pick_source)
             self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": source})
             self.waiting += 1
 

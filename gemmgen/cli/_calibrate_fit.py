@@ -1,0 +1,85 @@
+"""`gemmgen calibrate --fit`: refit the model to the stored trials and write the calibration file."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..model.errors import InvalidInput
+from ._common import print_json, table
+
+
+def _holdout(text: "str | None") -> "tuple[str, ...]":
+    from ..model.problem import parse_dim
+    from ..tune.fit import HOLDOUT_SHAPES
+
+    if text is None:
+        return HOLDOUT_SHAPES
+    shapes = []
+    for item in text.split(","):
+        dims = item.strip().lower().split("x")
+        if len(dims) != 3:
+            raise InvalidInput("--holdout must be a comma-separated list of MxNxK", item)
+        shapes.append("x".join(str(parse_dim(axis, d)) for axis, d in zip("MNK", dims)))
+    return tuple(shapes)
+
+
+def _row(name: str, s: dict) -> list:
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    return [name, s["problems"], num(s["median_spearman"], "+.2f"), num(s["mean_spearman"], "+.2f"),
+            f"{s['top_k_hits']}/{s['top_k_of']}", num(s["zero_shot_geomean"], ".3f"),
+            f"{s['zero_shot_within_10pct']}/{s['problems']}"]
+
+
+def run_fit(args, gpu, records) -> int:
+    from ..rank.calibration import CALIBRATION_FORMAT, params_to_dict, user_calibration_path
+    from ..rank.predict import DEFAULT_PARAMS
+    from ..tune.fit import PRIOR_WEIGHT, TOP_K, changed, fit, groups_from_records, judge, split, summary
+    from ..tune.results import gpu_dir, now, write_json_atomic
+
+    prior = PRIOR_WEIGHT if args.prior is None else args.prior
+    if not prior >= 0:
+        raise InvalidInput("--prior must be a non-negative number", args.prior)
+    holdout = _holdout(args.holdout)
+    groups = groups_from_records(records, gpu)
+    train, held = split(groups, holdout)
+    if not train:
+        raise InvalidInput(f"a fit needs measured tunes outside the held-out shapes in {gpu_dir(gpu) / 'tunes'}",
+                           gpu.key, f"run `gemmgen tune M N K` on a {gpu.key} first")
+    if not args.json:
+        print(f"fitting on {len(train)} tunes ({sum(len(g.samples) for g in train)} measured configurations); "
+              f"{len(held)} held out ({', '.join(holdout)})", file=sys.stderr)
+    params = fit(train, gpu, prior=prior,
+                 on_round=None if args.json else lambda r, v: print(f"  round {r}: loss {v:.5f}", file=sys.stderr))
+    report = {"train": {"before": summary(judge(DEFAULT_PARAMS, train, gpu)), "after": summary(judge(params, train, gpu))}}
+    if held:
+        report["held_out"] = {"before": summary(judge(DEFAULT_PARAMS, held, gpu)),
+                              "after": summary(judge(params, held, gpu))}
+    moved = changed(params, gpu)
+    payload = {"format": CALIBRATION_FORMAT, "gpu": gpu.key, "fitted": now(), "params": params_to_dict(params),
+               "fit": {"prior": prior, "top_k": TOP_K, "holdout": list(holdout),
+                       "train_problems": sorted(g.problem.label for g in train),
+                       "held_out_problems": sorted(g.problem.label for g in held),
+                       "changed": {k: {"default": a, "fitted": b} for k, (a, b) in moved.items()}, **report}}
+    out = Path(args.out) if args.out else user_calibration_path(gpu)
+    try:
+        write_json_atomic(out, payload)
+    except OSError as exc:
+        raise InvalidInput("--out must be a file gemmgen can write", str(out), exc.strerror) from None
+    if args.json:
+        print_json(dict(payload, written=str(out)))
+        return 0
+    rows = []
+    for part in ("held_out", "train"):
+        if part in report:
+            rows += [_row(f"{part} {when}", report[part][when]) for when in ("before", "after")]
+    print(f"model fit on {gpu.key}: Spearman per problem over its measured configurations; top-{TOP_K}: the measured "
+          "best among the model's diverse top 16 of the whole space; zero-shot: measured best / the model's first "
+          "among the measured")
+    print(table(rows, ["set", "problems", "median rho", "mean rho", f"top-{TOP_K}", "zero-shot geomean",
+                       "within 10%"]))
+    print(table([[name, f"{a:.4g}", f"{b:.4g}"] for name, (a, b) in moved.items()], ["parameter", "default", "fitted"])
+          if moved else "no parameter moved: the defaults already fit best")
+    print(f"written: {out} (tuning and --dry-run on {gpu.key} rank with it; delete it to go back to the defaults)")
+    return 0

@@ -1,0 +1,95 @@
+"""The calibration file: the performance model's free parameters refitted for one GPU (`gemmgen calibrate --fit`).
+
+    {"format": "gemmgen-calibration/1", "gpu": "h100-sxm", "fitted": "<date>",
+     "params": {"tma_latency_clocks": 1600.0, ..., "efficiency_scale": {"sm90_wgmma": 1.02}},
+     "fit": {...what it was fitted on and how well it ranks held-out shapes...}}
+
+`params` holds any subset of ModelParams' fields (rank/predict.py); the others keep their defaults. Tuning and
+the dry run rank with the first file found, in this order: <per-user data dir>/calibration/<gpu>.json (where
+`--fit` writes), then results/<gpu>/calibration.json in each results folder (a checkout's, or one shipped).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from ..model import paths
+from ..model.arch import Gpu
+from ..model.errors import InvalidInput
+from .predict import DEFAULT_PARAMS, ModelParams
+
+CALIBRATION_FORMAT = "gemmgen-calibration/1"
+
+
+def user_calibration_path(gpu: "Gpu | str") -> Path:
+    key = gpu.key if isinstance(gpu, Gpu) else str(gpu)
+    return paths.user_data_dir() / "calibration" / f"{key}.json"
+
+
+def calibration_paths(gpu: "Gpu | str") -> "list[Path]":
+    """Where a calibration of `gpu` is looked for, first match wins."""
+    key = gpu.key if isinstance(gpu, Gpu) else str(gpu)
+    return [user_calibration_path(key)] + [root / key / "calibration.json" for root in paths.results_dirs()]
+
+
+def params_to_dict(params: ModelParams) -> dict:
+    out = asdict(params)
+    out["efficiency_scale"] = dict(params.efficiency_scale)
+    return out
+
+
+def params_from_dict(data: dict, where: str = "params") -> ModelParams:
+    """ModelParams from a mapping of some of its fields; InvalidInput naming an unknown or non-numeric one."""
+    if not isinstance(data, dict):
+        raise InvalidInput(f"calibration field {where} must be a mapping", data)
+    known = {f.name for f in fields(ModelParams)}
+    values = {}
+    for name, value in data.items():
+        if name not in known:
+            raise InvalidInput(f"calibration field {where}.{name} must be a model parameter", name, sorted(known))
+        if name == "efficiency_scale":
+            if not isinstance(value, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in value.values()):
+                raise InvalidInput(f"calibration field {where}.efficiency_scale must map families to positive "
+                                   "factors", value)
+            values[name] = tuple(sorted((str(k), float(v)) for k, v in value.items()))
+        elif value is None and name == "l2_bytes_per_clock_per_sm":
+            values[name] = None
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise InvalidInput(f"calibration field {where}.{name} must be a non-negative number", value)
+        else:
+            values[name] = float(value)
+    return ModelParams(**values)
+
+
+def read_calibration(path: "str | Path") -> "tuple[ModelParams, dict]":
+    """(params, the whole payload) of a calibration file, checked."""
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInput("a calibration file must be readable JSON", str(path), str(exc).splitlines()[0]) from None
+    if not isinstance(payload, dict) or payload.get("format") != CALIBRATION_FORMAT:
+        raise InvalidInput(f"a calibration file must have format {CALIBRATION_FORMAT}", str(path))
+    return params_from_dict(payload.get("params", {})), payload
+
+
+_CACHE: "dict[tuple, ModelParams]" = {}
+
+
+def params_for(gpu: Gpu) -> "tuple[ModelParams, Path | None]":
+    """The model parameters tuning uses on `gpu`: the first calibration file found, else the defaults."""
+    for path in calibration_paths(gpu):
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            continue
+        key = (str(path), stamp)
+        if key not in _CACHE:
+            _CACHE[key] = read_calibration(path)[0]
+        return _CACHE[key], path
+    return DEFAULT_PARAMS, None
+
+
+__all__ = ["CALIBRATION_FORMAT", "calibration_paths", "params_for", "params_from_dict", "params_to_dict",
+           "read_calibration", "user_calibration_path"]

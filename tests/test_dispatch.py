@@ -1,0 +1,316 @@
+"""Shape sets and dispatch tables: bucketing and the merge rule, a replayed bucketed tune exported as one folder
+(seeded with the neighbouring bucket's finalists, kernels deduplicated), the table checked on load and the kernel
+picked per shape on the CPU; on a GPU, a bucketed bundle computes every M it covers as torch does."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from gemmgen.cli import main  # noqa: E402
+from gemmgen.model.errors import InvalidInput  # noqa: E402
+from gemmgen.runtime.dispatch import Table, load_dispatch, parse_tables  # noqa: E402
+from gemmgen.tune.buckets import (Bucket, BucketOutcome, parse_range, point_buckets, pow2_buckets,  # noqa: E402
+                                  read_shape_file, table_entries)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
+
+
+# --- buckets ------------------------------------------------------------------------------------
+
+def test_pow2_buckets_cover_the_range_with_power_of_two_upper_bounds():
+    got = [(b.m_min, b.m_max) for b in pow2_buckets(1, 8192, 4096, 4096)]
+    assert got[:4] == [(1, 1), (2, 2), (3, 4), (5, 8)] and got[-1] == (4097, 8192) and len(got) == 14
+    assert [(b.m_min, b.m_max) for b in pow2_buckets(5, 100, 64, 64)] == [(5, 8), (9, 16), (17, 32), (33, 64),
+                                                                            (65, 100)]
+    assert [(b.m_min, b.m_max) for b in pow2_buckets(7, 7, 64, 64)] == [(7, 7)]
+
+
+@pytest.mark.parametrize("text", ["8..2", "0..4", "a..b", "1..", "1...4", "-3"])
+def test_a_bad_range_names_the_rule(text):
+    with pytest.raises(InvalidInput, match="--m must"):
+        parse_range(text)
+
+
+def test_a_shape_file_gives_per_n_k_buckets_up_to_each_listed_m(tmp_path):
+    path = tmp_path / "shapes.yaml"
+    path.write_text("- [128, 4096, 4096]\n- {M: 16, N: 4096, K: 4096}\n- [4096, 1024, 4096]\n- [128, 4096, 4096]\n")
+    buckets = point_buckets(read_shape_file(path))
+    assert buckets == [Bucket(1024, 4096, 1, 4096), Bucket(4096, 4096, 1, 16), Bucket(4096, 4096, 17, 128)]
+    (tmp_path / "bad.json").write_text(json.dumps([[1, 2]]))
+    with pytest.raises(InvalidInput, match=r"must be \[M, N, K\]"):
+        read_shape_file(tmp_path / "bad.json")
+
+
+def _outcome(lo, hi, winner, **times):
+    return BucketOutcome(Bucket(64, 64, lo, hi), winner, winner, dict(times))
+
+
+def test_auto_merges_upwards_only_where_the_lower_kernel_was_measured_within_tolerance():
+    outcomes = [_outcome(1, 1, "a", a=1.0), _outcome(2, 2, "a", a=1.0),
+                _outcome(3, 4, "b", a=1.005, b=1.0),      # a within 1% of b: the bucket takes a
+                _outcome(5, 8, "c", a=1.2, c=1.0),        # a 20% slower: c starts a bucket
+                _outcome(9, 16, "d", d=1.0)]              # c never measured here: d stays
+    auto = table_entries(outcomes, "auto")
+    assert [(e["m_min"], e["m_max"], e["kernel"]) for e in auto] == [(1, 4, "a"), (5, 8, "c"), (9, 16, "d")]
+    assert auto[0]["tuned_at"] == [1, 2, 4] and auto[0]["merged"][0]["own_winner"] == "b"
+    assert auto[0]["merged"][0]["slowdown"] == pytest.approx(1.005)
+    pow2 = table_entries(outcomes, "pow2")
+    assert [e["kernel"] for e in pow2] == ["a", "a", "b", "c", "d"]
+    with pytest.raises(InvalidInput, match="needs a kernel that ran correctly"):
+        table_entries([_outcome(1, 1, None)], "auto")
+
+
+# --- the table's schema and lookup --------------------------------------------------------------
+
+def _payload(buckets, n=64, k=64):
+    return {"format": "gemmgen-dispatch/1", "problem": {}, "tables": [{"n": n, "k": k, "buckets": buckets}]}
+
+
+@pytest.mark.parametrize("buckets, words", [
+    ([{"m_min": 1, "m_max": 4, "kernel": "a"}, {"m_min": 6, "m_max": 8, "kernel": "b"}], "must follow"),  # gap
+    ([{"m_min": 1, "m_max": 4, "kernel": "a"}, {"m_min": 4, "m_max": 8, "kernel": "b"}], "must follow"),  # overlap
+    ([{"m_min": 5, "m_max": 4, "kernel": "a"}], "m_min <= m_max"),
+    ([{"m_min": 0, "m_max": 4, "kernel": "a"}], "m_min must be an integer >= 1"),
+    ([{"m_min": 1, "m_max": 4, "kernel": "no such/kernel"}], "kernel must be a kernel name"),
+    ([], "buckets must be a non-empty list"),
+])
+def test_a_malformed_table_is_refused_naming_the_field(buckets, words):
+    with pytest.raises(InvalidInput, match=words):
+        parse_tables(_payload(buckets))
+
+
+def test_a_table_of_another_format_is_refused():
+    with pytest.raises(InvalidInput, match="format must be gemmgen-dispatch/1"):
+        parse_tables(dict(_payload([{"m_min": 1, "m_max": 1, "kernel": "a"}]), format="gemmgen-dispatch/9"))
+
+
+def test_the_bucket_of_m_is_found_by_its_upper_bound_and_m_outside_is_refused():
+    table = Table(64, 64, (1, 2, 3, 5), (1, 2, 4, 8), ("a", "b", "c", "d"))
+    assert [table.kernel_for(m) for m in range(1, 9)] == ["a", "b", "c", "c", "d", "d", "d", "d"]
+    with pytest.raises(InvalidInput, match=r"M must be within the dispatch table's range 1..8"):
+        table.kernel_for(9)
+
+
+# --- a replayed bucketed tune, end to end -------------------------------------------------------
+
+def replay_shapes(tmp_path, ms, n=256, k=256):
+    """Per-shape replayed timings for the real space: the model's time x a factor that depends on the
+    configuration and the shape (synthetic; so that winners change from bucket to bucket)."""
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.tune.search import default_engines
+
+    gpu = lookup_gpu("h100")
+    engines = default_engines(0)
+    shapes = {}
+    for m in ms:
+        problem = Problem.create(m, n, k, "bf16")
+        shapes[f"{m}x{n}x{k}"] = {
+            "timings": {c.tag: engines.predict(problem, c, gpu).time_s
+                        * (1 + 0.2 * (zlib.crc32(f"{c.tag}{m}".encode()) % 100) / 100)
+                        for c in engines.enumerate(problem, gpu, gpu.arch)},
+            "cublas_time_s": 1e-5}
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps({"synthetic": "model x per-shape noise", "timings": {}, "shapes": shapes}))
+    return path
+
+
+def _tune_set(tmp_path, replay, out, buckets="pow2"):
+    return main(["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100", "--replay", str(replay),
+                 "--trials", "5", "--top-k", "3", "--finalists", "2", "--rounds", "2", "--jobs", "2", "--no-progress",
+                 "--out", str(out), "--buckets", buckets, "--storage", f"sqlite:///{tmp_path / 'studies.db'}"])
+
+
+def test_a_bucketed_tune_exports_one_folder_that_dispatches_by_shape(capsys, tmp_path):
+    from test_cli_tune import _sass_tools
+
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    replay = replay_shapes(tmp_path, (1, 2, 4, 8, 16))
+    out = tmp_path / "pow2"
+    assert _tune_set(tmp_path, replay, out) == 0
+    printed = capsys.readouterr().out
+    assert "tuned 5 buckets" in printed and "dispatch.json" in printed
+    table = json.loads((out / "dispatch.json").read_text())
+    buckets = table["tables"][0]["buckets"]
+    assert [(b["m_min"], b["m_max"]) for b in buckets] == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16)]
+    kernels = {b["kernel"] for b in buckets}
+    assert {p.stem for p in out.glob("*.cubin")} == kernels  # each distinct kernel once
+
+    # Each bucket is tuned at its upper bound and its winner is the replay's best among what it measured.
+    records = tmp_path / "results" / "h100-sxm" / "tunes-replay"
+    for b in buckets:
+        record = json.loads((records / f"{b['m_max']}x256x256_bf16_rr_bf16_linear.json").read_text())
+        assert record["winner"]["kernel"] == b["kernel"]
+        if b["m_min"] > 1:  # the bucket below's finalists were measured first
+            below = json.loads((records / f"{b['m_min'] - 1}x256x256_bf16_rr_bf16_linear.json").read_text())
+            seeds = {f["config_tag"] for f in below["finalists"]}
+            sources = [t["source"].startswith("seed:") for t in sorted(record["trials"], key=lambda t: t["number"])]
+            seeded = [t["config_tag"] for t in record["trials"] if t["source"].startswith("seed:")]
+            assert seeded and set(seeded) <= seeds and sources == sorted(sources, reverse=True)
+
+    gemm = load_dispatch(out)  # checked whole: schema, every bundle, every bucket served
+    for m in range(1, 17):
+        expected = next(b["kernel"] for b in buckets if b["m_min"] <= m <= b["m_max"])
+        assert gemm.kernel_for(m, 256, 256).name == expected
+    with pytest.raises(InvalidInput, match="N x K must be one the dispatch table covers"):
+        gemm.kernel_for(8, 512, 256)
+    with pytest.raises(InvalidInput, match="M must be within"):
+        gemm.kernel_for(17, 256, 256)
+
+    # auto: never more kernels than pow2, and every merged bucket's measured cost within the tolerance.
+    auto = tmp_path / "auto"
+    assert _tune_set(tmp_path, replay, auto, "auto") == 0
+    merged = json.loads((auto / "dispatch.json").read_text())["tables"][0]["buckets"]
+    assert len({b["kernel"] for b in merged}) <= len(kernels) and len(merged) <= len(buckets)
+    assert all(m["slowdown"] <= 1.01 for b in merged for m in b.get("merged", []))
+    assert sum(len(b["tuned_at"]) for b in merged) == 5
+
+
+def test_a_dispatch_folder_whose_kernel_does_not_serve_its_bucket_is_refused_on_load(tmp_path):
+    from test_cli_tune import _sass_tools
+
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    assert main(["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100", "--dry-run", "--jobs", "0",
+                 "--out", str(tmp_path / "dry")]) == 0
+    path = tmp_path / "dry" / "dispatch.json"
+    table = json.loads(path.read_text())
+    assert table["tables"][0]["buckets"][-1]["m_max"] == 16
+    swapped = [b for b in table["tables"][0]["buckets"] if b["kernel"].endswith("_swap")]
+    if not swapped:
+        pytest.skip("the model picked no swapped kernel here")
+    # A swapped kernel's tile holds all of M: stretching its bucket past the tile's N must be refused.
+    swapped[-1]["m_max"] = 100000
+    for later in table["tables"][0]["buckets"][table["tables"][0]["buckets"].index(swapped[-1]) + 1:]:
+        table["tables"][0]["buckets"].remove(later)
+    path.write_text(json.dumps(table))
+    with pytest.raises(InvalidInput, match="must be served by its kernel"):
+        load_dispatch(tmp_path / "dry")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["tune", "--m", "8..2", "--n", "64", "--k", "64"], "--m must have LO <= HI"),
+    (["tune", "--m", "1..8", "--n", "64"], "a range needs all three"),
+    (["tune", "--m", "1..8", "--n", "1..64", "--k", "64"], "--n must be one value"),
+    (["tune", "64", "64", "64", "--m", "1..8", "--n", "64", "--k", "64"], "either M N K or a shape set"),
+    (["tune", "--m", "1..8", "--n", "64", "--k", "64", "--buckets", "fibonacci"], "--buckets must be one of"),
+    (["tune", "--shapes", "/no/such/file.yaml"], "--shapes must be a readable file"),
+    (["tune", "64", "64"], "tune needs M N K"),
+])
+def test_bad_shape_set_input_is_one_line_and_exit_2(capsys, argv, words):
+    from test_cli_tune import one_line_error
+
+    assert words in one_line_error(capsys, argv + ["--gpu", "h100", "--dry-run"])
+
+
+# --- on the GPU ---------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_a_bucketed_bundle_for_m_1_to_8192_computes_20_random_m_as_torch_does(tmp_path):
+    """The issue's acceptance test: the model's pick per power-of-two bucket of M in 1..8192 at N = K = 4096,
+    exported as one dispatch folder, verified at 20 M values (primes among them) against a float64 product."""
+    torch = pytest.importorskip("torch")
+    import gemmgen
+    from gemmgen.model.problem import Problem
+    from gemmgen.runtime.detect import detect_gpu
+    from gemmgen.tune.dispatch import model_buckets
+
+    gpu = detect_gpu().gpu
+    if gpu is None:
+        pytest.skip("no GPU of the catalogue")
+    model_buckets(Problem.create(1, 4096, 4096, "bf16"), pow2_buckets(1, 8192, 4096, 4096), gpu, jobs=4,
+                  out=str(tmp_path))
+    gemm = gemmgen.load(tmp_path)
+    rng = random.Random(20)
+    ms = [1, 2, 3, 7, 13, 31, 127, 509, 1021, 4093, 8191, 8192] + [rng.randint(1, 8192) for _ in range(8)]
+    B = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64
+    for m in ms:
+        A = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        D = torch.full((m, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, B, D)
+        torch.cuda.synchronize()
+        ref = A.double() @ B.double()
+        err = float((D.double() - ref).norm() / ref.norm())
+        assert err < 1e-2, (m, gemm.kernel_for(m, 4096, 4096).name, err)
+    with pytest.raises(InvalidInput, match="M must be within"):
+        gemm(torch.empty(8193, 4096, device="cuda", dtype=torch.bfloat16), B,
+             torch.empty(8193, 4096, device="cuda", dtype=torch.bfloat16))
+
+
+# --- the per-call path, with the launch faked -----------------------------------------------------
+
+class _Tensor:
+    """What the dispatcher reads of a torch tensor (data_ptr, shape, stride, dtype, get_device)."""
+
+    def __init__(self, ptr, shape):
+        self.ptr, self.shape, self.dtype = ptr, tuple(shape), "bfloat16"
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return (self.shape[1], 1)
+
+    def get_device(self):
+        return 0
+
+
+def test_a_call_seen_before_costs_one_key_lookup_and_a_new_shape_binds_its_buckets_kernel(monkeypatch):
+    from types import SimpleNamespace
+
+    from gemmgen import Arch, Kernel, Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.runtime import dispatch
+    from gemmgen.runtime.dispatch import DispatchKernel
+    from gemmgen.runtime.manifest import make_manifest
+
+    gpu = lookup_gpu("h100")
+    bundles = {}
+    for m in (16, 4096):
+        problem = Problem.create(m, 4096, 4096, "bf16")
+        manifest = make_manifest(Kernel(Arch.SM90A, problem.operands, default_config(problem, gpu)), problem)
+        bundles[manifest["name"]] = (manifest, b"", "<test>")
+    small, large = list(bundles)
+    tables = {(4096, 4096): Table(4096, 4096, (1, 17), (16, 4096), (small, large))}
+    gemm = DispatchKernel({}, tables, bundles)
+    runs, binds = [], []
+    monkeypatch.setattr(dispatch, "_torch_stream", lambda ordinal: 7)
+    for kernel in gemm.kernels.values():
+        def bind(A, B, D, C=None, bias=None, kernel=kernel):
+            binds.append((kernel.name, A.shape[0]))
+            if A.shape[0] == 7:
+                kernel.generation += 1  # as when a shape needs a larger workspace: older bindings die
+            return SimpleNamespace(run=lambda stream, name=kernel.name: runs.append((name, stream)))
+        kernel.bind = bind
+        kernel._device = SimpleNamespace(current_setter=lambda: (lambda: None))
+
+    B = _Tensor(0x10000, (4096, 4096))
+    A1, D1 = _Tensor(0x20000, (5, 4096)), _Tensor(0x30000, (5, 4096))
+    A2, D2 = _Tensor(0x40000, (3000, 4096)), _Tensor(0x50000, (3000, 4096))
+    for _ in range(3):
+        gemm(A1, B, D1)
+    gemm(A2, B, D2)
+    gemm(A1, B, D1, stream=9)
+    assert binds == [(small, 5), (large, 3000)]          # bound once per array set, by the bucket of M
+    assert runs == [(small, 7)] * 3 + [(large, 7), (small, 9)]
+    gemm(_Tensor(0x80000, (7, 4096)), B, _Tensor(0x90000, (7, 4096)))  # grows the small kernel's workspace
+    gemm(A2, B, D2)
+    gemm(A1, B, D1)
+    # The other kernel's binding survives; the small kernel's older one is bound again.
+    assert binds == [(small, 5), (large, 3000), (small, 7), (small, 5)]
+    with pytest.raises(InvalidInput, match="N x K must be one the dispatch table covers"):
+        gemm(_Tensor(0x60000, (5, 1024)), _Tensor(0x70000, (1024, 4096)), D1)
