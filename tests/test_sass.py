@@ -1,6 +1,8 @@
 """SASS of the default configurations: tensor-core MMA, ldmatrix and cp.async present, no local memory."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gemmgen.model.arch import Arch, lookup_gpu
@@ -53,4 +55,44 @@ def test_default_config_sass_uses_tensor_cores_and_no_local_memory(dtype, opcode
     assert count_prefix(counts, "LDSM") > 0
     assert count_prefix(counts, "LDGSTS") > 0
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
+    assert compiled.spill_bytes == 0
+
+
+def _sass_of_functions(cubin: bytes) -> "dict[str, dict]":
+    """Instruction counts per function of a cubin (the GEMM, and its pack or reduction entries)."""
+    text = dump_sass(cubin)
+    out = {}
+    for part in text.split("Function : ")[1:]:
+        out[part.split()[0]] = instruction_counts(part)
+    return out
+
+
+# fp8 wgmma shows as QGMMA (e4m3/e5m2 in its name); the Hopper kernels load through TMA (UTMALDG).
+@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
+def test_fp8_default_config_sass_runs_qgmma_through_tma_with_no_local_memory(dtype):
+    problem = Problem.create(4096, 4096, 4096, dtype, "row", "col")
+    kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, H100, Arch.SM90A))
+    compiled = compile_kernel(kernel, H100)
+    text = dump_sass(compiled.cubin)
+    counts = instruction_counts(text)
+    # instruction_counts stops an opcode at its lower-case shape ("QGMMA.64"); the operand types follow it.
+    shapes = set(re.findall(r"QGMMA\.64x\d+x32\.F32\.(\w+)\.(\w+)", text))
+    assert count_prefix(counts, "QGMMA") > 0 and shapes == {(dtype.upper(), dtype.upper())}, shapes
+    assert count_prefix(counts, "HGMMA") == 0 and count_prefix(counts, "UTMALDG") > 0
+    assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
+    assert compiled.spill_bytes == 0
+
+
+def test_misaligned_operands_sass_packs_with_vector_copies_then_runs_hgmma_through_tma():
+    # lda = ldb = 4095 bf16: the pack entry copies rows with 16-byte loads and stores, the GEMM reads the copies
+    # through TMA; neither touches local memory.
+    problem = Problem.create(4095, 4095, 4095, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, H100, Arch.SM90A))
+    compiled = compile_kernel(kernel, H100)
+    funcs = _sass_of_functions(compiled.cubin)
+    pack, gemm = funcs[kernel.name + "_pack"], funcs[kernel.name]
+    assert count_prefix(pack, "LDG.E.128") > 0 and count_prefix(pack, "STG.E.128") > 0
+    assert count_prefix(gemm, "HGMMA") > 0 and count_prefix(gemm, "UTMALDG") > 0
+    for counts in funcs.values():
+        assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0
     assert compiled.spill_bytes == 0

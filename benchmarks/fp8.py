@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""fp8 (e4m3, e5m2) sm90_wgmma kernels against cuBLAS fp8 (torch._scaled_mm), with errors.
+
+    PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--out DIR] [--only NAME ...]
+
+For each shape, the model's top fp8 configurations are compiled, exported and loaded with gemmgen.load (public
+APIs only). Each is verified on fresh random inputs (per-tensor scales passed as GPU scalars) with D poisoned
+first, at the shape and at a shape that is not a tile multiple, against an fp32 reference of the same fp8
+values; cuBLAS's own error against that reference is printed beside it. Then the best are timed interleaved with
+torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. A is row-major and B column-major (the
+layouts both wgmma and cuBLAS fp8 take). Prints a summary table last.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
+
+SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192),
+          "llm_qkv": (4096, 6144, 4096), "llm_up": (4096, 28672, 4096)}
+SETS = 3
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--dtype", default="e4m3", choices=["e4m3", "e5m2"])
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    import gemmgen
+    from gemmgen import Kernel, Problem
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.runtime.detect import detect_gpu
+    from gemmgen.tune.export import export_bundle
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[args.dtype]
+    gpu = detect_gpu().gpu
+    device = torch.cuda.get_device_name()
+
+    def operands(m, n, k):
+        # Values spread over fp8's range (scaled normals), quantized with per-tensor scales as a user would.
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        sa, sb = a.abs().max() / 240.0, b.abs().max() / 240.0
+        A, Bt = (a / sa).to(fp8), (b / sb).to(fp8)
+        return A, Bt.t(), sa.float().reshape(()), sb.float().reshape(())
+
+    def reference(A, B, sa, sb):
+        return (A.float() @ B.float()) * (sa * sb)
+
+    rows, summary = [], []
+    for name, (m, n, k) in SHAPES.items():
+        if args.only and name not in args.only:
+            continue
+        problem = Problem.create(m, n, k, args.dtype, "row", "col")
+        ranked = candidates(problem, gpu, args.top)
+        kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
+        built = compile_many(kernels)
+        sets = []
+        for _ in range(SETS):
+            A, B, sa, sb = operands(m, n, k)
+            sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb))
+        # cuBLAS's own error on the first set, against the same fp32 reference.
+        A, B, _, sa, sb = sets[0]
+        ref = reference(A, B, sa, sb)
+        cublas_err = rel_error(torch, torch._scaled_mm(A, B, sa, sb, out_dtype=torch.bfloat16), ref)
+
+        def cublas(s):
+            torch._scaled_mm(s[0], s[1], s[3], s[4], out_dtype=torch.bfloat16, out=s[2])
+
+        loaded = []
+        for r, kernel, result in zip(ranked, kernels, built):
+            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": r.config.tag, "model_tflops": r.tflops}
+            if isinstance(result, Exception):
+                row.update(ok=False, error=f"compile: {str(result)[:200]}")
+                rows.append(row)
+                print(f"  {r.config.tag}: {row['error']}", flush=True)
+                continue
+            folder = Path(tempfile.mkdtemp(prefix="gemmgen-fp8-"))
+            export_bundle(folder, kernel, problem, result, measured=None, verification=None, environment={})
+            gemm = gemmgen.load(folder)
+            errors = []
+            for mm, nn, kk in ((m, n, k), (m - 77, n + 48, k - 144)):   # a shape that is not a tile multiple
+                A, B, sa, sb = operands(mm, nn, kk)
+                D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+                try:
+                    gemm(A, B, D, scale_a=sa, scale_b=sb)
+                    torch.cuda.synchronize()
+                    errors.append(rel_error(torch, D, reference(A, B, sa, sb)))
+                except gemmgen.UserError as exc:
+                    errors.append(f"refused: {exc}")
+            ok = all(isinstance(e, float) and e < 2e-2 for e in errors)
+            row.update(ok=ok, rel_errors=errors, cublas_rel_error=cublas_err)
+            rows.append(row)
+            print(f"  {r.config.tag}: errors {errors} (cuBLAS {cublas_err:.2e})", flush=True)
+            if ok:
+                loaded.append((row, gemm))
+        if not loaded:
+            summary.append({"case": name, "best": None})
+            continue
+        call = lambda g: (lambda s: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]))  # noqa: E731
+        for fn in [cublas] + [call(g) for _, g in loaded]:
+            for s in sets:
+                fn(s)
+        torch.cuda.synchronize()
+        times = {"cublas": [], **{row["config"]: [] for row, _ in loaded}}
+        for _ in range(3):
+            times["cublas"].append(timed(torch, cublas, sets))
+            for row, g in loaded:
+                times[row["config"]].append(timed(torch, call(g), sets))
+        flops = 2.0 * m * n * k
+        tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
+        for row, _ in loaded:
+            row.update(tflops=tf[row["config"]], vs_cublas=tf[row["config"]] / tf["cublas"])
+        best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
+        summary.append({"case": name, "shape": best["shape"], "best": best["config"], "tflops": best["tflops"],
+                        "cublas_tflops": tf["cublas"], "vs_cublas": best["vs_cublas"],
+                        "rel_error": best["rel_errors"][0], "cublas_rel_error": cublas_err})
+        for _, g in loaded:
+            g.close()
+    report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dtype": args.dtype,
+              "rows": rows, "summary": summary}
+    if args.out:
+        write_report(args.out, f"fp8-{args.dtype}.json", report)
+    print(f"\n{device}, {report['date']}, {args.dtype} x {args.dtype} -> bf16, per-tensor scales, TFLOP/s")
+    print(f"{'case':10} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} {'cuB err':>8}  best")
+    for s in summary:
+        if s["best"] is None:
+            print(f"{s['case']:10} no verified kernel")
+            continue
+        print(f"{s['case']:10} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
+              f"{s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  {s['best'][:70]}")
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    run_main(main, __file__)
