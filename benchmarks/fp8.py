@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="e4m3", choices=["e4m3", "e5m2"])
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--promote", type=int, default=0, metavar="N",
+                        help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
     import torch
 
@@ -65,6 +67,13 @@ def main(argv=None) -> int:
             continue
         problem = Problem.create(m, n, k, args.dtype, "row", "col")
         ranked = candidates(problem, gpu, args.top)
+        if args.promote:
+            from gemmgen.rank.predict import predict
+            from gemmgen.rank.ranking import model_top, rank_configs
+            from gemmgen.rank.space import enumerate_space, heuristic_time
+
+            promoted = [c for c in enumerate_space("sm90_wgmma", gpu, problem=problem) if getattr(c, "promote", 0)]
+            ranked += model_top(rank_configs(promoted, problem, gpu, predict, heuristic_time), args.promote)
         kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
         built = compile_many(kernels)
         sets = []
@@ -124,7 +133,11 @@ def main(argv=None) -> int:
         for row, _ in loaded:
             row.update(tflops=tf[row["config"]], vs_cublas=tf[row["config"]] / tf["cublas"])
         best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
+        promoted = [row for row, _ in loaded if "_pr" in row["config"]]
+        best_promoted = max(promoted, key=lambda r: r["tflops"]) if promoted else None
         summary.append({"case": name, "shape": best["shape"], "best": best["config"], "tflops": best["tflops"],
+                        "promoted": best_promoted and {k: best_promoted[k] for k in ("config", "tflops", "vs_cublas",
+                                                                                      "rel_errors")},
                         "cublas_tflops": tf["cublas"], "vs_cublas": best["vs_cublas"],
                         "rel_error": best["rel_errors"][0], "cublas_rel_error": cublas_err})
         for _, g in loaded:
@@ -141,6 +154,10 @@ def main(argv=None) -> int:
             continue
         print(f"{s['case']:10} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
               f"{s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  {s['best'][:70]}")
+        if s.get("promoted"):
+            p = s["promoted"]
+            print(f"{'  promoted':10} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} {p['rel_errors'][0]:8.1e} "
+                  f"{'':8}  {p['config'][:70]}")
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

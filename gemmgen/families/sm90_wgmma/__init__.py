@@ -25,6 +25,9 @@ EFFICIENCY = 0.90
 # A store warp (store_warp) takes the TMA stores' issue off the consumers: the fraction of the cooperative
 # persistent kernel's epilogue still exposed with it (docs/perf-notes.md, "The store warp").
 STORE_WARP_EXPOSED = 0.9
+# fp8 promotion: each interval ends with every wgmma of the warpgroup drained (wait 0) before the adds, so the
+# tensor cores idle for about this fraction of one k-tile per interval. A guess until measured.
+PROMOTE_BUBBLE = 0.15
 
 
 class Sm90Wgmma(KernelFamily):
@@ -58,8 +61,11 @@ class Sm90Wgmma(KernelFamily):
 
     def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:
         pingpong = config.schedule is Schedule.PINGPONG
+        efficiency = self.efficiency(gpu)
+        if config.promote:
+            efficiency /= 1 + PROMOTE_BUBBLE / config.promote
         return ModelTraits(
-            tensor_efficiency=self.efficiency(gpu), smem_reads="wgmma", tma_loads=True, persistent=config.persistent,
+            tensor_efficiency=efficiency, smem_reads="wgmma", tma_loads=True, persistent=config.persistent,
             epilogue_hidden=pingpong, epilogue_exposed=STORE_WARP_EXPOSED if config.store_warp else 1.0,
             # Ping-pong: each consumer computes whole tiles on about half the ring.
             consumer_tile=config.warp if pingpong else config.cta,

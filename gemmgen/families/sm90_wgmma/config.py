@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ...model.tiles import TileConfig, parse_bool, parse_enum
+from ...model.tiles import TileConfig, parse_bool, parse_enum, parse_int
 
 
 class Schedule(str, Enum):
@@ -38,9 +38,13 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
     # staged epilogue (data-parallel) or the split-K reduction launch writes D in the caller's frame
     # (docs/perf-notes.md, "Operand swap").
     swap_ab: bool = False
+    # fp8: every `promote` k-tiles (128 elements of K each), the wgmma partial sums are added into separate fp32
+    # accumulators (Hopper's fp8 wgmma accumulates with reduced precision; DeepSeek-V3 promotes every 128).
+    # 0: off, the wgmma accumulators hold the whole sum.
+    promote: int = 0
 
     KNOBS = {"warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
-             "swap_ab": False}
+             "swap_ab": False, "promote": 0}
 
     @property
     def consumers(self) -> int:
@@ -67,6 +71,8 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             parts.append("sw")
         if self.swap_ab:
             parts.append("swap")
+        if self.promote:
+            parts.append(f"pr{self.promote}")
         return parts
 
     def knob_values(self) -> dict:
@@ -77,6 +83,7 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             # omitted when false, so records written before the field existed stay identical
             **({"store_warp": True} if self.store_warp else {}),
             **({"swap_ab": True} if self.swap_ab else {}),
+            **({"promote": self.promote} if self.promote else {}),
         }
 
     @classmethod
@@ -84,7 +91,8 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
         return {"warp_specialized": bool(raw["warp_specialized"]), "persistent": bool(raw["persistent"]),
                 "schedule": parse_enum(Schedule, "schedule", raw["schedule"]),
                 "store_warp": parse_bool("store_warp", raw["store_warp"]),
-                "swap_ab": parse_bool("swap_ab", raw["swap_ab"])}
+                "swap_ab": parse_bool("swap_ab", raw["swap_ab"]),
+                "promote": parse_int("promote", raw["promote"])}
 
 
 __all__ = ["Schedule", "Sm90Config"]

@@ -73,6 +73,12 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
          "cluster must be 1x1, 2x1 or 1x2", str(config.cluster), "size<=2")
     rule(arch.has_wgmma or config.cluster.size == 1, "clusters need sm_90a", arch.value, "sm_90a")
     acc = warp.m * warp.n // 128
+    if config.promote:
+        # A second accumulator set holds each interval's wgmma partial sums.
+        rule(config.promote in (1, 2, 4), "fp8 promotion interval must be 1, 2 or 4 k-tiles", config.promote, "1,2,4")
+        rule(elt == 1, "promotion into fp32 accumulators is for fp8 inputs (16-bit wgmma accumulates in fp32)",
+             f"{8 * elt}-bit", "fp8")
+        acc *= 2
     rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
     # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
@@ -187,7 +193,7 @@ def epi_warp_bytes(config: Sm90Config, operands: "Operands | None" = None) -> in
 def regs_estimate(config: Sm90Config) -> int:
     """The consumer warpgroup's accumulators (warp.m*warp.n/128) plus ~40; the producer needs few."""
     w = config.warp
-    return w.m * w.n // 128 + 40
+    return w.m * w.n // 128 * (2 if config.promote else 1) + 40
 
 
 def regs_allocated(config: Sm90Config, per_thread: int) -> int:
