@@ -36,6 +36,7 @@ from ...rank.ranking import BASE_AXES, SPACE_FORMAT, Ranked, SearchSpace, axis_v
 from ..storage import Quarantine, StorageError, default_storage_url, open_storage, safe_url, storage_errors  # noqa: F401
 
 from .finalists import FinalistRounds
+from .leader import Leadership
 from .options import (FALLBACK_AFTER, FINALIST_TIMINGS, REMEASURE_STALE, SAMPLERS, SYSTEMIC_FAILURES,  # noqa: F401
                       Finalist, Row, TrialSummary, TuneOptions, TuneResult)
 from .queue import CandidateQueue
@@ -44,7 +45,7 @@ from .study import StudyHistory, make_sampler, study_name  # noqa: F401
 from .trials import TrialLoop
 
 
-class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, TuneRecord):
+class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, Leadership, TuneRecord):
     """One tune's state (set here) and its parts, one job each: the study and its history (study.py), the
     candidate queue (queue.py), the trial loop (trials.py), finalist rounds (finalists.py), the record (record.py).
     """
@@ -83,6 +84,11 @@ class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, TuneRecor
         self.winner = None
         self.stop_reason = ""
         self._last_write = 0.0
+        self.mine: "set[int]" = set()  # numbers of the trials this worker holds (asked, not yet told)
+        self.running_tags: "set[str]" = set()  # configurations other workers are compiling or measuring
+        self.heartbeat = None
+        self.leading = False  # this worker re-measured the finalists
+        self.adopted_from = None  # the worker whose finalist round this tune reports
 
 
 def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOptions(), *,
@@ -109,9 +115,9 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
             search._write_record("interrupted", force=True)
             raise
         with storage_errors(search.storage_url):
-            search.choose()
+            search.finish()
         bundle = None
-        if options.out and search.winner is not None:
+        if options.out and search.winner is not None and not options.publish_only:
             bundle = _export_winner(search, options.out)
         path = search._write_record("complete", force=True, bundle=bundle)
         search.emit("done", {"stop_reason": search.stop_reason})
@@ -119,6 +125,8 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
                           search.elapsed(), len(search.space), dict(search.counts), tuple(search.top_rows()),
                           tuple(search.finalists), search.winner, search.cublas_time_s, path, bundle)
     finally:
+        if search.heartbeat is not None:
+            search.heartbeat.close()
         if own_engines:
             engines.close()
 
@@ -139,7 +147,12 @@ def _export_winner(search: _Search, out: str):
     verification = {"ok": True, "rel_error": w.rel_error, "rounds": len(w.times_s),
                     "reference": "checked by the benchmark on every measurement"}
     env = fingerprint(search.gpu, search.device, search.engines.nvrtc_version())
-    return export_bundle(out, kernel, search.problem, search.compiled[w.config.tag], measured=measured,
+    compiled = search.compiled.get(w.config.tag)
+    if compiled is None:  # another worker measured it: build it here (the compile cache makes it quick)
+        compiled = search.engines.compiler.submit(kernel).result()
+        if isinstance(compiled, Exception):
+            raise compiled
+    return export_bundle(out, kernel, search.problem, compiled, measured=measured,
                          verification=verification, environment=env, manifest_fn=search.engines.manifest,
                          extra={"simulated": True, "replay": search.options.replay} if search.options.replay else None)
 

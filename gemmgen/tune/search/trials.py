@@ -54,8 +54,12 @@ class TrialLoop:
         opts = self.options
         idle = 0
         while True:
+            self._reap_due()
             while not self.stop_reason and len(inflight) < lookahead:
-                if self.measured_total + len(inflight) >= opts.trials and not self._new_model_picks_due(inflight):
+                self._sync()
+                # --trials is the study's: other workers' trials in flight count against it too.
+                if self.measured_total + len(inflight) + len(self.running_tags) >= opts.trials and \
+                        not self._new_model_picks_due(inflight):
                     break
                 if self._time_up():
                     self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
@@ -143,6 +147,8 @@ class TrialLoop:
             frozen = self.study.tell(trial, value)
         else:
             frozen = self.study.tell(trial, state=TrialState[state])
+        self.mine.discard(frozen.number)
+        self.heartbeat.discard(frozen._trial_id)
         s = self._summary_of(frozen)
         self.summaries[s.number] = s
         self._account(s)
