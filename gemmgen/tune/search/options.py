@@ -160,3 +160,4 @@ class TuneResult:
     cublas_time_s: "float | None"
     record_path: Path
     bundle: object = None
+    workers: "dict | None" = None  # label -> how each worker ended (several workers: tune/parallel.py)

@@ -157,8 +157,10 @@ class StudyHistory:
         self._last_reap = time.monotonic()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = t.user_attrs.get("owner")
-            if owner and owner.rpartition(":")[0] != socket.gethostname():
-                continue  # another host's: its heartbeat says whether it is alive (fail_stale below)
+            if not owner or owner.rpartition(":")[0] != socket.gethostname():
+                continue  # another host's (or just asked): its heartbeat says whether it is alive (fail_stale)
+            if owner == _owner() and t.number in self.mine:
+                continue  # this worker's own, in flight
             if not _owner_gone(owner, t.datetime_start, self.options.stale_after_s):
                 continue  # another live tuner is working on this study: leave its trial alone
             phase = t.user_attrs.get("phase", "asked")

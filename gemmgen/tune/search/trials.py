@@ -72,7 +72,10 @@ class TrialLoop:
                     self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
                                         "quarantined or tried already")
                     break
-                entry = self._ask(inflight)
+                try:
+                    entry = self._ask(inflight)
+                except self.optuna.exceptions.UpdateFinishedTrialError:
+                    entry = None  # another worker judged this one dead and took its trial: ask again
                 if entry is None:
                     idle += 1
                     if idle % FALLBACK_AFTER == 0 and not self._enqueue_fallback(inflight):
@@ -93,7 +96,14 @@ class TrialLoop:
                 inflight.clear()
                 break
             self.current = inflight.popleft()
-            self._measure(*self.current)
+            try:
+                self._measure(*self.current)
+            except self.optuna.exceptions.UpdateFinishedTrialError:
+                # Another worker failed this trial as stale (this one was silent past --grace: a stalled host)
+                # and queued it again: its outcome is that worker's to record now.
+                self.counts["lost"] = self.counts.get("lost", 0) + 1
+                self.mine.discard(self.current[0].number)
+                self.heartbeat.discard(self.current[0]._trial_id)
             self.current = None
             if not self.stop_reason and opts.patience and self.since_improvement >= opts.patience \
                     and self.best_tflops > 0:
