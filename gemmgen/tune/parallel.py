@@ -140,6 +140,7 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
     from .search import collect, study_progress
 
     emit = on_event or (lambda kind, info: None)
+    started = time.monotonic()
     ctx = mp.get_context("spawn")  # never fork a process holding DB connections or CUDA
     results = ctx.Queue()
     procs = []
@@ -191,7 +192,8 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
     engines = engines_factory() if engines_factory is not None else None
     try:
         return collect(problem, gpu, options, engines=engines, counts=counts,
-                       stop_reason="; ".join(stops) or "workers ended", device=device, workers=workers)
+                       stop_reason="; ".join(stops) or "workers ended", device=device, workers=workers,
+                       started=started)
     finally:
         if engines is not None:
             engines.close()
@@ -209,3 +211,10 @@ class WorkersFailed(UserError):
 
 
 __all__ = ["WorkerSpec", "WorkersFailed", "gpu_lock_path", "parse_gpus", "plan_workers", "run_workers"]
+
+
+def worker_measurer(replay: "str | None", watchdog_s: float, spec: WorkerSpec):
+    """The measurer of one worker (picklable through functools.partial): its GPU's benchmark, or the replay."""
+    from .worker import WorkerBenchmark, gpu_benchmark, replay_factory
+
+    return WorkerBenchmark(replay_factory(replay) if replay else gpu_benchmark, watchdog_s, lock_path=spec.lock_path)

@@ -133,13 +133,14 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
 
 def collect(problem: Problem, gpu: Gpu, options: TuneOptions = TuneOptions(), *, engines: "Engines | None" = None,
             counts: "dict | None" = None, stop_reason: str = "", device: "dict | None" = None,
-            workers: "dict | None" = None) -> TuneResult:
+            workers: "dict | None" = None, started: "float | None" = None) -> TuneResult:
     """The result a study holds (its trials and its last finalist round), recorded and exported here; measures
     nothing. The parent of several workers (tune/parallel.py) reports through this once they are done."""
     options = options.validate()
     own_engines = engines is None
     engines = engines or default_engines(options.jobs)
     search = _Search(problem, gpu, gpu.arch, None, options, engines, None, device)
+    search.t0 = started if started is not None else search.t0  # the workers' start: the tune's elapsed time
     try:
         search.open()
         with storage_errors(search.storage_url):
