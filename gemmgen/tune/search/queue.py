@@ -87,24 +87,21 @@ class CandidateQueue:
         self.heartbeat.add(trial._trial_id)
         self.waiting = max(0, self.waiting - 1)
         config, rule = self.space.suggest(trial)
-        trial.set_user_attr("owner", _owner())
-        if self.options.worker:
-            trial.set_user_attr("worker", self.options.worker)
         if config is None:
             self._finish(trial, None, "PRUNED", violation=f"infeasible: {rule}")
             return None
         kernel = Kernel(self.arch, self.problem.operands, config)
-        ranked = self.by_tag[config.tag]
-        for key, value in {"kernel": kernel.name, "config_tag": config.tag, "config": config.to_dict(),
-                           "family": config.family, "predicted_time_s": ranked.time_s,
-                           "predicted_tflops": ranked.tflops, "bound": ranked.bound,
-                           "model_rank": ranked.rank}.items():
-            trial.set_user_attr(key, value)
+        # Every attribute is a round trip to the storage: the claim (config_tag) and who holds it first; the
+        # rest only for a trial that is measured.
+        trial.set_user_attr("config_tag", config.tag)
+        trial.set_user_attr("owner", _owner())
+        if self.options.worker:
+            trial.set_user_attr("worker", self.options.worker)
         # config_tag is in the storage now: read every trial (and fold in what other workers finished).
         elsewhere = self._claimed_elsewhere(trial, config.tag)
         reason = self.quarantine.reason(kernel.name)
         if reason:
-            self._finish(trial, config, "PRUNED", violation=f"quarantined: {reason}")
+            self._finish(trial, config, "PRUNED", violation=f"quarantined: {reason}", kernel=kernel.name)
             return None
         if elsewhere is not None and config.tag not in self.best:
             self._finish(trial, config, "PRUNED", violation=f"duplicate of trial {elsewhere}, taken by another worker")
@@ -120,6 +117,11 @@ class CandidateQueue:
                 self._finish(trial, config, "PRUNED", violation="duplicate of a failed or in-flight trial")
             self.counts["duplicates"] += 1
             return None
+        ranked = self.by_tag[config.tag]
+        for key, value in {"kernel": kernel.name, "config": config.to_dict(), "family": config.family,
+                           "predicted_time_s": ranked.time_s, "predicted_tflops": ranked.tflops,
+                           "bound": ranked.bound, "model_rank": ranked.rank}.items():
+            trial.set_user_attr(key, value)
         if "source" not in trial.user_attrs:
             trial.set_user_attr("source", self.options.sampler)
         trial.set_user_attr("phase", "compiling")

@@ -55,8 +55,8 @@ class TrialLoop:
         idle = 0
         while True:
             self._reap_due()
+            self._sync()  # (each ask syncs again, in its claim)
             while not self.stop_reason and len(inflight) < lookahead:
-                self._sync()
                 # --trials is the study's: other workers' trials in flight count against it too.
                 if self.measured_total + len(inflight) + len(self.running_tags) >= opts.trials and \
                         not self._new_model_picks_due(inflight):
