@@ -225,11 +225,11 @@ def run(args) -> int:
         print_dry_run(result)
         return 0 if result.pick is not None else 1
     options = options_from_args(args)
-    if args.storage:
-        from ..tune.storage import check_url
-
-        check_url(args.storage)
     if args.gpus:
+        if args.storage:  # a bad URL is one line here, not one per worker
+            from ..tune.storage import open_storage
+
+            open_storage(args.storage)
         return run_on_gpus(args, problem, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
     say_fallbacks(problem, gpu)
