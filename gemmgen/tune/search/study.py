@@ -216,7 +216,13 @@ class StudyHistory:
         then every trial is read: of two workers that take the same configuration at once, at least one sees
         the other and gives way (both may; never neither), so no configuration is measured twice."""
         TrialState = self.optuna.trial.TrialState
-        trials = self.study.get_trials(deepcopy=False)
+        # Past Optuna's RDB cache: it fetches only trials numbered above the last finished one it has seen, so a
+        # trial whose insert committed late (PostgreSQL hands out ids before commit) would never be read.
+        backend = getattr(self.study._storage, "_backend", None)
+        if backend is not None:
+            trials = backend.get_all_trials(self.study._study_id, deepcopy=False)
+        else:
+            trials = self.study.get_trials(deepcopy=False)
         self._sync(trials)
         for t in trials:
             if t.number == trial.number or t.user_attrs.get("config_tag") != tag:
