@@ -13,7 +13,7 @@ from ..model.errors import GemmgenError, UserError
 
 # Order here is the order in `gemmgen --help`.
 COMMANDS = ("tune", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "calibrate",
-            "gpus")
+            "gpus", "plot")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -46,8 +46,19 @@ def register(subparsers) -> None:
                                                           "export the model's pick unmeasured (needs --gpu)")
     p.add_argument("--replay", default=None, metavar="FILE",
                    help="simulation mode: replay recorded timings (JSON keyed by config tag) instead of a GPU")
+    add_worker_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def add_worker_args(p) -> None:
+    p.add_argument("--gpus", default=None, metavar="LIST",
+                   help="one measuring worker per GPU on one study: CUDA ordinals (0,1,3) or all; an ordinal given "
+                        "twice is two workers on that GPU, measuring in turn (docs/distributed.md)")
+    p.add_argument("--heartbeat", type=int, default=10, metavar="S",
+                   help="seconds between a worker's heartbeats in the study storage (default 10)")
+    p.add_argument("--grace", type=int, default=60, metavar="S",
+                   help="a worker silent this long has its running trials failed and queued again (default 60)")
 
 
 def add_timing_arg(p) -> None:
@@ -66,6 +77,7 @@ def options_from_args(args, **override):
     fields = dict(trials=args.trials, timeout_s=args.timeout, patience=args.patience, top_k=args.top_k,
                   sampler=args.sampler.lower(), jobs=jobs, finalists=args.finalists, rounds=args.rounds,
                   seed=args.seed, storage=args.storage, out=args.out, timing=getattr(args, "timing", "burst"),
+                  heartbeat_s=getattr(args, "heartbeat", 10), grace_s=getattr(args, "grace", 60),
                   replay=str(args.replay) if getattr(args, "replay", None) else None)
     fields.update(override)
     if fields["finalists"] < 1 or fields["rounds"] < 1:
@@ -150,6 +162,28 @@ class Progress:
                 what = f"{info['tflops']:.1f} TFLOP/s" if info["state"] == "COMPLETE" else f"FAIL {info['reason']}"
                 print(f"{self.label}trial {info['done']}/{info['target']} #{info['number']} {info['tag']}: "
                       f"{what}; {best}", file=sys.stderr)
+        elif kind == "workers":
+            print(f"{self.label}{len(info['workers'])} workers on one study: {', '.join(info['workers'])}",
+                  file=sys.stderr)
+            self.target = info["target"]
+            if self.tty:
+                try:
+                    from tqdm import tqdm
+
+                    self.bar = tqdm(total=info["target"], desc="tune", unit="trial", file=sys.stderr,
+                                    dynamic_ncols=True)
+                except ImportError:
+                    self.bar = None
+        elif kind == "progress":
+            per = " | ".join(f"{label.rpartition('/')[2]} {n} ({b:.0f})" for label, (n, b) in
+                             sorted(info["workers"].items()))
+            line = f"best {info['best']:.1f} TFLOP/s | {per}"
+            if self.bar is not None:
+                self.bar.n = min(info["done"], self.bar.total)
+                self.bar.set_postfix_str(line, refresh=True)
+            elif info["done"] != getattr(self, "_last_done", None):
+                self._last_done = info["done"]
+                print(f"{self.label}trials {info['done']}/{info['target']}; {line}", file=sys.stderr)
         elif kind == "finalists":
             self.close()
             timing = " (sustained timing, after one settling round)" if info.get("timing") == "sustained" else ""
@@ -211,6 +245,12 @@ def run(args) -> int:
         print_dry_run(result)
         return 0 if result.pick is not None else 1
     options = options_from_args(args)
+    if args.gpus:
+        if args.storage:  # a bad URL is one line here, not one per worker
+            from ..tune.storage import open_storage
+
+            open_storage(args.storage)
+        return run_on_gpus(args, problem, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
     say_fallbacks(problem, gpu)
     say_calibration(gpu)
@@ -222,6 +262,53 @@ def run(args) -> int:
         progress.close()
         measurer.close()
     print_result(result)
+    return 0 if result.winner is not None else 1
+
+
+def gpus_plan(args):
+    """(gpu, worker specs, device props) for --gpus: the GPUs found (one model), or simulated ones in replay."""
+    from ..tune.parallel import parse_gpus, physical_gpu, plan_workers
+
+    if args.watchdog is not None and not args.watchdog > 0:
+        raise InvalidInput("--watchdog must be a positive number of seconds", args.watchdog)
+    if getattr(args, "replay", None):
+        if not args.gpu:
+            raise InvalidInput("--replay needs --gpu NAME (the GPU the timings were recorded on)", None)
+        from ..tune.worker import ReplayBenchmark
+
+        ReplayBenchmark(args.replay)
+        return lookup_gpu(args.gpu), plan_workers(parse_gpus(args.gpus, None), replay=True), {}
+    from ..runtime.detect import read_props
+
+    props, reason = read_props(0)
+    if not props:
+        raise NoGpu(reason, "--gpus needs GPUs; --replay FILE --gpu NAME simulates them")
+    specs = plan_workers(parse_gpus(args.gpus, int(props.get("count", 1))), replay=False)
+    if args.gpu:
+        return lookup_gpu(args.gpu), specs, props
+    _, model = physical_gpu(int(specs[0].device))
+    try:
+        return lookup_gpu(model), specs, props
+    except InvalidInput:
+        raise NoGpu(f"the catalogue has no entry for {model}", "pass --gpu NAME for the closest one") from None
+
+
+def run_on_gpus(args, problem, options) -> int:
+    import functools
+
+    from ..tune.parallel import run_workers, worker_measurer
+
+    gpu, specs, device = gpus_plan(args)
+    say_fallbacks(problem, gpu)
+    progress = Progress(not args.no_progress)
+    measurer = functools.partial(worker_measurer, str(args.replay) if args.replay else None, args.watchdog)
+    try:
+        result = run_workers(problem, gpu, options, specs, measurer, on_event=progress, device=device)
+    finally:
+        progress.close()
+    print_result(result)
+    for label, how in (result.workers or {}).items():
+        print(f"worker {label}: {how}")
     return 0 if result.winner is not None else 1
 
 

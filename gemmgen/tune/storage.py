@@ -1,10 +1,23 @@
-"""Optuna RDB storage for studies: URL checks, one-line errors for bad/corrupt/locked databases, and the
-quarantine of kernels that crashed or hung (kept in the same storage)."""
+"""Optuna storage for studies: URL checks, one-line errors for bad/corrupt/locked databases, retries with backoff
+while a database is unreachable, heartbeats, and the quarantine of kernels that crashed or hung (same storage).
+
+Two kinds of storage, both Optuna's own:
+  - RDB (any SQLAlchemy URL: sqlite:///file.db, postgresql://user@host/db, mysql+pymysql://...): many hosts
+    share one server. Optuna's heartbeat (heartbeat_interval/grace_period) lets any worker fail the trials of
+    a worker that stopped beating (optuna.storages.fail_stale_trials).
+  - Journal (journal:///path/to/study.log): an append-only file with a file lock, no server; for the workers of
+    one host (or a shared filesystem). Optuna 4/5 has no heartbeat for it, so the worker writes a timestamp in
+    a system attribute of each trial it runs (tune/liveness.py) and the same reaping applies.
+"""
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.arch import Gpu
@@ -41,8 +54,36 @@ def _lock_timeout() -> float:
         return 30.0
 
 
+JOURNAL = "journal:"
+
+
+def is_journal(url: str) -> bool:
+    return url.startswith(JOURNAL)
+
+
+def journal_path(url: str) -> Path:
+    """journal:///abs/path.log or journal:relative/path.log -> the file."""
+    rest = url[len(JOURNAL):]
+    if rest.startswith("///"):
+        rest = "/" + rest[3:]
+    elif rest.startswith("//"):
+        raise StorageError("a journal storage is a file: journal:///absolute/path.log or journal:relative.log", url)
+    if not rest:
+        raise StorageError("a journal storage is a file: journal:///absolute/path.log or journal:relative.log", url)
+    return Path(rest)
+
+
+def _retry_s() -> float:
+    try:
+        return float(os.environ.get("GEMMGEN_DB_RETRY_S", "60"))
+    except ValueError:
+        return 60.0
+
+
 def safe_url(url: str) -> str:
     """The URL with any password hidden, for printing and records."""
+    if is_journal(url):
+        return url
     try:
         from sqlalchemy.engine import make_url
 
@@ -66,11 +107,14 @@ def _translate(exc: Exception, url: str) -> StorageError:
 def storage_errors(url: str):
     """Turn database failures met at any point of a tune into one-line StorageErrors."""
     import sqlalchemy.exc as sa_exc
+    from optuna.exceptions import StorageInternalError
 
     try:
         yield
     except sa_exc.SQLAlchemyError as exc:
         raise _translate(exc, url) from None
+    except StorageInternalError as exc:  # Optuna wraps what failed in a commit
+        raise _translate(exc.__cause__ or exc, url) from None
 
 
 def check_url(url: str) -> None:
@@ -78,6 +122,9 @@ def check_url(url: str) -> None:
     import sqlalchemy.exc as sa_exc
     from sqlalchemy.engine import make_url
 
+    if is_journal(url):
+        journal_path(url)
+        return
     try:
         make_url(url).get_dialect()
     except (sa_exc.ArgumentError, ValueError):
@@ -90,8 +137,22 @@ def check_url(url: str) -> None:
         pass  # a known dialect whose driver is missing: open_storage says so when a tune needs it
 
 
-def open_storage(url: str):
-    """Optuna RDB storage for `url`, or a StorageError that says what is wrong with it."""
+@dataclass(frozen=True)
+class Heartbeat:
+    """How often a worker says it is alive, and how long a silent worker's RUNNING trials are left alone."""
+
+    interval_s: int = 10
+    grace_s: int = 60
+
+
+def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None):
+    """Optuna storage for `url` (RDB, or journal:PATH), or a StorageError that says what is wrong with it.
+
+    Database calls that fail because the server is unreachable are retried with backoff for GEMMGEN_DB_RETRY_S
+    seconds (default 60). With `heartbeat`, RDB storage runs Optuna's heartbeat; `on_stale(study, trial)` is
+    called for each trial that fail_stale_trials failed."""
+    if is_journal(url):
+        return _open_journal(url)
     import optuna
     import sqlalchemy.exc as sa_exc
     from sqlalchemy.engine import make_url
@@ -119,10 +180,18 @@ def open_storage(url: str):
                 except OSError as exc:
                     raise StorageError(f"cannot create the storage folder ({exc.strerror})", db) from None
         engine_kwargs["connect_args"] = {"timeout": _lock_timeout()}
+    else:
+        # A server restarted under us leaves dead connections in the pool: test each before use.
+        engine_kwargs["pool_pre_ping"] = True
+    beat = {}
+    if heartbeat is not None:
+        beat = dict(heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s)
+        if on_stale is not None:
+            beat["heartbeat_stale_trial_callback" if _has_stale_callback_arg() else "failed_trial_callback"] = on_stale
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            storage = _with_retries(lambda: _RetryingRDB(url, engine_kwargs=engine_kwargs, **beat), url)
         if parsed.get_backend_name() == "sqlite":
             _fast_sqlite(storage)
         return storage
@@ -138,6 +207,126 @@ def open_storage(url: str):
     except RuntimeError as exc:  # Optuna's schema-version check
         raise StorageError(f"the study database cannot be used by this Optuna ({str(exc).splitlines()[0]})",
                            safe_url(url), "run `optuna storage upgrade --storage URL`") from None
+
+
+def _has_stale_callback_arg() -> bool:
+    import inspect
+
+    import optuna
+
+    return "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage.__init__).parameters
+
+
+def _open_journal(url: str):
+    import optuna
+
+    path = journal_path(url)
+    if path.is_dir():
+        raise StorageError("a journal storage must be a file, not a directory", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create the storage folder ({exc.strerror})", str(path)) from None
+    journal = optuna.storages.journal if hasattr(optuna.storages, "journal") else None
+    backend_type = getattr(journal, "JournalFileBackend", None) or optuna.storages.JournalFileStorage
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _with_retries(lambda: _RetryingJournal(backend_type(str(path))), url)
+    except (ValueError, KeyError) as exc:
+        raise StorageError(f"the journal file cannot be read ({str(exc).splitlines()[0][:120]})", str(path),
+                           "move it aside; a new one is created on the next run") from None
+
+
+# --- retries: a database that goes away for some seconds ------------------------------------------
+
+_depth = threading.local()
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether `exc` says the storage is unreachable for now (not that the request is wrong)."""
+    import sqlalchemy.exc as sa_exc
+    from optuna.exceptions import StorageInternalError
+
+    if isinstance(exc, StorageInternalError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        text = str(exc).lower()
+        return "locked" not in text and "no such table" not in text and "not a database" not in text
+    if isinstance(exc, sa_exc.DBAPIError):
+        return bool(exc.connection_invalidated)
+    return isinstance(exc, (ConnectionError, TimeoutError, BlockingIOError))
+
+
+def _with_retries(call, url: str):
+    """call(), retried with backoff (0.25 s doubling to 4 s) while the storage is unreachable; only the
+    outermost call of a thread retries, so nested storage calls do not multiply the wait."""
+    if getattr(_depth, "n", 0):
+        return call()
+    _depth.n = 1
+    try:
+        deadline, delay, told = time.monotonic() + _retry_s(), 0.25, False
+        while True:
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - only transient failures are retried; others re-raised
+                if not _transient(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    cause = exc.__cause__ if exc.__cause__ is not None else exc
+                    text = str(getattr(cause, "orig", None) or cause).splitlines()[0][:160]
+                    raise StorageError(f"the study storage stayed unreachable for {_retry_s():g}s ({text})",
+                                       safe_url(url), "set GEMMGEN_DB_RETRY_S to wait longer") from None
+                if not told:
+                    print(f"note: the study storage {safe_url(url)} is unreachable; retrying for up to "
+                          f"{_retry_s():g}s", file=sys.stderr)
+                    told = True
+                time.sleep(delay)
+                delay = min(4.0, delay * 2)
+    finally:
+        _depth.n = 0
+
+
+def _retrying(base: type, name: str) -> type:
+    """A subclass of Optuna storage `base` whose every public method is retried by _with_retries."""
+    import functools
+
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            return _with_retries(lambda: method(self, *args, **kwargs), getattr(self, "url", name))
+        return call
+
+    members = {"__module__": __name__, "__doc__": f"{base.__name__} whose calls are retried while unreachable."}
+    for attr in dir(base):
+        method = getattr(base, attr)
+        if callable(method) and (not attr.startswith("_") or attr == "_get_stale_trial_ids") and \
+                attr not in ("with_lock",):
+            members[attr] = wrap(method)
+    return type(name, (base,), members)
+
+
+def _lazy_retrying():
+    import optuna
+
+    global _RetryingRDB, _RetryingJournal
+    _RetryingRDB = _retrying(optuna.storages.RDBStorage, "RetryingRDBStorage")
+    _RetryingJournal = _retrying(optuna.storages.JournalStorage, "RetryingJournalStorage")
+
+
+class _Lazy:
+    """Builds the retrying classes on first use (importing this module must not import Optuna)."""
+
+    def __init__(self, attr):
+        self.attr = attr
+
+    def __call__(self, *args, **kwargs):
+        _lazy_retrying()
+        return globals()[self.attr](*args, **kwargs)
+
+
+_RetryingRDB = _Lazy("_RetryingRDB")
+_RetryingJournal = _Lazy("_RetryingJournal")
 
 
 def _fast_sqlite(storage) -> None:

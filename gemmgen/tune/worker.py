@@ -148,6 +148,9 @@ class WorkerBenchmark:
     start_timeout_s: float = 180.0
     restarts: int = 0
     timing: "str | None" = None  # a bench.TIMINGS name, or None for the factory's own policy
+    # A file locked (fcntl.flock) around every request: workers sharing one GPU measure one at a time. Taken
+    # before the watchdog's clock starts, so waiting for another worker's measurement is never a hang.
+    lock_path: "str | None" = None
     _child_timing: "str | None" = field(default=None, repr=False)
     _proc: object = field(default=None, repr=False)
     _conn: object = field(default=None, repr=False)
@@ -212,6 +215,18 @@ class WorkerBenchmark:
 
     def _request(self, request: tuple, what: str):
         """Send one request; a failed Outcome if the child errs, dies or misses the watchdog."""
+        if self.lock_path is None:
+            return self._request_unlocked(request, what)
+        import fcntl
+
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+            try:
+                return self._request_unlocked(request, what)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _request_unlocked(self, request: tuple, what: str):
         if self.timing != self._child_timing:
             answer = self._send(("timing", self.timing), "setting the timing policy")
             if isinstance(answer, Outcome):

@@ -36,6 +36,7 @@ from ...rank.ranking import BASE_AXES, SPACE_FORMAT, Ranked, SearchSpace, axis_v
 from ..storage import Quarantine, StorageError, default_storage_url, open_storage, safe_url, storage_errors  # noqa: F401
 
 from .finalists import FinalistRounds
+from .leader import Leadership
 from .options import (FALLBACK_AFTER, FINALIST_TIMINGS, REMEASURE_STALE, SAMPLERS, SYSTEMIC_FAILURES,  # noqa: F401
                       Finalist, Row, TrialSummary, TuneOptions, TuneResult)
 from .queue import CandidateQueue
@@ -44,7 +45,7 @@ from .study import StudyHistory, make_sampler, study_name  # noqa: F401
 from .trials import TrialLoop
 
 
-class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, TuneRecord):
+class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, Leadership, TuneRecord):
     """One tune's state (set here) and its parts, one job each: the study and its history (study.py), the
     candidate queue (queue.py), the trial loop (trials.py), finalist rounds (finalists.py), the record (record.py).
     """
@@ -83,6 +84,11 @@ class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, TuneRecor
         self.winner = None
         self.stop_reason = ""
         self._last_write = 0.0
+        self.mine: "set[int]" = set()  # numbers of the trials this worker holds (asked, not yet told)
+        self.running_tags: "set[str]" = set()  # configurations other workers are compiling or measuring
+        self.heartbeat = None
+        self.leading = False  # this worker re-measured the finalists
+        self.adopted_from = None  # the worker whose finalist round this tune reports
 
 
 def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOptions(), *,
@@ -109,9 +115,9 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
             search._write_record("interrupted", force=True)
             raise
         with storage_errors(search.storage_url):
-            search.choose()
+            search.finish()
         bundle = None
-        if options.out and search.winner is not None:
+        if options.out and search.winner is not None and not options.publish_only:
             bundle = _export_winner(search, options.out)
         path = search._write_record("complete", force=True, bundle=bundle)
         search.emit("done", {"stop_reason": search.stop_reason})
@@ -119,8 +125,91 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
                           search.elapsed(), len(search.space), dict(search.counts), tuple(search.top_rows()),
                           tuple(search.finalists), search.winner, search.cublas_time_s, path, bundle)
     finally:
+        if search.heartbeat is not None:
+            search.heartbeat.close()
         if own_engines:
             engines.close()
+
+
+def collect(problem: Problem, gpu: Gpu, options: TuneOptions = TuneOptions(), *, engines: "Engines | None" = None,
+            counts: "dict | None" = None, stop_reason: str = "", device: "dict | None" = None,
+            workers: "dict | None" = None, started: "float | None" = None) -> TuneResult:
+    """The result a study holds (its trials and its last finalist round), recorded and exported here; measures
+    nothing. The parent of several workers (tune/parallel.py) reports through this once they are done."""
+    options = options.validate()
+    own_engines = engines is None
+    engines = engines or default_engines(options.jobs)
+    search = _Search(problem, gpu, gpu.arch, None, options, engines, None, device)
+    search.t0 = started if started is not None else search.t0  # the workers' start: the tune's elapsed time
+    try:
+        search.open()
+        with storage_errors(search.storage_url):
+            search._sync()
+            rounds = search.rounds()
+            if rounds:
+                search._adopt(rounds[-1])
+        search.counts.update(counts or {})
+        search.counts["resumed"] = 0
+        search.stop_reason = stop_reason
+        bundle = _export_winner(search, options.out) if options.out and search.winner is not None else None
+        path = search._write_record("complete", force=True, bundle=bundle)
+        return TuneResult(problem, gpu, search.name, safe_url(search.storage_url), search.stop_reason,
+                          search.elapsed(), len(search.space), dict(search.counts), tuple(search.top_rows()),
+                          tuple(search.finalists), search.winner, search.cublas_time_s, path, bundle, workers)
+    finally:
+        if search.heartbeat is not None:
+            search.heartbeat.close()
+        if own_engines:
+            engines.close()
+
+
+def study_progress(problem: Problem, gpu: Gpu, options: TuneOptions):
+    """A callable returning the study's progress now ({done, target, best, workers: {label: [n, best]}}), or None
+    while the study does not exist yet. Read-only: for a parent showing its workers' progress."""
+    return _Progress(problem, gpu, options)
+
+
+class _Progress:
+    """The newest study of this GPU and problem, read for its measured trials per worker."""
+
+    def __init__(self, problem, gpu, options):
+        self.problem, self.gpu, self.options = problem, gpu, options
+        self.name = None
+        self.storage = None
+
+    def __call__(self):
+        import optuna
+
+        if self.storage is None:
+            url = self.options.storage or default_storage_url(self.gpu, simulated=bool(self.options.replay))
+            self.storage = open_storage(url)
+        if self.name is None:
+            prefix = f"gemmgen/{self.gpu.key}/"
+            from ..results import problem_key
+
+            prefix += problem_key(self.problem) + "/space-"
+            names = [s.study_name for s in optuna.get_all_study_summaries(self.storage)
+                     if s.study_name.startswith(prefix) and "/finalists-" not in s.study_name]
+            if not names:
+                return None
+            self.name = max(names)
+        try:
+            trials = self.storage.get_all_trials(self.storage.get_study_id_from_name(self.name), deepcopy=False)
+        except Exception:  # noqa: BLE001 - progress is best effort; the workers report real failures
+            return None
+        workers: "dict[str, list]" = {}
+        done, best = 0, 0.0
+        for t in trials:
+            if not t.user_attrs.get("measured") or not t.state.is_finished():
+                continue
+            done += 1
+            label = t.user_attrs.get("worker") or "?"
+            entry = workers.setdefault(label, [0, 0.0])
+            entry[0] += 1
+            if t.value:
+                entry[1] = max(entry[1], t.value)
+                best = max(best, t.value)
+        return {"done": done, "target": self.options.trials, "best": best, "workers": workers}
 
 
 def _export_winner(search: _Search, out: str):
@@ -139,7 +228,12 @@ def _export_winner(search: _Search, out: str):
     verification = {"ok": True, "rel_error": w.rel_error, "rounds": len(w.times_s),
                     "reference": "checked by the benchmark on every measurement"}
     env = fingerprint(search.gpu, search.device, search.engines.nvrtc_version())
-    return export_bundle(out, kernel, search.problem, search.compiled[w.config.tag], measured=measured,
+    compiled = search.compiled.get(w.config.tag)
+    if compiled is None:  # another worker measured it: build it here (the compile cache makes it quick)
+        compiled = search.engines.compiler.submit(kernel).result()
+        if isinstance(compiled, Exception):
+            raise compiled
+    return export_bundle(out, kernel, search.problem, compiled, measured=measured,
                          verification=verification, environment=env, manifest_fn=search.engines.manifest,
                          extra={"simulated": True, "replay": search.options.replay} if search.options.replay else None)
 

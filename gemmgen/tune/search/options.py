@@ -41,6 +41,10 @@ class TuneOptions:
     # Configuration tags measured first, before the model's picks (a neighbouring bucket's finalists when a
     # shape set is tuned); tags this problem's space does not hold are skipped.
     seeds: "tuple[str, ...]" = ()
+    heartbeat_s: int = 10  # how often a worker tells the storage it is alive
+    grace_s: int = 60  # a worker silent this long has its RUNNING trials failed and queued again
+    worker: str = ""  # this worker's label in the study (host/gpuN), shown per trial and in plots
+    publish_only: bool = False  # one of several workers a parent started: no record, no export (the parent's)
 
     def validate(self) -> "TuneOptions":
         if self.trials < 1:
@@ -55,6 +59,9 @@ class TuneOptions:
             raise InvalidInput(f"--sampler must be one of {', '.join(SAMPLERS)}", self.sampler)
         if self.jobs < 0:
             raise InvalidInput("--jobs must be zero (compile inline) or a positive integer", self.jobs)
+        if self.heartbeat_s < 1 or self.grace_s <= self.heartbeat_s:
+            raise InvalidInput("--heartbeat must be a positive number of seconds below --grace",
+                               (self.heartbeat_s, self.grace_s))
         if self.timing not in FINALIST_TIMINGS:
             raise InvalidInput(f"--timing must be one of {', '.join(FINALIST_TIMINGS)}", self.timing)
         return self
@@ -75,12 +82,16 @@ class TrialSummary:
     reason: str
     source: str
     measured: bool
+    worker: "str | None" = None  # host/gpuN of the worker that ran it
+    started: "float | None" = None  # POSIX seconds
+    finished: "float | None" = None
 
     def to_dict(self) -> dict:
         return {"number": self.number, "state": self.state, "config_tag": self.tag, "kernel": self.kernel,
                 "config": self.config, "time_s": self.time_s, "tflops": self.tflops,
                 "predicted_time_s": self.predicted_time_s, "reason": self.reason, "source": self.source,
-                "measured": self.measured}
+                "measured": self.measured, "worker": self.worker, "started": self.started,
+                "finished": self.finished}
 
 
 @dataclass(frozen=True)
@@ -152,3 +163,4 @@ class TuneResult:
     cublas_time_s: "float | None"
     record_path: Path
     bundle: object = None
+    workers: "dict | None" = None  # label -> how each worker ended (several workers: tune/parallel.py)

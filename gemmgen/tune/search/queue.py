@@ -50,14 +50,17 @@ class CandidateQueue:
         """Model picks never measured (a grown search space, or a better model) are measured on a re-run even
         when trials from earlier runs already fill --trials: up to --trials of them in this run."""
         this_run = self.counts["measured"] + self.counts["failed"] + len(inflight)
+        taken = self.tried | self.running_tags  # by this worker or another
+        if any(r.config.tag in taken for r in self.pending):
+            self.pending = deque(r for r in self.pending if r.config.tag not in taken)
         return bool(self.pending or self.waiting) and this_run < self.options.trials
 
     def _next_pick(self) -> None:
         """Enqueue the next model pick if no enqueued trial is waiting (ask() takes waiting ones first)."""
         while self.pending and self.waiting == 0:
             r = self.pending.popleft()
-            if r.config.tag in self.tried:
-                continue
+            if r.config.tag in self.tried or r.config.tag in self.running_tags:
+                continue  # measured, or being measured, by this worker or another
             source = ("re-measure: timed as another kernel identity (the code changed)" if r in self.remeasure
                       else "seed: a neighbouring bucket's finalist" if r in self.seeded else self.pick_source)
             self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": source})
@@ -85,22 +88,29 @@ class CandidateQueue:
         """Ask one trial; return (trial, config, kernel, future) if it is to be measured, else None."""
         self._next_pick()
         trial = self.study.ask()
+        self.mine.add(trial.number)
+        self.heartbeat.add(trial._trial_id)
         self.waiting = max(0, self.waiting - 1)
         config, rule = self.space.suggest(trial)
-        trial.set_user_attr("owner", _owner())
         if config is None:
             self._finish(trial, None, "PRUNED", violation=f"infeasible: {rule}")
             return None
         kernel = Kernel(self.arch, self.problem.operands, config)
-        ranked = self.by_tag[config.tag]
-        for key, value in {"kernel": kernel.name, "config_tag": config.tag, "config": config.to_dict(),
-                           "family": config.family, "predicted_time_s": ranked.time_s,
-                           "predicted_tflops": ranked.tflops, "bound": ranked.bound,
-                           "model_rank": ranked.rank}.items():
-            trial.set_user_attr(key, value)
+        # Every attribute is a round trip to the storage: the claim (config_tag) and who holds it first; the
+        # rest only for a trial that is measured.
+        trial.set_user_attr("config_tag", config.tag)
+        trial.set_user_attr("owner", _owner())
+        if self.options.worker:
+            trial.set_user_attr("worker", self.options.worker)
+        # config_tag is in the storage now: read every trial (and fold in what other workers finished).
+        elsewhere = self._claimed_elsewhere(trial, config.tag)
         reason = self.quarantine.reason(kernel.name)
         if reason:
-            self._finish(trial, config, "PRUNED", violation=f"quarantined: {reason}")
+            self._finish(trial, config, "PRUNED", violation=f"quarantined: {reason}", kernel=kernel.name)
+            return None
+        if elsewhere is not None and config.tag not in self.best:
+            self._finish(trial, config, "PRUNED", violation=f"duplicate of trial {elsewhere}, taken by another worker")
+            self.counts["duplicates"] += 1
             return None
         if config.tag in self.best or config.tag in self.tried or any(e[1].tag == config.tag for e in inflight):
             prior = self.best.get(config.tag)
@@ -112,6 +122,11 @@ class CandidateQueue:
                 self._finish(trial, config, "PRUNED", violation="duplicate of a failed or in-flight trial")
             self.counts["duplicates"] += 1
             return None
+        ranked = self.by_tag[config.tag]
+        for key, value in {"kernel": kernel.name, "config": config.to_dict(), "family": config.family,
+                           "predicted_time_s": ranked.time_s, "predicted_tflops": ranked.tflops,
+                           "bound": ranked.bound, "model_rank": ranked.rank}.items():
+            trial.set_user_attr(key, value)
         if "source" not in trial.user_attrs:
             trial.set_user_attr("source", self.options.sampler)
         trial.set_user_attr("phase", "compiling")

@@ -57,7 +57,8 @@ class TuneRecord:
             "format": "gemmgen-tune/1", "status": status, "date": self.started, "updated": now(),
             "simulated": bool(self.options.replay), "replay": self.options.replay,
             "problem": self.problem.to_dict(), "gpu": self.gpu.key, "arch": self.arch.value, "environment": env,
-            "study": {"name": self.name, "storage": safe_url(self.storage_url)},
+            "study": {"name": self.name, "storage": safe_url(self.storage_url),
+                      "finalists_by": "this worker" if self.leading else self.adopted_from},
             "search": {"sampler": self.options.sampler, "trials": self.options.trials,
                        "timeout_s": self.options.timeout_s, "patience": self.options.patience,
                        "top_k": self.options.top_k, "space_size": len(self.space), "space_version": self.space.version,
@@ -72,6 +73,8 @@ class TuneRecord:
 
     def _write_record(self, status: str = "running", force: bool = False, bundle=None) -> Path:
         path = record_path(self.gpu, self.problem, simulated=bool(self.options.replay))
+        if self.options.publish_only:
+            return path  # one of a parent's workers: the parent writes the record
         if force or time.monotonic() - self._last_write >= 1.0:
             write_json_atomic(path, self.record(status, bundle))
             self._last_write = time.monotonic()

@@ -11,7 +11,8 @@ from ...model.errors import InvalidInput
 from ...model.problem import Problem
 from ..results import problem_key
 from ...rank.ranking import SearchSpace
-from ..storage import Quarantine, open_storage, storage_errors
+from ..liveness import HeartbeatThread, fail_stale, fail_trial, retry_callback
+from ..storage import Heartbeat, Quarantine, is_journal, open_storage, storage_errors
 from ...model.tiles import Kernel
 from .options import REMEASURE_STALE, TrialSummary
 
@@ -71,6 +72,10 @@ def _owner_gone(owner: "str | None", started, stale_after_s: float) -> bool:
 
 
 
+def _stamp(when) -> "float | None":
+    return when.timestamp() if when is not None else None
+
+
 class StudyHistory:
     """The Optuna study this tune resumes or starts: opening it, carrying earlier best configurations over to a
     new kernel code, recovering trials a killed run left RUNNING, and accounting every trial it holds."""
@@ -79,7 +84,11 @@ class StudyHistory:
     def open(self) -> None:
         optuna = self.optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.storage = open_storage(self.storage_url)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        self.journal = is_journal(self.storage_url)
+        self.retry = retry_callback()
+        self.storage = open_storage(self.storage_url, Heartbeat(self.options.heartbeat_s, self.options.grace_s),
+                                    on_stale=self._requeue_stale)
         with storage_errors(self.storage_url):
             self.quarantine = Quarantine(self.storage, self.gpu)
             fresh = self.name not in {s.study_name for s in optuna.study.get_all_study_summaries(self.storage)}
@@ -94,6 +103,8 @@ class StudyHistory:
                 self.study.set_user_attr("gpu", self.gpu.key)
                 self.study.set_user_attr("space_size", len(self.space))
                 self._carry_over()
+            self.heartbeat = HeartbeatThread(self.study._storage, self.options.heartbeat_s, self.journal)
+            self._last_reap = 0.0
             self._recover_interrupted()
             self._load_history()
             self._enqueue_model_picks()
@@ -139,23 +150,89 @@ class StudyHistory:
         self.stale.update(stale)
 
     def _recover_interrupted(self) -> None:
-        """Trials left RUNNING by a tuner that died: FAIL them; re-queue, or quarantine a repeat offender."""
+        """Trials left RUNNING by a worker that stopped: FAIL them and queue them again (once; a kernel whose
+        measurement took its worker down twice is quarantined). A worker of this host that is gone is seen at
+        once (its process id); another host's, when its heartbeat has been silent for --grace seconds."""
         TrialState = self.optuna.trial.TrialState
-        storage = self.study._storage
+        self._last_reap = time.monotonic()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if not _owner_gone(t.user_attrs.get("owner"), t.datetime_start, self.options.stale_after_s):
+            owner = t.user_attrs.get("owner")
+            if not owner or owner.rpartition(":")[0] != socket.gethostname():
+                continue  # another host's (or just asked): its heartbeat says whether it is alive (fail_stale)
+            if owner == _owner() and t.number in self.mine:
+                continue  # this worker's own, in flight
+            if not _owner_gone(owner, t.datetime_start, self.options.stale_after_s):
                 continue  # another live tuner is working on this study: leave its trial alone
             phase = t.user_attrs.get("phase", "asked")
-            reason = f"interrupted: the tuning process {t.user_attrs.get('owner', '?')} ended while {phase}"
-            storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
-            self.study.tell(t.number, state=TrialState.FAIL)
-            kernel = t.user_attrs.get("kernel")
-            if phase == "measuring" and t.user_attrs.get("requeued_from") is not None and kernel:
-                # Died twice measuring this kernel: it takes the tuner down with it (hang, driver crash).
-                self.quarantine.add(kernel, "the tuner died twice while measuring it", "crash", self.problem)
-            elif t.params:
-                self.study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
-                self.counts["requeued"] += 1
+            reason = f"interrupted: the tuning process {owner or '?'} ended while {phase}"
+            try:
+                self.study._storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+            except Exception:  # noqa: BLE001 - another worker reaped it first
+                continue
+            if fail_trial(self.study, t._trial_id):
+                self._requeue_stale(self.study, self.study._storage.get_trial(t._trial_id))
+        fail_stale(self.study, self.journal, self.options.grace_s, self._requeue_stale)
+
+    def _reap_due(self) -> None:
+        if time.monotonic() - self._last_reap >= self.options.heartbeat_s:
+            self._recover_interrupted()
+
+    def _requeue_stale(self, study, trial) -> None:
+        """A stale trial was failed (by this worker): queue it again through Optuna's retry callback, once."""
+        history = trial.system_attrs.get("retry_history") or []
+        kernel = trial.user_attrs.get("kernel")
+        if history and trial.user_attrs.get("phase") == "measuring" and kernel:
+            # Died twice measuring this kernel: it takes the tuner down with it (hang, driver crash).
+            self.quarantine.add(kernel, "the tuner died twice while measuring it", "crash", self.problem)
+            return
+        if trial.params:
+            self.retry(study, trial)
+            self.counts["requeued"] += 1
+
+    # -- other workers of the same study -----------------------------------------------------
+    def _sync(self, trials=None) -> None:
+        """Fold in the trials other workers finished, and count their RUNNING claims (for the shared budget)."""
+        TrialState = self.optuna.trial.TrialState
+        if trials is None:
+            trials = self.study.get_trials(deepcopy=False)
+        mine = set(self.mine)
+        running = set()
+        for t in trials:
+            if t.state == TrialState.RUNNING:
+                if t.number not in mine and t.user_attrs.get("config_tag") and t.user_attrs.get("phase") != "done":
+                    running.add(t.user_attrs["config_tag"])
+                continue
+            if t.state == TrialState.WAITING or t.number in self.summaries:
+                continue
+            s = self._summary_of(t)
+            self.summaries[t.number] = s
+            if s.measured and s.state == "COMPLETE" and s.tag in self.by_tag and not self.timed_current_kernel(t):
+                continue
+            self._account(s, resumed=True)
+        self.running_tags = running
+
+    def _claimed_elsewhere(self, trial, tag: str) -> "int | None":
+        """The number of another trial that holds `tag`, or None. This trial's config_tag is written first,
+        then every trial is read: of two workers that take the same configuration at once, at least one sees
+        the other and gives way (both may; never neither), so no configuration is measured twice."""
+        TrialState = self.optuna.trial.TrialState
+        # Past Optuna's RDB cache: it fetches only trials numbered above the last finished one it has seen, so a
+        # trial whose insert committed late (PostgreSQL hands out ids before commit) would never be read.
+        backend = getattr(self.study._storage, "_backend", None)
+        if backend is not None:
+            trials = backend.get_all_trials(self.study._study_id, deepcopy=False)
+        else:
+            trials = self.study.get_trials(deepcopy=False)
+        self._sync(trials)
+        for t in trials:
+            if t.number == trial.number or t.user_attrs.get("config_tag") != tag:
+                continue
+            if t.state == TrialState.RUNNING and t.user_attrs.get("phase") != "done":
+                return t.number
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.user_attrs.get("measured") and \
+                    (t.state == TrialState.FAIL or self.timed_current_kernel(t)):
+                return t.number  # (a time of another kernel identity is measured again: not a claim)
+        return None
 
     def _load_history(self) -> None:
         """Fold the study's finished trials in. A measured trial that timed another kernel identity than its
@@ -177,10 +254,13 @@ class StudyHistory:
     def _summary_of(self, t) -> TrialSummary:
         a = t.user_attrs
         value = t.value if t.state == self.optuna.trial.TrialState.COMPLETE else None
+        reason = a.get("fail_reason") or a.get("violation") or ""
+        if not reason and t.state == self.optuna.trial.TrialState.FAIL:
+            reason = f"abandoned: its worker {a.get('owner', '?')} stopped beating (heartbeat), queued again"
         return TrialSummary(t.number, t.state.name, a.get("config_tag"), a.get("kernel"), a.get("config"),
-                            a.get("time_s"), value, a.get("predicted_time_s"),
-                            str(a.get("fail_reason") or a.get("violation") or ""), str(a.get("source", "")),
-                            bool(a.get("measured")))
+                            a.get("time_s"), value, a.get("predicted_time_s"), str(reason),
+                            str(a.get("source", "")), bool(a.get("measured")), a.get("worker"),
+                            _stamp(t.datetime_start), _stamp(t.datetime_complete))
 
     def _account(self, s: TrialSummary, resumed: bool = False) -> None:
         """Fold one finished trial into the counters, the best-so-far and the patience window."""

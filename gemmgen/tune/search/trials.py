@@ -54,8 +54,12 @@ class TrialLoop:
         opts = self.options
         idle = 0
         while True:
+            self._reap_due()
+            self._sync()  # (each ask syncs again, in its claim)
             while not self.stop_reason and len(inflight) < lookahead:
-                if self.measured_total + len(inflight) >= opts.trials and not self._new_model_picks_due(inflight):
+                # --trials is the study's: other workers' trials in flight count against it too.
+                if self.measured_total + len(inflight) + len(self.running_tags) >= opts.trials and \
+                        not self._new_model_picks_due(inflight):
                     break
                 if self._time_up():
                     self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
@@ -68,7 +72,10 @@ class TrialLoop:
                     self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
                                         "quarantined or tried already")
                     break
-                entry = self._ask(inflight)
+                try:
+                    entry = self._ask(inflight)
+                except self.optuna.exceptions.UpdateFinishedTrialError:
+                    entry = None  # another worker judged this one dead and took its trial: ask again
                 if entry is None:
                     idle += 1
                     if idle % FALLBACK_AFTER == 0 and not self._enqueue_fallback(inflight):
@@ -89,7 +96,14 @@ class TrialLoop:
                 inflight.clear()
                 break
             self.current = inflight.popleft()
-            self._measure(*self.current)
+            try:
+                self._measure(*self.current)
+            except self.optuna.exceptions.UpdateFinishedTrialError:
+                # Another worker failed this trial as stale (this one was silent past --grace: a stalled host)
+                # and queued it again: its outcome is that worker's to record now.
+                self.counts["lost"] = self.counts.get("lost", 0) + 1
+                self.mine.discard(self.current[0].number)
+                self.heartbeat.discard(self.current[0]._trial_id)
             self.current = None
             if not self.stop_reason and opts.patience and self.since_improvement >= opts.patience \
                     and self.best_tflops > 0:
@@ -143,6 +157,8 @@ class TrialLoop:
             frozen = self.study.tell(trial, value)
         else:
             frozen = self.study.tell(trial, state=TrialState[state])
+        self.mine.discard(frozen.number)
+        self.heartbeat.discard(frozen._trial_id)
         s = self._summary_of(frozen)
         self.summaries[s.number] = s
         self._account(s)

@@ -1,0 +1,162 @@
+"""Several measuring workers on one study: real processes (tune/parallel.run_workers) with the replay measurer
+on the CPU, against a throwaway PostgreSQL 15 server and against a JournalStorage file.
+
+The search space is tests/test_search's synthetic sm80 space (400 configurations, every one in
+tests/data/recorded_timings.json), compiled by its counting compiler: NVRTC on 200 kernels would not fit CI.
+Each run: 4 workers, --trials 200, one worker killed with SIGKILL midway. Asserted: no configuration has two
+measured trials, every finished trial is in the record, the killed worker's RUNNING trial was failed and
+queued again, nothing it finished is lost, and one finalist round was measured, by one worker.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import test_search
+from pg_server import PgServer, find_pg_bin
+from gemmgen.tune.worker import ReplayBenchmark
+
+WORKERS, TRIALS = 4, 200
+
+
+class LoggingReplay(ReplayBenchmark):
+    """The replay, logging '<worker pid> <tag>' per measurement (the measuring child's parent is the worker)."""
+
+    def __init__(self, path, log):
+        super().__init__(path)
+        self.log = log
+
+    def measure(self, manifest, cubin, problem):
+        from gemmgen.model.tiles import TileConfig
+
+        with open(self.log, "a") as out:
+            out.write(f"{os.getppid()} {TileConfig.from_dict(manifest['config']).tag}\n")
+        return super().measure(manifest, cubin, problem)
+
+
+def measurer(replay, log, spec):
+    from gemmgen.tune.worker import WorkerBenchmark
+
+    return WorkerBenchmark(functools.partial(LoggingReplay, replay, log), 30.0, lock_path=spec.lock_path)
+
+
+def engines():
+    return test_search.engines()
+
+
+def run_and_kill(tmp: Path, storage: str):
+    """4 workers, 200 trials; the worker that measured first is killed with SIGKILL after ~60 measurements."""
+    from gemmgen.tune.parallel import plan_workers, run_workers
+    from gemmgen.tune.search import TuneOptions
+
+    data = json.loads(test_search.RECORDED.read_text())
+    data["delay_s"] = 0.01  # simulated GPU time
+    replay, log = tmp / "replay.json", tmp / "measured.log"
+    replay.write_text(json.dumps(data))
+    options = TuneOptions(trials=TRIALS, patience=None, top_k=6, sampler="random", finalists=3, rounds=3,
+                          storage=storage, heartbeat_s=1, grace_s=10, replay=str(replay), jobs=0)
+    specs = plan_workers([str(i) for i in range(WORKERS)], replay=True)
+    outcome = {}
+
+    def parent():
+        try:
+            outcome["result"] = run_workers(test_search.PROBLEM, test_search.GPU, options, specs,
+                                            functools.partial(measurer, str(replay), str(log)),
+                                            engines_factory=engines, poll_s=0.5)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=parent)
+    thread.start()
+    deadline = time.monotonic() + 120
+    victim = None
+    while time.monotonic() < deadline and victim is None:
+        lines = log.read_text().split("\n") if log.exists() else []
+        if len(lines) > 60:
+            victim = int(lines[0].split()[0])
+        time.sleep(0.05)
+    assert victim is not None, "the workers never measured"
+    os.kill(victim, signal.SIGKILL)
+    thread.join(240)
+    assert not thread.is_alive()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"], victim, [line.split() for line in log.read_text().split("\n") if line]
+
+
+def check_shared_study(result, victim, measured_log, storage):
+    import optuna
+
+    from gemmgen.tune.storage import open_storage
+
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(storage))
+    trials = study.get_trials(deepcopy=False)
+    measured = [t for t in trials if t.user_attrs.get("measured")]
+    tags = [t.user_attrs["config_tag"] for t in measured]
+    assert len(tags) == len(set(tags)), "a configuration was measured twice"
+    assert TRIALS <= len(measured) <= TRIALS + WORKERS  # the budget is the study's (a race may add one per worker)
+    assert not any(t.state.name == "RUNNING" for t in trials)
+
+    # The killed worker: what it finished is in the study; its trial in flight was failed and queued again.
+    by_victim = [tag for pid, tag in measured_log if int(pid) == victim]
+    finished = {t.user_attrs["config_tag"] for t in measured if t.state.name in ("COMPLETE", "FAIL")}
+    assert set(by_victim[:-1]) <= finished
+    failed = [t for t in trials if t.state.name == "FAIL" and not t.user_attrs.get("measured")]
+    assert failed, "the killed worker's running trial must be failed"
+    retried = [t for t in trials if t.system_attrs.get("retry_history")]
+    assert {t.system_attrs["retry_history"][-1] for t in retried} & {t.number for t in failed}
+    assert len({t.user_attrs.get("worker") for t in measured}) == WORKERS
+
+    # The record holds every finished trial, and the one finalist round.
+    record = json.loads(Path(result.record_path).read_text())
+    assert {t.number for t in trials if t.state.is_finished()} <= {t["number"] for t in record["trials"]}
+    rounds = [k for k in study.user_attrs if k.startswith("finalists/")]
+    assert rounds == ["finalists/0"] and result.winner is not None
+    assert record["winner"]["config_tag"] == study.user_attrs["finalists/0"]["winner"]
+    # Finalists measured on one GPU only: 3 finalists x 3 rounds, all by one worker, after the search.
+    search_tags = set(tags)
+    finals = measured_log[-9:]
+    assert len({pid for pid, _ in finals}) == 1 and len({tag for _, tag in finals}) == 3
+    assert {tag for _, tag in finals} <= search_tags
+
+
+@pytest.fixture
+def results_dir(monkeypatch):
+    root = Path(tempfile.mkdtemp(prefix="gemmgen-dist-"))
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(root / "results"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres():
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
+    root = Path(tempfile.mkdtemp(prefix="gemmgen-pg-"))  # not under pytest's 0700 tmp: the server may be nobody
+    os.chmod(root, 0o755)
+    server = PgServer(bin_dir, root).start()
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_four_workers_on_postgresql_share_one_study_and_survive_a_killed_worker(postgres, results_dir):
+    pytest.importorskip("psycopg2")
+    result, victim, log = run_and_kill(results_dir, postgres.url)
+    check_shared_study(result, victim, log, postgres.url)
+
+
+def test_four_workers_on_a_journal_file_share_one_study_and_survive_a_killed_worker(results_dir):
+    url = f"journal:///{results_dir / 'studies.log'}"
+    result, victim, log = run_and_kill(results_dir, url)
+    check_shared_study(result, victim, log, url)
