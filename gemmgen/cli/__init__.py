@@ -12,7 +12,7 @@ import sys
 from ..model.errors import GemmgenError, UserError
 
 # Order here is the order in `gemmgen --help`.
-COMMANDS = ("tune", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "calibrate",
+COMMANDS = ("tune", "tune_linear", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "calibrate",
             "gpus")
 
 
