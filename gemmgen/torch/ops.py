@@ -31,6 +31,7 @@ from . import stats
 from .registry import REGISTRY, gpu_key
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+_KERNEL_ACTIVATION = {name: kernel_activation(name) for name in ACTIVATIONS}
 _REFUSED_KEPT = 256  # (kernel, shapes, strides) refused by a kernel, remembered so a refusal is not re-checked
 
 
@@ -48,7 +49,7 @@ def _layouts(x: Tensor) -> "tuple[Layout, ...]":
 
 def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation):
     """(Found, '') for a kernel that takes D = epilogue(A·B), or (None, the fallback reason)."""
-    if A.device.type != "cuda":
+    if not A.is_cuda:  # (is_cuda is an attribute read; .device builds an object per call)
         return None, f"tensors on {A.device.type}"
     dtype = _DTYPES.get(A.dtype)
     if dtype is None:
@@ -74,22 +75,33 @@ def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation):
 _refused: "dict[tuple, str]" = {}
 
 
+def _refusal_key(found, A: Tensor, B: Tensor, D: Tensor) -> tuple:
+    return (id(found.kernel), A.shape, A.stride(), B.shape, B.stride(), A.data_ptr() % 16, B.data_ptr() % 16,
+            D.data_ptr() % 16)
+
+
 def _launch(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None") -> str:
     """Run the kernel into D; '' on success, else why the kernel refused these operands (nothing ran)."""
-    key = (id(found.kernel), A.shape, A.stride(), B.shape, B.stride(), A.data_ptr() % 16, B.data_ptr() % 16,
-           D.data_ptr() % 16)
-    why = _refused.get(key)
-    if why is not None:
-        return why
+    if _refused:
+        why = _refused.get(_refusal_key(found, A, B, D))
+        if why is not None:
+            return why
     try:
         found.kernel(A, B, D, bias=bias)
     except InvalidInput as exc:  # the kernel checks before it launches: nothing ran, torch can take over
         why = f"kernel from {found.origin} refused the call: {exc.rule}"
+        key = _refusal_key(found, A, B, D)
         if len(_refused) >= _REFUSED_KEPT:
             _refused.pop(next(iter(_refused)))
         _refused[key] = why
         return why
     return ""
+
+
+def _mm_ok(A: Tensor, B: Tensor) -> bool:
+    """The real impl's fast test of what _check_mm checks (concrete sizes: plain comparisons)."""
+    return A.dim() == 2 and B.dim() == 2 and A.shape[1] == B.shape[0] and A.dtype == B.dtype and \
+        A.device == B.device
 
 
 def _check_mm(A: Tensor, B: Tensor) -> None:
@@ -101,6 +113,13 @@ def _check_mm(A: Tensor, B: Tensor) -> None:
                                              f"{B.dtype}")
     torch._check(A.device == B.device, lambda: f"gemmgen::mm needs A and B on one device, but got {A.device} "
                                                f"and {B.device}")
+
+
+def _linear_ok(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> bool:
+    """The real impl's fast test of what _check_linear checks."""
+    return activation in ACTIVATIONS and X.dim() >= 1 and W.dim() == 2 and X.shape[-1] == W.shape[1] and \
+        X.dtype == W.dtype and (bias is None or (bias.dim() == 1 and bias.shape[0] == W.shape[0] and
+                                                 bias.dtype == W.dtype))
 
 
 def _check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> None:
@@ -124,7 +143,8 @@ def _check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) 
 @torch.library.custom_op("gemmgen::mm", mutates_args=())
 def mm_op(A: Tensor, B: Tensor) -> Tensor:
     """D = A·B on a gemmgen kernel when one is registered for the product, else torch.mm."""
-    _check_mm(A, B)
+    if not _mm_ok(A, B):
+        _check_mm(A, B)  # raises, naming the rule
     found, reason = _find(A, B, False, Activation.NONE)
     if found is not None:
         D = torch.empty((A.shape[0], B.shape[1]), dtype=A.dtype, device=A.device)
@@ -174,11 +194,12 @@ def _activate_(Y: Tensor, activation: str) -> Tensor:
 @torch.library.custom_op("gemmgen::linear", mutates_args=())
 def linear_op(X: Tensor, W: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
     """Y = act(X·Wᵀ + b) on a gemmgen kernel when one is registered for the product, else torch."""
-    _check_linear(X, W, bias, activation)
+    if not _linear_ok(X, W, bias, activation):
+        _check_linear(X, W, bias, activation)  # raises, naming the rule
     out_features, in_features = W.shape
     Y = torch.empty((*X.shape[:-1], out_features), dtype=X.dtype, device=X.device)
     X2, Y2 = X.reshape(-1, in_features), Y.view(-1, out_features)
-    fused = kernel_activation(activation)
+    fused = _KERNEL_ACTIVATION[activation]
     # The kernel with the activation fused first; else the plain kernel, then the activation on torch.
     reason = ""
     for epilogue_activation in dict.fromkeys((fused, Activation.NONE)):
