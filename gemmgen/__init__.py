@@ -17,7 +17,7 @@ __all__ = [
     "Activation", "Arch", "Cluster", "CompileError", "CudaError", "DType", "DecompKind", "Decomposition", "Epilogue",
     "GemmgenError", "Gpu", "InvalidConfig", "InvalidInput", "Kernel", "Layout", "NoGpu", "Operands",
     "Problem", "Raster", "RasterOrder", "Shape3", "SmemLayout", "TileConfig", "UserError", "VerificationError",
-    "Violation", "catalogue", "lookup_gpu", "load", "mm", "linear", "nn", "reset_stats", "stats",
+    "Violation", "catalogue", "lookup_gpu", "load", "reset_stats", "stats",
 ]
 
 
@@ -45,7 +45,8 @@ def reset_stats() -> None:
 
 
 def __getattr__(name):
-    # torch is imported only when its API is first used: the core never needs it.
+    # torch is imported only when its API is first used: the core never needs it. (nn, mm and linear stay out of
+    # __all__, so `from gemmgen import *` needs no torch.)
     if name == "nn":
         from .torch import nn as _nn
 
