@@ -276,7 +276,7 @@ def test_linear_layer_products_have_the_layouts_and_dimensions_of_the_three_gemm
     assert layer.classes()["wgrad"].key == "bf16_cr_linear_m14336_n4096_kT"
 
 
-def test_tune_linear_dry_run_stores_three_bundles_the_registry_finds(tmp_path, monkeypatch, capsys):
+def test_tune_linear_dry_run_stores_the_three_products_where_the_registry_finds_them(tmp_path, monkeypatch, capsys):
     from gemmgen.cli import main
 
     monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path))
@@ -284,8 +284,8 @@ def test_tune_linear_dry_run_stores_three_bundles_the_registry_finds(tmp_path, m
         from gemmgen.codegen import nvrtc  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"NVRTC unavailable: {exc}")
-    code = main(["tune-linear", "256", "200", "--tokens", "1..128", "--bias", "--activation", "gelu",
-                 "--dry-run", "--gpu", "h100", "--top-k", "1", "--jobs", "1"])
+    common = ["--bias", "--activation", "gelu", "--dry-run", "--gpu", "h100", "--top-k", "1", "--jobs", "1"]
+    code = main(["tune-linear", "256", "200", "--tokens", "64..128"] + common)
     out = capsys.readouterr().out
     assert code == 0, out
     store = tmp_path / "kernels" / "h100-sxm"
@@ -293,18 +293,24 @@ def test_tune_linear_dry_run_stores_three_bundles_the_registry_finds(tmp_path, m
     assert folders == ["bf16_cr_linear_m200_n256_kT", "bf16_rc_bias_gelu_mT_n200_k256", "bf16_rr_linear_mT_n256_k200"]
     for folder in store.iterdir():
         kernel_class, raw = read_class(folder)
-        assert raw["measured"] is False and raw["layer"]["tokens"] == [1, 128]
-        manifests = [p for p in folder.glob("gemmgen_*.json")]
-        assert len(manifests) == 1 and (folder / (manifests[0].stem + ".cubin")).is_file()
-        assert json.loads(manifests[0].read_text())["problem"]["M" if kernel_class.m is None else "K"] == 128
+        assert raw["measured"] is False and raw["layer"]["tokens"] == [64, 128]
+        if kernel_class.m is None:  # tokens are M: a dispatch table over the token buckets 64 and 65..128
+            table = json.loads((folder / "dispatch.json").read_text())["tables"][0]
+            assert [(b["m_min"], b["m_max"]) for b in table["buckets"]] == [(64, 64), (65, 128)]
+        else:  # tokens are K: one kernel, tuned at the top of the range
+            manifests = list(folder.glob("gemmgen_*.json"))
+            assert len(manifests) == 1 and json.loads(manifests[0].read_text())["problem"]["K"] == 128
+            assert not (folder / "dispatch.json").exists()
     registry = KernelRegistry()
     found = registry.find(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 200, 256, 77, "h100-sxm")
     assert found is not None and found.kernel.name.startswith("gemmgen_sm_90a_bf16bf16_bf16_f32_cr")
     assert registry.find(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 200, 256, 77, "a100-sxm") is None
-    # Re-running replaces each folder whole: still one manifest per class.
-    assert main(["tune-linear", "256", "200", "--tokens", "64", "--bias", "--activation", "gelu", "--dry-run",
-                 "--gpu", "h100", "--top-k", "1", "--jobs", "1"]) == 0
+    forward = registry.find(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 100, 200, 256, "h100-sxm")
+    assert forward is not None and hasattr(forward.kernel, "kernel_for")  # the dispatch callable
+    # Re-running replaces each folder whole: one count, no buckets -> one manifest per class, no dispatch table.
+    assert main(["tune-linear", "256", "200", "--tokens", "64", "--buckets", "none"] + common) == 0
     assert all(len(list(f.glob("gemmgen_*.json"))) == 1 for f in store.iterdir())
+    assert not list(store.glob("*/dispatch.json"))
     assert not [p for p in store.iterdir() if p.name.startswith(".")]
 
 
@@ -318,6 +324,7 @@ def test_tune_linear_dry_run_stores_three_bundles_the_registry_finds(tmp_path, m
     (["tune-linear", "64", "64", "--dry-run"], "--dry-run needs --gpu"),
     (["tune-linear", "64", "64", "--gpu", "h900", "--dry-run"], "GPU must be one of"),
     (["tune-linear", "64", "64", "--trials", "0", "--gpu", "h100", "--dry-run"], "--trials must be"),
+    (["tune-linear", "64", "64", "--buckets", "log", "--gpu", "h100", "--dry-run"], "--buckets must be one of"),
 ])
 def test_tune_linear_refuses_bad_input_with_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     from gemmgen.cli import main

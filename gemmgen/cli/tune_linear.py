@@ -21,7 +21,11 @@ def register(subparsers) -> None:
     p.add_argument("IN", help="in_features (K of the forward)")
     p.add_argument("OUT", help="out_features (N of the forward)")
     p.add_argument("--tokens", default="1..8192", metavar="LO..HI",
-                   help="token counts the layer serves, or one count (default 1..8192); products are tuned at HI")
+                   help="token counts the layer serves, or one count (default 1..8192)")
+    p.add_argument("--buckets", default="pow2", metavar="RULE",
+                   help="the forward and data-grad products (M = tokens) over a range: pow2 (default: a dispatch "
+                        "table of power-of-two token buckets), auto (buckets merged where one kernel serves two "
+                        "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
     p.add_argument("--dtype", default="bf16", help="bf16 (default) or f16")
     p.add_argument("--bias", action="store_true", help="the layer has a bias")
     p.add_argument("--activation", default="none", help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
@@ -49,19 +53,25 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..tune.linear import tune_linear
 
+    from ..tune.buckets import BUCKETINGS
+
     layer = LinearLayer.create(args.IN, args.OUT, args.dtype, args.bias, str(args.activation).lower(), args.tokens)
+    if args.buckets not in BUCKETINGS + ("none",):
+        raise InvalidInput(f"--buckets must be one of {', '.join(BUCKETINGS + ('none',))}", args.buckets)
+    bucketing = None if args.buckets == "none" else args.buckets
     options = options_from_args(args)
     if args.dry_run:
         if not args.gpu:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
-        products = tune_linear(layer, lookup_gpu(args.gpu), dry_run=True, top_k=options.top_k, jobs=options.jobs)
+        products = tune_linear(layer, lookup_gpu(args.gpu), dry_run=True, top_k=options.top_k, jobs=options.jobs,
+                               bucketing=bucketing)
     else:
         gpu, measurer, device = measurer_for(args, args.gpu)
         progress = Progress(not args.no_progress)
         try:
             with sigterm_as_interrupt():
                 products = tune_linear(layer, gpu, dry_run=False, measurer=measurer, options=options,
-                                       device=device, on_event=progress)
+                                       device=device, on_event=progress, bucketing=bucketing)
         finally:
             progress.close()
             measurer.close()
@@ -73,10 +83,18 @@ def print_products(layer: LinearLayer, products, dry_run: bool) -> None:
     what = "model's picks, not measured" if dry_run else "measured winners"
     print(f"Linear {layer.in_features} -> {layer.out_features} ({layer.dtype.value}"
           f"{', bias' if layer.bias else ''}{', ' + layer.activation if layer.activation != 'none' else ''}), "
-          f"tokens {layer.tokens_min}..{layer.tokens_max}, tuned at {layer.tokens_max}: {what}")
+          f"tokens {layer.tokens_min}..{layer.tokens_max}: {what}")
     rows = []
     for p in products:
         speed = ""
+        tables = getattr(p.result, "tables", None)
+        if tables is not None:  # a dispatch folder: one kernel per token bucket
+            buckets = [f"{e['m_min']}..{e['m_max']}" for t in tables for e in t["buckets"]]
+            rows.append([p.role, f"Tx{p.problem.n}x{p.problem.k} {p.problem.a_layout.letter}"
+                                 f"{p.problem.b_layout.letter}", "-",
+                         f"dispatch: {len(p.result.kernels)} kernels over {len(buckets)} token buckets"
+                         if p.kernel else "nothing exported"])
+            continue
         winner = getattr(p.result, "winner", None)
         if winner is not None:
             speed = f"{winner.tflops:.1f}"

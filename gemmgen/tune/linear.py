@@ -1,6 +1,12 @@
 """Tune (or dry-run) the three products of a Linear layer and store each winner where gemmgen.torch finds it.
 
-    <kernels dir>/<gpu key>/<kernel class key>/   one bundle (manifest .json, .cubin, .cu) + class.json
+    <kernels dir>/<gpu key>/<kernel class key>/   a bundle (manifest .json, .cubin, .cu), or a dispatch folder
+                                                  (several bundles + dispatch.json), + class.json
+
+The forward and data-grad products have the token count as M: over a token range they are tuned per M bucket
+(tune/dispatch.py: power-of-two buckets, or `auto` merging) into a dispatch folder, which `gemmgen.load` turns
+into one callable picking the kernel per call. The weight gradient has the token count as K, which dispatch tables
+do not bucket: it is tuned once, at the top of the range.
 
 The kernels dir is model/paths.kernels_dir() (the per-user data directory). class.json names the class (dtype,
 layouts, epilogue, fixed dimensions), the layer role and the token count tuned at. A folder is replaced whole:
@@ -40,9 +46,13 @@ def class_folder(gpu: "Gpu | str", kernel_class: KernelClass, root: "Path | None
 
 def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=None, options=None,
                 top_k: int = 8, jobs: int = 1, device: "dict | None" = None, on_event=None,
-                root: "Path | None" = None, roles: "tuple[str, ...]" = ROLES) -> "list[LinearProduct]":
-    """Tune each product of `layer` at its top token count (a GPU `measurer` and TuneOptions `options`), or
-    with `dry_run` export the model's pick unmeasured; store each kernel in its class folder."""
+                root: "Path | None" = None, roles: "tuple[str, ...]" = ROLES,
+                bucketing: "str | None" = "pow2") -> "list[LinearProduct]":
+    """Tune each product of `layer` (a GPU `measurer` and TuneOptions `options`), or with `dry_run` export the
+    model's picks unmeasured; store each in its class folder. Products with the token count as M are tuned per
+    M bucket over the layer's token range (`bucketing` 'pow2' or 'auto'; None: once, at the top of the range)."""
+    from .buckets import pow2_buckets
+    from .dispatch import model_buckets, tune_buckets
     from .dryrun import dry_run as run_dry
     from .search import tune
 
@@ -53,7 +63,16 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
         folder = class_folder(gpu, kernel_class, root)
         staging = folder.with_name(f".{folder.name}.{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        if dry_run:
+        bucketed = bucketing is not None and kernel_class.m is None and layer.tokens_min < layer.tokens_max
+        if bucketed:
+            buckets = pow2_buckets(layer.tokens_min, layer.tokens_max, problem.n, problem.k)
+            if dry_run:
+                result = model_buckets(problem, buckets, gpu, jobs=jobs, bucketing=bucketing, out=str(staging))
+            else:
+                result = tune_buckets(problem, buckets, gpu, measurer, options, on_event=on_event, device=device,
+                                      bucketing=bucketing, out=str(staging))
+            kernel = ", ".join(result.kernels) if result.folder is not None else None
+        elif dry_run:
             result = run_dry(problem, gpu, top_k=max(1, top_k), out=str(staging), jobs=jobs)
             kernel = result.pick.kernel.name if result.pick is not None else None
         else:
@@ -68,7 +87,8 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
                 "layer": {"in_features": layer.in_features, "out_features": layer.out_features,
                           "bias": layer.bias, "activation": layer.activation,
                           "tokens": [layer.tokens_min, layer.tokens_max]},
-                "tuned_at": problem.to_dict(), "kernel": kernel, "measured": not dry_run, "date": now()})
+                "tuned_at": problem.to_dict(), "kernel": kernel, "dispatch": bucketed, "measured": not dry_run,
+                "date": now()})
             _swap_in(staging, folder)
         else:
             shutil.rmtree(staging, ignore_errors=True)
