@@ -124,4 +124,8 @@ def main(path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifest", help="an exported bundle's manifest .json")
+    sys.exit(main(parser.parse_args().manifest))

@@ -17,7 +17,7 @@ __all__ = [
     "Activation", "Arch", "Cluster", "CompileError", "CudaError", "DType", "DecompKind", "Decomposition", "Epilogue",
     "GemmgenError", "Gpu", "InvalidConfig", "InvalidInput", "Kernel", "Layout", "NoGpu", "Operands",
     "Problem", "Raster", "RasterOrder", "Shape3", "SmemLayout", "TileConfig", "UserError", "VerificationError",
-    "Violation", "catalogue", "lookup_gpu", "load",
+    "Violation", "catalogue", "lookup_gpu", "load", "reset_stats", "stats",
 ]
 
 
@@ -28,3 +28,31 @@ def load(path, name=None):
     from .runtime.loader import load as _load  # imports cuda-python only when asked
 
     return _load(path, name)
+
+
+def stats() -> dict:
+    """Counters of the torch ops since start (or reset_stats()): kernel calls per op, fallbacks to torch per
+    reason. Needs no torch: zero until an op ran."""
+    from .torch.stats import stats as _stats
+
+    return _stats()
+
+
+def reset_stats() -> None:
+    from .torch.stats import reset_stats as _reset
+
+    _reset()
+
+
+def __getattr__(name):
+    # torch is imported only when its API is first used: the core never needs it. (nn, mm and linear stay out of
+    # __all__, so `from gemmgen import *` needs no torch.)
+    if name == "nn":
+        from .torch import nn as _nn
+
+        return _nn
+    if name in ("mm", "linear"):
+        from .torch import ops as _ops
+
+        return getattr(_ops, name)
+    raise AttributeError(f"module 'gemmgen' has no attribute {name!r}")

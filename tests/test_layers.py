@@ -1,8 +1,9 @@
 """The package's layers: imports point down, family names stay in their packages, the runtime stands alone.
 
-Layers, lowest first: model -> calc -> families -> (codegen | runtime | rank) -> tune -> cli. A module may
-import its own layer and the ones below; the three middle layers are siblings that never import each other
-(the runtime launches bundles without the code generator; ranking needs neither).
+Layers, lowest first: model -> calc -> families -> (codegen | runtime | rank) -> (tune | torch) -> cli. A module
+may import its own layer and the ones below; the three middle layers are siblings that never import each other
+(the runtime launches bundles without the code generator; ranking needs neither), and so are tune and torch
+(the torch ops read the kernels tune-linear stores through the runtime, never the tuner).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from gemmgen import families
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gemmgen"
-LEVEL = {"model": 0, "calc": 1, "families": 2, "codegen": 3, "runtime": 3, "rank": 3, "tune": 4, "cli": 5}
+LEVEL = {"model": 0, "calc": 1, "families": 2, "codegen": 3, "runtime": 3, "rank": 3, "tune": 4, "torch": 4, "cli": 5}
 
 
 def _modules():

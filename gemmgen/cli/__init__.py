@@ -12,8 +12,8 @@ import sys
 from ..model.errors import GemmgenError, UserError
 
 # Order here is the order in `gemmgen --help`.
-COMMANDS = ("tune", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline", "calibrate",
-            "gpus", "plot")
+COMMANDS = ("tune", "tune_linear", "suite", "lookup", "bench", "compile", "render", "space", "intensity", "roofline",
+            "calibrate", "gpus", "plot")
 
 
 class _Parser(argparse.ArgumentParser):

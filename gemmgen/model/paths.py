@@ -67,6 +67,12 @@ def results_dirs() -> "list[Path]":
     return out
 
 
+def kernels_dir() -> Path:
+    """Where `gemmgen tune-linear` stores kernels for gemmgen.torch to find: <user data dir>/kernels (cubins
+    are build output, never a checkout's results/)."""
+    return user_data_dir() / "kernels"
+
+
 def studies_dir() -> Path:
     """Where the Optuna studies (SQLite) go by default: beside $GEMMGEN_RESULTS when it is set, else in the
     per-user data directory (never in the repository or the install: they are working state, not results)."""

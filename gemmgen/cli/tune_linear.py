@@ -1,0 +1,110 @@
+"""`gemmgen tune-linear IN OUT`: tune a Linear layer's forward, data-grad and weight-grad products for
+gemmgen.nn.Linear; `--dry-run --gpu NAME` exports the model's picks without a GPU."""
+from __future__ import annotations
+
+import sys
+
+from ..model.arch import lookup_gpu
+from ..model.errors import InvalidInput
+from ..model.linear import ACTIVATIONS, LinearLayer
+from ._common import add_gpu_arg, table
+from .tune import Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tune-linear", help="tune the three products of a Linear layer for gemmgen.nn.Linear",
+                              description="Tune Y = act(X·Wᵀ + b) (M = tokens, N = OUT, K = IN), the data gradient "
+                                          "dX = dY·W (M = tokens, N = IN, K = OUT) and the weight gradient dW = "
+                                          "dYᵀ·X (M = OUT, N = IN, K = tokens) at the top of the token range, and "
+                                          "store each winner in the per-user kernel store (<data dir>/kernels/"
+                                          "<gpu>/), where gemmgen.nn.Linear and gemmgen.mm find them.")
+    p.add_argument("IN", help="in_features (K of the forward)")
+    p.add_argument("OUT", help="out_features (N of the forward)")
+    p.add_argument("--tokens", default="1..8192", metavar="LO..HI",
+                   help="token counts the layer serves, or one count (default 1..8192)")
+    p.add_argument("--buckets", default="pow2", metavar="RULE",
+                   help="the forward and data-grad products (M = tokens) over a range: pow2 (default: a dispatch "
+                        "table of power-of-two token buckets), auto (buckets merged where one kernel serves two "
+                        "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
+    p.add_argument("--dtype", default="bf16", help="bf16 (default) or f16")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias")
+    p.add_argument("--activation", default="none", help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
+                                                        "approximation; silu runs after the bias kernel)")
+    add_gpu_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, store the "
+                                                          "model's picks unmeasured (needs --gpu)")
+    p.add_argument("--trials", type=int, default=60, help="measured trials per product (default 60)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop each product's search after S s")
+    p.add_argument("--patience", type=int, default=30, help="trials without a 0.5%% gain before a product stops "
+                                                           "(default 30)")
+    p.add_argument("--storage", default=None, metavar="URL", help="Optuna storage (default: the per-user one)")
+    p.add_argument("--sampler", default="tpe", help="tpe (default), random, cmaes, qmc, grid")
+    p.add_argument("--top-k", type=int, default=8, help="the model's best, measured (or compiled) first (default 8)")
+    p.add_argument("--jobs", type=int, default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
+    p.add_argument("--finalists", type=int, default=3, help="configurations re-measured interleaved (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved re-measurement rounds (default 5)")
+    add_timing_arg(p)
+    p.add_argument("--watchdog", type=float, default=60.0, metavar="S", help="seconds one measurement may take")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.set_defaults(func=run, replay=None, out=None)
+
+
+def run(args) -> int:
+    from ..tune.linear import tune_linear
+
+    from ..tune.buckets import BUCKETINGS
+
+    layer = LinearLayer.create(args.IN, args.OUT, args.dtype, args.bias, str(args.activation).lower(), args.tokens)
+    if args.buckets not in BUCKETINGS + ("none",):
+        raise InvalidInput(f"--buckets must be one of {', '.join(BUCKETINGS + ('none',))}", args.buckets)
+    bucketing = None if args.buckets == "none" else args.buckets
+    options = options_from_args(args)
+    if args.dry_run:
+        if not args.gpu:
+            raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
+        products = tune_linear(layer, lookup_gpu(args.gpu), dry_run=True, top_k=options.top_k, jobs=options.jobs,
+                               bucketing=bucketing)
+    else:
+        gpu, measurer, device = measurer_for(args, args.gpu)
+        progress = Progress(not args.no_progress)
+        try:
+            with sigterm_as_interrupt():
+                products = tune_linear(layer, gpu, dry_run=False, measurer=measurer, options=options,
+                                       device=device, on_event=progress, bucketing=bucketing)
+        finally:
+            progress.close()
+            measurer.close()
+    print_products(layer, products, args.dry_run)
+    return 0 if all(p.kernel for p in products) else 1
+
+
+def print_products(layer: LinearLayer, products, dry_run: bool) -> None:
+    what = "model's picks, not measured" if dry_run else "measured winners"
+    print(f"Linear {layer.in_features} -> {layer.out_features} ({layer.dtype.value}"
+          f"{', bias' if layer.bias else ''}{', ' + layer.activation if layer.activation != 'none' else ''}), "
+          f"tokens {layer.tokens_min}..{layer.tokens_max}: {what}")
+    rows = []
+    for p in products:
+        speed = ""
+        tables = getattr(p.result, "tables", None)
+        if tables is not None:  # a dispatch folder: one kernel per token bucket
+            buckets = [f"{e['m_min']}..{e['m_max']}" for t in tables for e in t["buckets"]]
+            rows.append([p.role, f"Tx{p.problem.n}x{p.problem.k} {p.problem.a_layout.letter}"
+                                 f"{p.problem.b_layout.letter}", "-",
+                         f"dispatch: {len(p.result.kernels)} kernels over {len(buckets)} token buckets"
+                         if p.kernel else "nothing exported"])
+            continue
+        winner = getattr(p.result, "winner", None)
+        if winner is not None:
+            speed = f"{winner.tflops:.1f}"
+        elif getattr(p.result, "pick", None) is not None:
+            speed = f"{p.result.pick.ranked.tflops:.1f} (model)"
+        rows.append([p.role, f"{p.problem.m}x{p.problem.n}x{p.problem.k} "
+                             f"{p.problem.a_layout.letter}{p.problem.b_layout.letter}",
+                     speed or "-", p.kernel or "nothing exported"])
+    print(table(rows, ["product", "MxNxK layouts", "TFLOP/s", "kernel"]))
+    if products:
+        print(f"stored under {products[0].folder.parent}")
+    if any(not p.kernel for p in products):
+        print("some products have no kernel: gemmgen.nn.Linear runs them on torch", file=sys.stderr)

@@ -1,0 +1,169 @@
+"""A Linear layer's three products, and the kernel class each one is stored under.
+
+    forward      Y  = act(X·Wᵀ + b)   M = tokens, N = out, K = in    X row-major, Wᵀ column-major (W is [out, in])
+    data grad    dX = dZ·W            M = tokens, N = in,  K = out   both row-major
+    weight grad  dW = dZᵀ·X           M = out,    N = in,  K = tokens dZᵀ column-major, X row-major
+
+(dZ is the gradient at the pre-activation.) A kernel is compiled for dtypes, layouts and an epilogue, not one shape,
+so what a stored kernel is *for* is its KernelClass: those, plus the two dimensions that stay fixed while the token
+count varies (the third is None). `gemmgen tune-linear` writes one folder per class; gemmgen.torch finds it by
+the class of the product at hand.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .arch import DType
+from .errors import InvalidInput
+from .problem import Activation, Epilogue, Layout, Problem, parse_dim
+
+CLASS_FORMAT = "gemmgen-kernel-class/1"
+CLASS_FILE = "class.json"
+# Activations a Linear layer takes. SiLU has no kernel epilogue: its forward runs the bias-only kernel and
+# applies SiLU after it.
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+ROLES = ("forward", "dgrad", "wgrad")
+
+
+def kernel_activation(activation: str) -> Activation:
+    """The epilogue activation a kernel fuses for a layer activation (none for SiLU, which no family fuses)."""
+    if activation not in ACTIVATIONS:
+        raise InvalidInput(f"activation must be one of {', '.join(ACTIVATIONS)}", activation)
+    return Activation.NONE if activation == "silu" else Activation(activation)
+
+
+@dataclass(frozen=True)
+class KernelClass:
+    """The problems one stored kernel is tuned for: dtype, layouts, epilogue, and the fixed dimensions
+    (None where the token count goes)."""
+
+    dtype: DType
+    a_layout: Layout
+    b_layout: Layout
+    bias: bool = False
+    activation: Activation = Activation.NONE
+    m: "int | None" = None
+    n: "int | None" = None
+    k: "int | None" = None
+
+    @property
+    def operands_key(self) -> tuple:
+        return (self.dtype, self.a_layout, self.b_layout, self.bias, self.activation)
+
+    @property
+    def key(self) -> str:
+        """Folder name: 'bf16_rc_bias_gelu_mT_n14336_k4096' (T marks the dimension that varies)."""
+        dims = "_".join(f"{axis}{'T' if value is None else value}"
+                        for axis, value in (("m", self.m), ("n", self.n), ("k", self.k)))
+        epilogue = Epilogue(bias=self.bias, activation=self.activation).tag
+        return f"{self.dtype.value}_{self.a_layout.letter}{self.b_layout.letter}_{epilogue}_{dims}"
+
+    def matches(self, m: int, n: int, k: int) -> bool:
+        """Whether a product of this shape belongs to the class (its fixed dimensions agree)."""
+        return all(want is None or want == got for want, got in ((self.m, m), (self.n, n), (self.k, k)))
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype.value, "a_layout": self.a_layout.value, "b_layout": self.b_layout.value,
+                "bias": self.bias, "activation": self.activation.value, "m": self.m, "n": self.n, "k": self.k}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "KernelClass":
+        if not isinstance(raw, dict):
+            raise InvalidInput("a kernel class must be a JSON object", type(raw).__name__)
+        try:
+            dims = {axis: None if raw.get(axis) is None else parse_dim(axis.upper(), raw[axis]) for axis in "mnk"}
+            return cls(DType.parse(raw["dtype"]), Layout.parse(raw["a_layout"]), Layout.parse(raw["b_layout"]),
+                       bool(raw.get("bias", False)), Activation.parse(raw.get("activation")), **dims)
+        except KeyError as exc:
+            raise InvalidInput("a kernel class must name dtype, a_layout and b_layout", f"missing {exc}") from None
+
+    @classmethod
+    def of(cls, problem: Problem, varies: str) -> "KernelClass":
+        """The class of `problem` with dimension `varies` ('m' or 'k') left free."""
+        dims = {"m": problem.m, "n": problem.n, "k": problem.k}
+        dims[varies] = None
+        return cls(problem.a_dtype, problem.a_layout, problem.b_layout, problem.epilogue.bias,
+                   problem.epilogue.activation, **dims)
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """A Linear layer as a tuning question: features, dtype, epilogue and the token range it serves."""
+
+    in_features: int
+    out_features: int
+    dtype: DType = DType.BF16
+    bias: bool = False
+    activation: str = "none"
+    tokens_min: int = 1
+    tokens_max: int = 8192
+
+    @classmethod
+    def create(cls, in_features, out_features, dtype="bf16", bias=False, activation="none",
+               tokens="1..8192") -> "LinearLayer":
+        """Validated from loose values (CLI text): tokens is 'LO..HI' or one count."""
+        lo, hi = parse_tokens(tokens)
+        kernel_activation(str(activation))
+        dt = DType.parse(dtype)
+        if dt not in (DType.BF16, DType.F16):
+            raise InvalidInput("a Linear layer's dtype must be bf16 or f16 (the kernel families' inputs)", dt.value)
+        return cls(parse_dim("IN", in_features), parse_dim("OUT", out_features), dt, bool(bias), str(activation),
+                   lo, hi)
+
+    def problems(self, tokens: "int | None" = None) -> "dict[str, Problem]":
+        """The forward, data-grad and weight-grad products at `tokens` (default: the top of the range, the
+        shape where throughput matters)."""
+        t = self.tokens_max if tokens is None else tokens
+        plain = Epilogue()
+        forward = Problem(t, self.out_features, self.in_features, self.dtype, self.dtype, self.dtype,
+                          a_layout=Layout.ROW, b_layout=Layout.COL,
+                          epilogue=Epilogue(bias=self.bias, activation=kernel_activation(self.activation)))
+        dgrad = Problem(t, self.in_features, self.out_features, self.dtype, self.dtype, self.dtype,
+                        a_layout=Layout.ROW, b_layout=Layout.ROW, epilogue=plain)
+        wgrad = Problem(self.out_features, self.in_features, t, self.dtype, self.dtype, self.dtype,
+                        a_layout=Layout.COL, b_layout=Layout.ROW, epilogue=plain)
+        return {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
+
+    def classes(self) -> "dict[str, KernelClass]":
+        """The kernel class of each product (the token dimension free)."""
+        problems = self.problems()
+        return {"forward": KernelClass.of(problems["forward"], "m"), "dgrad": KernelClass.of(problems["dgrad"], "m"),
+                "wgrad": KernelClass.of(problems["wgrad"], "k")}
+
+    def with_tokens(self, lo: int, hi: int) -> "LinearLayer":
+        return replace(self, tokens_min=lo, tokens_max=hi)
+
+
+def read_class(folder) -> "tuple[KernelClass, dict] | None":
+    """A class folder's (KernelClass, class.json), or None when the file is missing, unreadable or another
+    format (a reader skips such a folder rather than failing a model's forward)."""
+    try:
+        raw = json.loads((Path(folder) / CLASS_FILE).read_text())
+        if not (isinstance(raw, dict) and raw.get("format") == CLASS_FORMAT):
+            return None
+        return KernelClass.from_dict(raw.get("class")), raw
+    except (OSError, ValueError, InvalidInput):
+        return None
+
+
+def parse_tokens(text) -> "tuple[int, int]":
+    """'LO..HI' or 'N' (or an int) as (lo, hi) with 1 <= lo <= hi."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = parse_dim("tokens", text)
+        return value, value
+    raw = str(text).strip()
+    lo_text, sep, hi_text = raw.partition("..")
+    try:
+        lo = parse_dim("tokens", lo_text)
+        hi = parse_dim("tokens", hi_text) if sep else lo
+    except InvalidInput:
+        raise InvalidInput("--tokens must be a positive count or a range LO..HI of them", text) from None
+    if lo > hi:
+        raise InvalidInput("--tokens range LO..HI must have LO <= HI", text)
+    return lo, hi
+
+
+__all__ = ["ACTIVATIONS", "CLASS_FILE", "CLASS_FORMAT", "KernelClass", "LinearLayer", "ROLES", "kernel_activation",
+           "parse_tokens", "read_class"]

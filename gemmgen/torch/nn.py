@@ -1,0 +1,59 @@
+"""gemmgen.nn.Linear: torch.nn.Linear on gemmgen kernels, with an optional fused activation.
+
+A subclass of torch.nn.Linear: the same constructor arguments, parameters (weight [out, in], bias [out]),
+initialisation and state_dict, so it loads a torch.nn.Linear's checkpoint and isinstance checks still hold.
+`activation` adds 'relu', 'gelu' (tanh approximation) or 'silu' after the product.
+
+The forward is gemmgen::linear. Where autograd will need the activation's backward for GELU or SiLU, the layer
+runs the bias-only kernel and applies the activation on torch, so autograd saves the pre-activation instead of
+recomputing the product in the backward; without gradients (inference) the activation is fused in the kernel
+epilogue. ReLU is always fused: its backward needs only the output.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..model.linear import ACTIVATIONS
+from . import ops
+
+
+class Linear(torch.nn.Linear):
+    """y = act(x·Wᵀ + b) on gemmgen kernels (torch where none is stored for the product)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 activation: "str | None" = None):
+        activation = "none" if activation is None else str(activation).lower()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, but got {activation!r}")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+
+    @classmethod
+    def from_linear(cls, layer: torch.nn.Linear, activation: "str | None" = None) -> "Linear":
+        """A gemmgen Linear sharing `layer`'s parameters (no copy)."""
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        out.in_features, out.out_features = layer.in_features, layer.out_features
+        out.weight = layer.weight
+        out.bias = layer.bias
+        activation = "none" if activation is None else str(activation).lower()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, but got {activation!r}")
+        out.activation = activation
+        return out
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and \
+                (x.requires_grad or self.weight.requires_grad):
+            z = ops.linear(x, self.weight, self.bias, "none")
+            if self.activation == "gelu":
+                return torch.nn.functional.gelu(z, approximate="tanh")
+            return torch.nn.functional.silu(z)
+        return ops.linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.activation == "none" else f", activation={self.activation}")
+
+
+__all__ = ["Linear"]
