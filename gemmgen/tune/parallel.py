@@ -141,6 +141,12 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
 
     emit = on_event or (lambda kind, info: None)
     started = time.monotonic()
+    if options.storage:
+        # Create the storage's tables once, here: workers creating them at once on a fresh PostgreSQL database
+        # race in CREATE TABLE (a unique-constraint violation in pg_type).
+        from .storage import open_storage
+
+        open_storage(options.storage)
     ctx = mp.get_context("spawn")  # never fork a process holding DB connections or CUDA
     results = ctx.Queue()
     procs = []
@@ -193,7 +199,7 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
     try:
         return collect(problem, gpu, options, engines=engines, counts=counts,
                        stop_reason="; ".join(stops) or "workers ended", device=device, workers=workers,
-                       started=started)
+                       started=started, gone_workers=frozenset(s.label for s in specs))
     finally:
         if engines is not None:
             engines.close()

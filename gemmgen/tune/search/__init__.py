@@ -133,7 +133,8 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
 
 def collect(problem: Problem, gpu: Gpu, options: TuneOptions = TuneOptions(), *, engines: "Engines | None" = None,
             counts: "dict | None" = None, stop_reason: str = "", device: "dict | None" = None,
-            workers: "dict | None" = None, started: "float | None" = None) -> TuneResult:
+            workers: "dict | None" = None, started: "float | None" = None,
+            gone_workers: "frozenset[str]" = frozenset()) -> TuneResult:
     """The result a study holds (its trials and its last finalist round), recorded and exported here; measures
     nothing. The parent of several workers (tune/parallel.py) reports through this once they are done."""
     options = options.validate()
@@ -144,6 +145,15 @@ def collect(problem: Problem, gpu: Gpu, options: TuneOptions = TuneOptions(), *,
     try:
         search.open()
         with storage_errors(search.storage_url):
+            if gone_workers:
+                # Every worker of this parent has exited: a trial one of them left RUNNING (killed before any
+                # other worker's heartbeat check saw it go stale) is failed now, so none stays RUNNING forever.
+                from ..liveness import fail_trial
+
+                running = search.optuna.trial.TrialState.RUNNING
+                for t in search.study.get_trials(deepcopy=False, states=(running,)):
+                    if t.user_attrs.get("worker") in gone_workers:
+                        fail_trial(search.study, t._trial_id)
             search._sync()
             rounds = search.rounds()
             if rounds:

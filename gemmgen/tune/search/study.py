@@ -218,8 +218,9 @@ class StudyHistory:
         TrialState = self.optuna.trial.TrialState
         # Past Optuna's RDB cache: it fetches only trials numbered above the last finished one it has seen, so a
         # trial whose insert committed late (PostgreSQL hands out ids before commit) would never be read.
+        # (Only a cached RDB storage's backend is a storage; JournalStorage's _backend is its log file.)
         backend = getattr(self.study._storage, "_backend", None)
-        if backend is not None:
+        if backend is not None and hasattr(backend, "get_all_trials"):
             trials = backend.get_all_trials(self.study._study_id, deepcopy=False)
         else:
             trials = self.study.get_trials(deepcopy=False)
