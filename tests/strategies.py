@@ -57,8 +57,12 @@ def _moves(config) -> "list[st.SearchStrategy]":
         st.builds(lambda g: replace(c, raster=Raster(c.raster.order, g)), st.sampled_from([1, 2, 3, 4, 8, 16, 32])),
     ]
     for knob, default in type(c).KNOBS.items():
-        values = [True, False] if isinstance(default, bool) else [type(getattr(c, knob))(v) for v in
-                                                                   [e.value for e in type(getattr(c, knob))]]
+        if isinstance(default, bool):
+            values = [True, False]
+        elif isinstance(default, int):   # a count (fp8 promotion interval): valid and invalid values
+            values = [0, 1, 2, 3, 4, 8]
+        else:
+            values = [type(getattr(c, knob))(e.value) for e in type(getattr(c, knob))]
         moves.append(st.builds(lambda v, knob=knob: replace(c, **{knob: v}), st.sampled_from(values)))
     return moves
 
