@@ -45,10 +45,13 @@ _functorch = getattr(_C, "_are_functorch_transforms_active", lambda: True)
 
 def _eager(*tensors) -> bool:
     """Whether a call on `tensors` may skip the torch.library dispatcher (see the module docstring)."""
+    # The modes first: under a torch function mode even reading t.is_meta goes through the mode.
+    if _is_compiling() or _function_mode() or _dispatch_modes() or _functorch():
+        return False
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or t.is_meta):
             return False
-    return not (_is_compiling() or _function_mode() or _dispatch_modes() or _functorch())
+    return True
 
 
 # --- gemmgen::mm ---------------------------------------------------------------------------------------------
