@@ -231,7 +231,10 @@ def _kernel_plan(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None", 
 
 def _keep(key: tuple, plan) -> None:
     if len(_plans) >= PLANS_KEPT:
-        _plans.pop(next(iter(_plans)))  # the oldest plan
+        try:
+            _plans.pop(next(iter(_plans)))  # the oldest plan
+        except (KeyError, RuntimeError, StopIteration):  # another thread evicted or cleared meanwhile
+            pass
     _plans[key] = plan
 
 
