@@ -6,7 +6,10 @@ A 256^3 bf16 product takes a few microseconds on the GPU, so a loop of calls wit
 host's cost per call (the queue never runs dry of work only if the host is slower than the GPU; both are printed).
 Builds the model's pick for the size with public APIs (rank, codegen, tune.export), checks it against torch.matmul,
 then times, per call: the bound launch sequence's run() alone (gemm.bind(A, B, D).run: a bare cuLaunchKernel), gemmgen.load(...)(A, B, D)
-with the same arrays, the same with rotating activation buffers, and torch.matmul(A, B, out=D).
+with the same arrays, the same with rotating activation buffers, the launch the torch ops keep (bind_launch: inputs
+bound, a new output from torch.empty each call, re-pointed in place), gemmgen.mm with the kernel registered for
+the product (the whole op layer: eager fast path, plan lookup, torch.empty, launch), and torch.matmul(A, B, out=D)
+and torch.matmul(A, B).
 """
 from __future__ import annotations
 
@@ -77,12 +80,38 @@ def main(argv=None) -> int:
         state["i"] += 1
         gemm(a, B, d)
 
-    rows = [
-        ("bare launch (bound sequence.run)", per_call_us(lambda: sequence.run(stream), args.calls)),
-        ("gemmgen.load(...)(A, B, D), same arrays", per_call_us(lambda: gemm(A, B, D), args.calls)),
-        ("gemmgen.load(...)(A, B, D), 4 rotating A/D", per_call_us(rotate, args.calls)),
-        ("torch.matmul(A, B, out=D)", per_call_us(lambda: torch.matmul(A, B, out=D), args.calls)),
-    ]
+    bound = gemm.bind_launch(A, B, D)
+
+    def new_output():
+        bound.launch(torch.empty((n, n), device="cuda", dtype=torch.bfloat16).data_ptr(), stream)
+
+    from gemmgen.model.arch import DType
+    from gemmgen.model.linear import KernelClass
+    from gemmgen.model.problem import Activation, Layout
+    from gemmgen.torch.registry import REGISTRY, register
+
+    register(KernelClass(DType.BF16, Layout.ROW, Layout.ROW, False, Activation.NONE, None, n, n), gemm)
+    gemmgen.reset_stats()
+    with torch.no_grad():
+        Dm = gemmgen.mm(A, B)
+        torch.cuda.synchronize()
+        err_mm = float((Dm.double() - ref).norm() / ref.norm())
+        rows = [
+            ("bare launch (bound sequence.run)", per_call_us(lambda: sequence.run(stream), args.calls)),
+            ("gemmgen.load(...)(A, B, D), same arrays", per_call_us(lambda: gemm(A, B, D), args.calls)),
+            ("gemmgen.load(...)(A, B, D), 4 rotating A/D", per_call_us(rotate, args.calls)),
+            ("bind_launch(A, B, D).launch(new D), torch.empty", per_call_us(new_output, args.calls)),
+            ("gemmgen.mm(A, B), kernel registered", per_call_us(lambda: gemmgen.mm(A, B), args.calls)),
+            ("torch.ops.gemmgen.mm(A, B), kernel registered", per_call_us(lambda: torch.ops.gemmgen.mm(A, B),
+                                                                          args.calls)),
+            ("torch.matmul(A, B, out=D)", per_call_us(lambda: torch.matmul(A, B, out=D), args.calls)),
+            ("torch.matmul(A, B)", per_call_us(lambda: torch.matmul(A, B), args.calls)),
+        ]
+    counts = gemmgen.stats()
+    REGISTRY.clear()
+    if counts["fallbacks"] or not err_mm < 1e-2:
+        print(f"gemmgen.mm did not run the kernel correctly: error {err_mm}, {counts}", file=sys.stderr)
+        return 1
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(200):

@@ -1,6 +1,7 @@
 """gemmgen.nn.Linear against torch.nn.Linear (GPU): forward and forward+backward TFLOP/s, and host time per op call.
 
     PYTHONPATH=$PWD python3 benchmarks/linear_bench.py [--kernels dry|tune|store] [--trials 20] [--out out/linear]
+    PYTHONPATH=$PWD python3 benchmarks/linear_bench.py --host-only      # the 256^3 host-overhead table alone
 
 Cases (bf16, with bias): tokens x in -> out = 4096x4096->14336, 8192x4096->4096, 16x4096->4096 (--case T,IN,OUT
 to choose others). Each case gets its own kernel store, since two cases share the kernel classes of 4096->4096 and
@@ -191,6 +192,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="--kernels tune: measured trials per product")
     parser.add_argument("--case", action="append", default=None, metavar="T,IN,OUT", help="a case (repeatable)")
     parser.add_argument("--out", default="out/linear", help="folder for linear_bench.json (default out/linear)")
+    parser.add_argument("--host-only", action="store_true",
+                        help="only the host time per call at 256^3 (no throughput cases): about a minute")
     args = parser.parse_args(argv)
     import torch
 
@@ -206,6 +209,8 @@ def main(argv=None) -> int:
         return 2
     gpu = lookup_gpu(key)
     cases = [tuple(int(v) for v in c.split(",")) for c in args.case] if args.case else list(CASES)
+    if args.host_only:
+        cases = []
     work = Path(tempfile.mkdtemp(prefix="gemmgen-linear-bench-"))
     rows = []
     for tokens, in_f, out_f in cases:
@@ -216,9 +221,10 @@ def main(argv=None) -> int:
     overhead = host_overhead(prepare_store(args.kernels, 256, 256, 256, work / "256", gpu, args.trials))
 
     print(f"\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}, kernels: {args.kernels}")
-    print("| tokens x in -> out | torch fwd | gemmgen fwd | x | torch fwd+bwd | gemmgen fwd+bwd | x | "
-          "gemmgen kernel calls / fallbacks | rel err vs fp32 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    if rows:
+        print("| tokens x in -> out | torch fwd | gemmgen fwd | x | torch fwd+bwd | gemmgen fwd+bwd | x | "
+              "gemmgen kernel calls / fallbacks | rel err vs fp32 |")
+        print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         t, m = r["torch"], r["gemmgen"]
         print(f"| {r['case']} | {t['forward_tflops']:.0f} | {m['forward_tflops']:.0f} | {r['forward_speedup']:.2f} | "

@@ -143,6 +143,7 @@ class Device:
         self._modules: list[Module] = []
         self.props: "DeviceProps | None" = None
         self.cache: dict = {}  # per-context helpers (utility and reference modules), dropped on close
+        self._setter = None  # current_setter's call, bound to the open context
 
     # context lifetime
     def open(self) -> "Device":
@@ -178,6 +179,7 @@ class Device:
         self.cache.clear()
         driver.cuDevicePrimaryCtxRelease(self._device)
         self._context = None
+        self._setter = None
 
     def __enter__(self) -> "Device":
         return self.open()
@@ -189,19 +191,39 @@ class Device:
         check("cuCtxSetCurrent", drv.driver_module().cuCtxSetCurrent(self._require()))
 
     def current_setter(self):
-        """A no-argument call that makes this context current, as cheaply as the driver allows (libcuda through
-        ctypes beside the real cuda-python; make_current otherwise): for per-call paths."""
+        """A no-argument call that makes this context current unless it already is, as cheaply as the driver
+        allows: for per-call paths. Beside the real cuda-python it is libcuda through ctypes, cuCtxGetCurrent (a
+        thread-local read) and cuCtxSetCurrent only when another context is current, about 0.2 us in all against
+        about 1 us for cuda-python's cuCtxSetCurrent alone (make_current); elsewhere (a test's fake driver) it
+        is make_current."""
+        if self._setter is not None:
+            return self._setter
         context = self._require()
         driver = drv.driver_module()
-        direct = drv.libcuda_set_current() if getattr(driver, "__name__", "") == "cuda.bindings.driver" else None
-        if direct is None:
+        real = getattr(driver, "__name__", "") == "cuda.bindings.driver"
+        set_direct = drv.libcuda_set_current() if real else None
+        get_direct = drv.libcuda_get_current() if real else None
+        if set_direct is None or get_direct is None:
             return self.make_current
+        import ctypes
+        import threading
+
         handle = int(context)
+        # ctypes drops the GIL during the call, so each thread reads the current context into its own slot.
+        slots = threading.local()
 
         def set_current() -> None:
-            code = direct(handle)
+            try:
+                slot, where = slots.slot
+            except AttributeError:
+                slot = ctypes.c_void_p()
+                slot, where = slots.slot = (slot, ctypes.addressof(slot))
+            if get_direct(where) == 0 and slot.value == handle:
+                return
+            code = set_direct(handle)
             if code:
                 check("cuCtxSetCurrent", (driver.CUresult(code),))
+        self._setter = set_current
         return set_current
 
     def _require(self):

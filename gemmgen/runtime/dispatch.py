@@ -198,6 +198,13 @@ class DispatchKernel:
         m, k = tuple(A.shape)
         return self.kernel_for(m, tuple(B.shape)[1], k).bind(A, B, D, C=C, bias=bias)
 
+    def bind_launch(self, A, B, D, C=None, bias=None):
+        """A BoundLaunch of the kernel for these arrays' shape (see LoadedKernel.bind_launch): D may move."""
+        if len(A.shape) != 2 or len(B.shape) != 2:
+            raise InvalidInput("A and B must be 2-D (A: M x K, B: K x N)", (tuple(A.shape), tuple(B.shape)))
+        (m, k), n = tuple(A.shape), tuple(B.shape)[1]
+        return self.kernel_for(m, n, k).bind_launch(A, B, D, C=C, bias=bias)
+
     def _bind(self, key: tuple, A, B, D, C, bias) -> tuple:
         """A new array set: the bucket's kernel, bound to the arrays (checked there), kept under `key`."""
         if len(A.shape) != 2 or len(B.shape) != 2:

@@ -135,4 +135,19 @@ def libcuda_set_current():
     return fn
 
 
-__all__ = ["DRIVER_HINT", "libcuda_launch", "libcuda_set_current", "STICKY_ERRORS", "check", "driver_module", "driver_version", "error_name", "init_driver", "is_sticky"]
+@lru_cache(maxsize=1)
+def libcuda_get_current():
+    """libcuda's cuCtxGetCurrent through ctypes (argument: the address of a void* to fill), or None where libcuda
+    cannot be opened that way."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+__all__ = ["DRIVER_HINT", "libcuda_get_current", "libcuda_launch", "libcuda_set_current", "STICKY_ERRORS", "check", "driver_module", "driver_version", "error_name", "init_driver", "is_sticky"]

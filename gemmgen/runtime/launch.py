@@ -31,6 +31,10 @@ class PackedParams:
     names: "tuple[str, ...]"
     storage: list  # ctypes objects, kept alive while the launch is enqueued
     array: object  # (c_void_p * n)
+    # Per parameter: its manifest kind and the operand it reads ('' for scalars), so a bound launch can re-point
+    # one operand in place (LaunchSequence.pointer_setter).
+    kinds: "tuple[str, ...]" = ()
+    tensors: "tuple[str, ...]" = ()
 
     @property
     def address(self) -> int:
@@ -47,9 +51,11 @@ def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int
                 encode_tensormap=None, entry: str = "kernel") -> PackedParams:
     """Kernel parameters in manifest order: device pointers for tensors and the workspace, scalars by ctype,
     and 128-byte tensor maps from `encode_tensormap(spec, base_ptr)`."""
-    storage, names = [], []
+    storage, names, kinds, tensors = [], [], [], []
     for spec in params:
         name, kind = spec.get("name", "?"), spec.get("kind")
+        tensors.append(str(spec.get("tensor", name)) if kind in ("tensor", "tensormap") else "")
+        kinds.append(str(kind))
         if kind == "tensor":
             tensor = spec.get("tensor", name)
             ptr = pointers.get(tensor)
@@ -88,7 +94,7 @@ def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int
         storage.append(value)
         names.append(name)
     array = (ctypes.c_void_p * max(1, len(storage)))(*[ctypes.addressof(v) for v in storage])
-    return PackedParams(tuple(names), storage, array)
+    return PackedParams(tuple(names), storage, array, tuple(kinds), tuple(tensors))
 
 
 def default_tensormap_encoder():
@@ -132,6 +138,34 @@ class LaunchSequence:
                   f"zeroing the workspace of {self.name}")
         for call in self._calls:
             call(stream)
+
+    def pointer_setter(self, tensor: str):
+        """A call ptr -> None that re-points every plain pointer parameter reading operand `tensor` to a new
+        address, in the packed storage the launches read (the driver copies parameters when a launch is
+        enqueued, so launches already queued keep the old address); None where a tensor map reads the operand
+        (its encoding holds the address: bind again) or no parameter does."""
+        slots = []
+        for launch in self.launches:
+            params = launch.params
+            for kind, read, value in zip(params.kinds, params.tensors, params.storage):
+                if read != tensor:
+                    continue
+                if kind != "tensor":
+                    return None
+                slots.append(value)
+        if not slots:
+            return None
+        if len(slots) == 1:
+            slot = slots[0]
+
+            def set_pointer(ptr: int) -> None:
+                slot.value = ptr
+            return set_pointer
+
+        def set_pointers(ptr: int) -> None:
+            for value in slots:
+                value.value = ptr
+        return set_pointers
 
 
 def _describe(launch: PreparedLaunch) -> str:

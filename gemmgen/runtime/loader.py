@@ -15,7 +15,7 @@ The split-K workspace belongs to the loaded kernel: do not run one loaded kernel
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.arch import DType
@@ -216,7 +216,15 @@ class LoadedKernel:
         per-call work beyond the launch itself, e.g. inside a loop or a CUDA graph capture."""
         return self._sequence(A, B, D, C, bias, scale_a, scale_b)[0]
 
-    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None):
+    def bind_launch(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None) -> "BoundLaunch":
+        """A launch bound to these arrays (checked once) that the caller keeps and this kernel does not: calling
+        it with D's address and a stream launches into that D, for a caller whose output moves every call (a new
+        torch.empty) while the inputs stay (see BoundLaunch)."""
+        given = self._given(A, B, D, C, bias, scale_a, scale_b)
+        return BoundLaunch(self, {name: describe_array(x, name, stream=False) for name, x in given.items()})
+
+    def _given(self, A, B, D, C, bias, scale_a, scale_b) -> dict:
+        """The operands by name, after checking that C, bias and the scales match how the kernel was built."""
         ep = self.problem.epilogue
         given = {"A": A, "B": B, "D": D}
         if ep.beta != 0:
@@ -236,6 +244,10 @@ class LoadedKernel:
                 if self.problem.a_dtype.bytes != 1:
                     raise InvalidInput(f"{name} is for fp8 kernels: this one reads {self.problem.a_dtype.value}", name)
                 given[name] = scale
+        return given
+
+    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None):
+        given = self._given(A, B, D, C, bias, scale_a, scale_b)
         # The arrays' identity (address, shape, strides, dtype, device) is the key of a bound launch sequence:
         # a call with arrays seen before skips the checks, the parameter packing and the tensor-map encoding.
         if all(_is_torch(x) for x in given.values()):
@@ -244,7 +256,7 @@ class LoadedKernel:
             if sequence is None:
                 sequence = self._bind({n: describe_array(x, n, stream=False) for n, x in given.items()}, key)
             else:
-                self._device.make_current()  # the caller may have made another device's context current
+                self._device.current_setter()()  # the caller may have made another device's context current
             return sequence, lambda: _torch_stream(D.get_device())
         infos = {name: describe_array(x, name, stream=name == "D") for name, x in given.items()}
         key = tuple((info.ptr, info.shape, info.strides, info.dtype, info.device) for info in infos.values())
@@ -252,11 +264,19 @@ class LoadedKernel:
         if sequence is None:
             sequence = self._bind(infos, key)
         else:
-            self._device.make_current()
+            self._device.current_setter()()
         return sequence, lambda: infos["D"].stream
 
     def _bind(self, infos: "dict[str, ArrayInfo]", key: tuple):
-        """Check the arrays, then bind the launches for their problem to their addresses."""
+        """Check the arrays, then bind the launches for their problem to their addresses, kept under `key`."""
+        sequence = self._prepare(infos)
+        if len(self._bound) >= BOUND_SEQUENCES:
+            self._bound.pop(next(iter(self._bound)))  # the oldest binding
+        self._bound[key] = sequence
+        return sequence
+
+    def _prepare(self, infos: "dict[str, ArrayInfo]"):
+        """Check the arrays, then bind the launches for their problem to their addresses (kept by the caller)."""
         problem = self.problem
         if self.kernel is not None:
             problem = problem_from_shapes(self.problem, infos["A"].shape, infos["B"].shape, infos["D"].shape)
@@ -270,11 +290,7 @@ class LoadedKernel:
         manifest = self.manifest if problem == self.problem else self._manifest_for(problem, dev)
         workspace = self._workspace_for(dev, int(manifest.get("workspace_bytes", 0) or 0))
         pointers = {name: info.ptr for name, info in infos.items()}
-        sequence = dev.prepare(manifest, self._module, pointers, workspace)
-        if len(self._bound) >= BOUND_SEQUENCES:
-            self._bound.pop(next(iter(self._bound)))  # the oldest binding
-        self._bound[key] = sequence
-        return sequence
+        return dev.prepare(manifest, self._module, pointers, workspace)
 
     def _manifest_for(self, problem: Problem, dev) -> dict:
         """The launches for a problem other than the bundle's: the grid of a persistent cluster kernel follows
@@ -321,6 +337,63 @@ class LoadedKernel:
             self._device = self._module = self._workspace = None
             self._bound.clear()
             self.generation += 1
+
+
+BOUND_OUTPUTS = 8  # D addresses kept bound per BoundLaunch where a tensor map reads D (torch recycles a few)
+
+
+class BoundLaunch:
+    """A kernel's launches bound to fixed inputs (A, B, C, bias, scales) for a caller that keeps it; the output D
+    may move between calls. `launch(d_ptr, stream)` enqueues into the D at `d_ptr` (same shape, strides and dtype
+    as the D it was made with):
+      - where D is read through plain pointer parameters, the new address is written into the packed
+        parameters in place (launches already enqueued keep theirs: the driver copied them);
+      - where a tensor map reads D (a TMA-store epilogue), the address is encoded in the map: each new address is
+        bound in full once and kept (BOUND_OUTPUTS of them, since torch's caching allocator recycles a few).
+    Bindings die with the kernel's workspace (LoadedKernel.generation): the next call binds again. The owner
+    calls it from one stream at a time, as for the kernel itself (the workspace is shared)."""
+
+    def __init__(self, kernel: "LoadedKernel", infos: "dict[str, ArrayInfo]"):
+        self.kernel, self._infos = kernel, infos
+        self.ordinal = infos["D"].device or 0
+        self._generation = None
+        self._d_ptr = None
+        self._set_d = None
+        self._by_d: "dict[int, object]" = {}  # D address -> launch sequence, where a tensor map reads D
+        self._point(infos["D"].ptr)  # binds (checks every operand) now, so a refusal surfaces at creation
+
+    def launch(self, d_ptr: int, stream: int) -> None:
+        """Enqueue the launches into the D at address `d_ptr` on `stream`."""
+        if d_ptr != self._d_ptr or self._generation != self.kernel.generation:
+            self._point(d_ptr)
+        self._set_current()
+        self._run(stream)
+
+    def _point(self, d_ptr: int) -> None:
+        kernel = self.kernel
+        if self._generation != kernel.generation:  # the workspace moved, or the kernel closed: bind again
+            self._by_d.clear()
+            self._set_d = None
+        if self._set_d is not None:
+            if d_ptr % 16:
+                raise InvalidInput("D must start on a 16-byte boundary (the kernel's vector loads)", hex(d_ptr))
+            self._set_d(d_ptr)
+        else:
+            sequence = self._by_d.get(d_ptr)
+            if sequence is None:
+                infos = dict(self._infos, D=replace(self._infos["D"], ptr=d_ptr))
+                sequence = kernel._prepare(infos)  # may grow the workspace, and so bump the generation
+                if self._generation != kernel.generation:
+                    self._by_d.clear()
+                    self._generation = kernel.generation
+                self._set_d = sequence.pointer_setter("D")
+                if self._set_d is None:
+                    if len(self._by_d) >= BOUND_OUTPUTS:
+                        self._by_d.pop(next(iter(self._by_d)))
+                    self._by_d[d_ptr] = sequence
+                self._set_current = kernel._device.current_setter()
+            self._run = sequence.run
+        self._d_ptr = d_ptr
 
 
 def load(path: "str | Path", name: "str | None" = None):

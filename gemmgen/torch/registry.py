@@ -4,6 +4,8 @@ A product (dtype, layouts, epilogue, M, N, K, GPU) is looked up among
   1. kernels registered in this process: `register(KernelClass, kernel)`;
   2. the store `gemmgen tune-linear` writes: <kernels dir>/<gpu key>/<class key>/ (model/paths.kernels_dir()),
      each folder loaded with `gemmgen.load(folder)` on first use.
+Registrations for the pseudo-GPU key "cpu" (CPU) serve CPU tensors, and only those do: a CPU implementation of
+one's own, or a test's or benchmark's fake kernel (the ops run CPU tensors on torch otherwise).
 A hit is any callable `k(A, B, D, C=None, bias=None)`: a loaded bundle (shape-generic within its manifest's
 `serves`) or a dispatch table loaded from a folder (one kernel per token bucket): the ops never ask which.
 `find` returns None when nothing fits; answers are cached per (class, shape, GPU), so a model's steady state
@@ -19,6 +21,8 @@ from ..model import paths
 from ..model.arch import DType
 from ..model.linear import KernelClass, read_class
 from ..model.problem import Activation, Layout
+
+CPU = "cpu"  # the key of registrations that serve CPU tensors
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,9 @@ class KernelRegistry:
         self._store: "dict[str, list[tuple[KernelClass, Path]]]" = {}  # gpu key -> classes held on disk
         self._loaded: "dict[Path, object]" = {}  # folder -> loaded callable, or the exception loading raised
         self._answers: "dict[tuple, Found | None]" = {}
+        # The torch ops' per-call plans (plans.py), cleared (never replaced) whenever an answer may change.
+        self.plans: dict = {}
+        self.serves_cpu = False  # whether any registration is for CPU tensors
 
     @property
     def root(self) -> Path:
@@ -54,7 +61,9 @@ class KernelRegistry:
                             f"but got {type(kernel).__name__}")
         with self._lock:
             self._registered.insert(0, (kernel_class, kernel, gpu))
+            self.serves_cpu = self.serves_cpu or gpu == CPU
             self._answers.clear()
+            self.plans.clear()
 
     def use_store(self, root: "str | Path | None") -> None:
         """Read kernels from `root` instead of the default store (None: back to model/paths.kernels_dir())."""
@@ -71,17 +80,19 @@ class KernelRegistry:
         self._store.clear()
         self._loaded.clear()
         self._answers.clear()
+        self.plans.clear()
 
     def clear(self) -> None:
         """Drop registrations and everything read from disk."""
         with self._lock:
             self._registered.clear()
+            self.serves_cpu = False
             self.refresh_locked()
 
     def find(self, dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation,
              m: int, n: int, k: int, gpu: "str | None") -> "Found | None":
         """The kernel for this product on GPU key `gpu` (None: an unknown GPU, registrations for any GPU
-        only), or None."""
+        only; "cpu": registrations for CPU tensors only), or None."""
         key = (dtype, a_layout, b_layout, bias, activation, m, n, k, gpu)
         try:
             return self._answers[key]
@@ -92,10 +103,10 @@ class KernelRegistry:
             found = None
             for kernel_class, kernel, for_gpu in self._registered:
                 if kernel_class.operands_key == operands and kernel_class.matches(m, n, k) and \
-                        for_gpu in (None, gpu):
+                        (for_gpu == gpu or (for_gpu is None and gpu != CPU)):
                     found = Found(kernel, kernel_class, "registered")
                     break
-            if found is None and gpu is not None:
+            if found is None and gpu is not None and gpu != CPU:
                 for kernel_class, folder in self._scan(gpu):
                     if kernel_class.operands_key == operands and kernel_class.matches(m, n, k):
                         kernel = self._load(folder)
@@ -159,4 +170,4 @@ def register(kernel_class: KernelClass, kernel, gpu: "str | None" = None) -> Non
     REGISTRY.register(kernel_class, kernel, gpu)
 
 
-__all__ = ["Found", "KernelRegistry", "REGISTRY", "gpu_key", "register"]
+__all__ = ["CPU", "Found", "KernelRegistry", "REGISTRY", "gpu_key", "register"]

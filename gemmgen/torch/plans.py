@@ -1,0 +1,306 @@
+"""The ops' one implementation, D = A·B and Y = act(X·Wᵀ + b), and the per-call plans that make a repeated call cheap.
+
+Both the custom ops (ops.py: gemmgen::mm, gemmgen::linear) and their eager fast path call `mm` and `linear` here.
+A call's plan says what runs for its inputs: a kernel bound to their addresses (or a registered callable), the
+activation to apply on torch after it, or torch with the fallback reason. Plans are kept under the inputs' identity
+
+    mm:      (A.data_ptr(), B.data_ptr(), shapes, strides, dtypes, A's device index)
+    linear:  the same of X and W, bias (address, shape, stride, dtype) or None, the activation
+
+so a call seen before costs that tuple, one dict lookup, torch.empty for the output and the launch: the checks,
+the registry lookup, the kernel's own identity key and its parameter packing are skipped. A runtime kernel (a
+loaded bundle or dispatch table) is held as a BoundLaunch (runtime/loader.py): the inputs stay bound, and the
+output, new every call, is re-pointed in the packed parameters (or bound once per address where a tensor map reads
+it). A plan never outlives what it was made for: the key holds every address, shape and stride the binding read
+(the output's shape and strides follow from them: torch.empty, contiguous), the registry drops all plans when
+registrations or the store change, and a BoundLaunch binds again when its kernel's workspace moves. Device
+addresses are unique across devices and the host (unified addressing), so B's device index is implied by its
+address and A's. Plans hold no tensors: a freed input's address reused by a tensor of the same shape, strides and
+dtype is served correctly by the same binding.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..model.arch import DType
+from ..model.errors import InvalidInput
+from ..model.linear import ACTIVATIONS, kernel_activation
+from ..model.problem import Activation, Epilogue, Layout
+from . import stats
+from .registry import CPU, REGISTRY, gpu_key
+
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+_KERNEL_ACTIVATION = {name: kernel_activation(name) for name in ACTIVATIONS}
+PLANS_KEPT = 256  # input sets with a plan (a model's layers, each with a few rotating activation buffers)
+_plans = REGISTRY.plans  # cleared by the registry whenever what it finds may change
+
+
+# --- the checks ------------------------------------------------------------------------------------------------
+
+def _layouts(x: Tensor) -> "tuple[Layout, ...]":
+    """The packed layouts a 2-D tensor has (both when an extent of 1 makes it either), none when it has gaps."""
+    rows, cols = x.shape
+    s_row, s_col = x.stride()
+    out = []
+    if (cols <= 1 or s_col == 1) and (rows <= 1 or s_row == cols):
+        out.append(Layout.ROW)
+    if (rows <= 1 or s_row == 1) and (cols <= 1 or s_col == rows):
+        out.append(Layout.COL)
+    return tuple(out)
+
+
+def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation):
+    """(Found, '') for a kernel that takes D = epilogue(A·B), or (None, the fallback reason)."""
+    if A.is_cuda:  # (is_cuda is an attribute read; .device builds an object per call)
+        gpu = None
+    elif A.device.type == "cpu" and REGISTRY.serves_cpu:
+        gpu = CPU
+    else:
+        return None, f"tensors on {A.device.type}"
+    dtype = _DTYPES.get(A.dtype)
+    if dtype is None:
+        return None, f"dtype {str(A.dtype)[6:]} (the kernels take bfloat16 or float16)"
+    (m, k), n = A.shape, B.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return None, "an empty operand"
+    a_layouts, b_layouts = _layouts(A), _layouts(B)
+    if not a_layouts or not b_layouts:
+        return None, "an operand that is neither packed row- nor column-major"
+    gpu = gpu or gpu_key(A.get_device())
+    for a in a_layouts:
+        for b in b_layouts:
+            found = REGISTRY.find(dtype, a, b, bias, activation, m, n, k, gpu)
+            if found is not None:
+                return found, ""
+    epilogue = Epilogue(bias=bias, activation=activation).tag
+    where = gpu or f"{torch.cuda.get_device_name(A.get_device())} (not in gemmgen's catalogue)"
+    return None, (f"no tuned kernel for {dtype.value} {a_layouts[0].letter}{b_layouts[0].letter} {epilogue} "
+                  f"products with N={n} on {where} (gemmgen tune-linear stores them)")
+
+
+def _mm_ok(A: Tensor, B: Tensor) -> bool:
+    """The real impl's fast test of what check_mm checks (concrete sizes: plain comparisons)."""
+    return A.dim() == 2 and B.dim() == 2 and A.shape[1] == B.shape[0] and A.dtype == B.dtype and \
+        A.device == B.device
+
+
+def check_mm(A: Tensor, B: Tensor) -> None:
+    torch._check(A.dim() == 2 and B.dim() == 2, lambda: f"gemmgen::mm needs 2-D A and B, but got {A.dim()}-D "
+                                                         f"and {B.dim()}-D")
+    torch._check(A.shape[1] == B.shape[0], lambda: f"gemmgen::mm needs A: M×K and B: K×N, but got A "
+                                                   f"{tuple(A.shape)} and B {tuple(B.shape)}")
+    torch._check(A.dtype == B.dtype, lambda: f"gemmgen::mm needs A and B of one dtype, but got {A.dtype} and "
+                                             f"{B.dtype}")
+    torch._check(A.device == B.device, lambda: f"gemmgen::mm needs A and B on one device, but got {A.device} "
+                                               f"and {B.device}")
+
+
+def _linear_ok(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> bool:
+    """The real impl's fast test of what check_linear checks."""
+    return activation in ACTIVATIONS and X.dim() >= 1 and W.dim() == 2 and X.shape[-1] == W.shape[1] and \
+        X.dtype == W.dtype and X.device == W.device and \
+        (bias is None or (bias.dim() == 1 and bias.shape[0] == W.shape[0] and bias.dtype == W.dtype and
+                          bias.device == W.device))
+
+
+def check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> None:
+    torch._check(activation in ACTIVATIONS, lambda: f"gemmgen::linear activation must be one of "
+                                                    f"{', '.join(ACTIVATIONS)}, but got {activation!r}")
+    torch._check(X.dim() >= 1 and W.dim() == 2, lambda: f"gemmgen::linear needs X (..., in) and W [out, in], "
+                                                        f"but got X {tuple(X.shape)} and W {tuple(W.shape)}")
+    torch._check(X.shape[-1] == W.shape[1], lambda: f"gemmgen::linear needs X (..., in) and W [out, in], but got "
+                                                    f"X {tuple(X.shape)} and W {tuple(W.shape)}")
+    torch._check(X.dtype == W.dtype, lambda: f"gemmgen::linear needs X and W of one dtype, but got {X.dtype} "
+                                             f"and {W.dtype}")
+    torch._check(X.device == W.device, lambda: f"gemmgen::linear needs X and W on one device, but got "
+                                               f"{X.device} and {W.device}")
+    if bias is not None:
+        torch._check(bias.dim() == 1 and bias.shape[0] == W.shape[0],
+                     lambda: f"gemmgen::linear needs bias [out] = [{W.shape[0]}], but got {tuple(bias.shape)}")
+        torch._check(bias.dtype == W.dtype, lambda: f"gemmgen::linear needs bias of W's dtype {W.dtype}, "
+                                                    f"but got {bias.dtype}")
+        torch._check(bias.device == W.device, lambda: f"gemmgen::linear needs bias on W's device {W.device}, "
+                                                      f"but got {bias.device}")
+
+
+def activate_(Y: Tensor, activation: str) -> Tensor:
+    """Apply the layer activation to Y in place (GELU: the tanh approximation, as the kernels compute it)."""
+    if activation == "relu":
+        torch.relu_(Y)
+    elif activation == "gelu":
+        torch.ops.aten.gelu_(Y, approximate="tanh")
+    elif activation == "silu":
+        torch.nn.functional.silu(Y, inplace=True)
+    return Y
+
+
+# --- plans -----------------------------------------------------------------------------------------------------
+
+class _Fallback:
+    """torch (aten) runs the product; the reason is counted and warned about once."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def mm(self, A: Tensor, B: Tensor) -> Tensor:
+        stats.fallback("mm", self.reason)
+        return torch.mm(A, B)
+
+    def linear(self, X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
+        stats.fallback("linear", self.reason)
+        out_features, in_features = W.shape
+        Y = torch.empty((*X.shape[:-1], out_features), dtype=X.dtype, device=X.device)
+        X2, Y2 = X.reshape(-1, in_features), Y.view(-1, out_features)
+        torch.addmm(bias, X2, W.t(), out=Y2) if bias is not None else torch.mm(X2, W.t(), out=Y2)
+        return activate_(Y, activation)
+
+
+class _Kernel:
+    """A kernel runs the product into a new output of `shape`, then `post` (an activation no kernel fused) on
+    torch. Holds a BoundLaunch (a runtime kernel: the inputs bound, the output re-pointed per call), or a
+    registered callable called with the tensors."""
+
+    __slots__ = ("bound", "kernel", "origin", "shape", "dtype", "device", "ordinal", "post", "stream")
+
+    def __init__(self, found, bound, shape, like: Tensor, post: "str | None"):
+        self.bound, self.kernel, self.origin = bound, found.kernel, found.origin
+        self.shape, self.dtype, self.device, self.post = tuple(shape), like.dtype, like.device, post
+        self.ordinal = like.get_device()
+        self.stream = _stream_getter() if like.is_cuda else _no_stream
+
+    def launch(self, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None") -> str:
+        """Run into D; '' on success, else why the kernel refused (nothing ran: torch can take over)."""
+        try:
+            if self.bound is not None:
+                self.bound.launch(D.data_ptr(), self.stream(self.ordinal))
+            else:
+                self.kernel(A, B, D, bias=bias)
+        except InvalidInput as exc:
+            return f"kernel from {self.origin} refused the call: {exc.rule}"
+        return ""
+
+    def mm(self, A: Tensor, B: Tensor) -> Tensor:
+        D = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        why = self.launch(A, B, D, None)
+        if why:
+            return _Fallback(why).mm(A, B)  # (not kept: it refused this output only)
+        stats.kernel_call("mm")
+        return D
+
+    def linear(self, X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
+        Y = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if self.bound is not None:
+            why = self.launch(X, W, Y, bias)  # the bound launch reads only Y's address
+        else:
+            out_features, in_features = W.shape
+            why = self.launch(X.reshape(-1, in_features), W.t(), Y.view(-1, out_features), bias)
+        if why:
+            return _Fallback(why).linear(X, W, bias, activation)
+        if self.post is not None:
+            activate_(Y, self.post)
+        stats.kernel_call("linear")
+        return Y
+
+
+def _no_stream(ordinal: int) -> int:
+    return 0  # a CPU registration's bound launch (tests, benchmarks): there is no stream
+
+
+def _stream_getter():
+    """ordinal -> the current torch stream's raw handle (torch's own fast accessor where it has one)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda ordinal: int(torch.cuda.current_stream(ordinal).cuda_stream)
+
+
+def _kernel_plan(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None", shape, post: "str | None"):
+    """(a _Kernel plan for `found` on these operands, '') or (None, why the kernel refused them)."""
+    bind_launch = getattr(found.kernel, "bind_launch", None)
+    bound = None
+    if bind_launch is not None:
+        try:
+            bound = bind_launch(A, B, D, bias=bias)  # checks every operand, binds the inputs
+        except InvalidInput as exc:
+            return None, f"kernel from {found.origin} refused the call: {exc.rule}"
+    return _Kernel(found, bound, shape, D, post), ""
+
+
+def _keep(key: tuple, plan) -> None:
+    if len(_plans) >= PLANS_KEPT:
+        try:
+            _plans.pop(next(iter(_plans)))  # the oldest plan
+        except (KeyError, RuntimeError, StopIteration):  # another thread evicted or cleared meanwhile
+            pass
+    _plans[key] = plan
+
+
+# --- the implementation ----------------------------------------------------------------------------------------
+
+def mm(A: Tensor, B: Tensor) -> Tensor:
+    """D = A·B on a gemmgen kernel when one is registered for the product, else torch.mm."""
+    key = (A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype, A.get_device())
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan.mm(A, B)
+    if not _mm_ok(A, B):
+        check_mm(A, B)  # raises, naming the rule
+    found, reason = _find(A, B, False, Activation.NONE)
+    if found is not None:
+        shape = (A.shape[0], B.shape[1])
+        D = torch.empty(shape, dtype=A.dtype, device=A.device)
+        plan, reason = _kernel_plan(found, A, B, D, None, shape, None)
+        if plan is not None:
+            reason = plan.launch(A, B, D, None)
+            if not reason:
+                _keep(key, plan)
+                stats.kernel_call("mm")
+                return D
+    plan = _Fallback(reason)
+    _keep(key, plan)
+    return plan.mm(A, B)
+
+
+def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
+    """Y = act(X·Wᵀ + b) on a gemmgen kernel when one is registered for the product, else torch."""
+    key = (X.data_ptr(), W.data_ptr(), X.shape, W.shape, X.stride(), W.stride(), X.dtype, W.dtype,
+           None if bias is None else (bias.data_ptr(), bias.shape, bias.stride(), bias.dtype),
+           activation, X.get_device())
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan.linear(X, W, bias, activation)
+    if not _linear_ok(X, W, bias, activation):
+        check_linear(X, W, bias, activation)  # raises, naming the rule
+    out_features, in_features = W.shape
+    shape = (*X.shape[:-1], out_features)
+    Y = torch.empty(shape, dtype=X.dtype, device=X.device)
+    X2, Y2 = X.reshape(-1, in_features), Y.view(-1, out_features)
+    # A reshape that copied X binds a temporary: such a plan serves this call only.
+    keep = X2.data_ptr() == X.data_ptr() or X.numel() == 0
+    fused = _KERNEL_ACTIVATION[activation]
+    # The kernel with the activation fused first; else the plain kernel, then the activation on torch.
+    reason = ""
+    for epilogue_activation in dict.fromkeys((fused, Activation.NONE)):
+        found, why = _find(X2, W.t(), bias is not None, epilogue_activation)
+        if found is not None:
+            post = None if epilogue_activation.value == activation else activation
+            plan, why = _kernel_plan(found, X2, W.t(), Y2, bias, shape, post)
+            if plan is not None:
+                why = plan.launch(X2, W.t(), Y2, bias)
+                if not why:
+                    if keep:
+                        _keep(key, plan)
+                    if post is not None:
+                        activate_(Y, post)
+                    stats.kernel_call("linear")
+                    return Y
+        reason = reason or why
+    plan = _Fallback(reason)
+    _keep(key, plan)
+    return plan.linear(X, W, bias, activation)
+
+
+__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "linear", "mm"]
