@@ -175,7 +175,7 @@ def test_standalone_script_launches_a_bundle_from_its_manifest(tmp_path, splits)
     pytest.importorskip("torch")
     problem = Problem.create(130, 70, 300, "f16", "col", "row", alpha=2.0, beta=1.0, activation="gelu")
     path = _gpu_bundle(tmp_path, problem, splits)
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_from_manifest.py"), str(path)],
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launch_from_manifest.py"), str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "-> OK" in result.stdout, result.stdout + result.stderr[-2000:]
 
@@ -205,6 +205,6 @@ def test_standalone_script_launches_an_sm90_bundle_with_its_tensor_maps(tmp_path
     (tmp_path / manifest["cubin"]).write_bytes(compiled.cubin)
     path = tmp_path / (manifest["name"] + ".json")
     path.write_text(json.dumps(manifest))
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_from_manifest.py"), str(path)],
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launch_from_manifest.py"), str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "-> OK" in result.stdout, result.stdout + result.stderr[-2000:]
