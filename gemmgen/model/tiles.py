@@ -151,7 +151,7 @@ BASE_FIELDS = ("family", "cta", "warp", "mma", "stages", "smem_layout", "raster"
 class TileConfig:
     """One named point of a family's search space: the tile fields every kernel family shares.
 
-    A family subclasses this with its own knobs (`class Sm90Config(TileConfig, family="sm90_wgmma")`),
+    A family subclasses this with its own knobs (`class MyConfig(TileConfig, family="my_family")`),
     sets how many threads its tiles take (`math_threads`, `threads`) and names its knobs in `knob_tags`.
     `warp` is the tile of one warp (sm80) or one consumer warpgroup (sm90): the family says which.
     """

@@ -1,7 +1,7 @@
 """The calibration file: the performance model's free parameters refitted for one GPU (`gemmgen calibrate --fit`).
 
     {"format": "gemmgen-calibration/1", "gpu": "h100-sxm", "fitted": "<date>",
-     "params": {"tma_latency_clocks": 1600.0, ..., "efficiency_scale": {"sm90_wgmma": 1.02}},
+     "params": {"tma_latency_clocks": 1600.0, ..., "efficiency_scale": {"<family>": 1.02}},
      "fit": {...what it was fitted on and how well it ranks held-out shapes...}}
 
 `params` holds any subset of ModelParams' fields (rank/predict.py); the others keep their defaults. Tuning and

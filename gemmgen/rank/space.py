@@ -5,8 +5,8 @@ A space file lists values per axis. It is either one product (`axes:`) or a unio
 configuration of the product is kept only if constraints.check accepts it.
 
 Axes: tiles (list of {cta: MxN, warp: MxN}), bk, mma, stages, smem_layout, raster ({order, group}),
-decomposition ({kind, splits}), cluster (MxN), and the family's own knobs (its config type's KNOBS, e.g.
-sm90_wgmma's persistent, schedule, store_warp, swap_ab), each defaulting to the knob's default.
+decomposition ({kind, splits}), cluster (MxN), and the family's own knobs (its config type's KNOBS, e.g. the
+Hopper family's persistent, schedule, store_warp, swap_ab), each defaulting to the knob's default.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def enumerate_space(family: "KernelFamily | str", gpu: Gpu, arch: "Arch | None" 
 
 def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[str, str]]":
     """Families the target supports that this problem rules out entirely, each with the rule that does it
-    most often (e.g. sm90_wgmma when a leading dimension is not a 16-byte multiple: TMA cannot load it)."""
+    most often (e.g. a family whose kernels take no fp8 when the problem is e4m3)."""
     arch = arch or gpu.arch
     out = []
     for family in families_for(arch):

@@ -50,6 +50,12 @@ class Sm90Wgmma(KernelFamily):
          "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True},
         {"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
          "warp_specialized": True},
+        # fp8: BK 128 elements is the same 128-byte swizzle row, wgmma k32
+        {"family": "sm90_wgmma", "cta": "128x256x128", "warp": "64x256x128", "mma": "64x256x32", "stages": 4,
+         "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True},
+        {"family": "sm90_wgmma", "cta": "128x128x128", "warp": "128x128x128", "mma": "64x128x32", "stages": 6,
+         "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True,
+         "schedule": "pingpong"},
     )
 
     def regs_allocated(self, config):
