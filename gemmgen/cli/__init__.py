@@ -38,12 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
 def main(argv: "list[str] | None" = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
+        print("gemmgen: error: a command is required (see gemmgen --help)", file=sys.stderr)
         return 2
+    args._parser = _subparser(parser, args.command)  # for _common.given: which flags were changed
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

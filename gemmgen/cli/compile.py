@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..model.errors import InvalidInput
-from ._common import add_gpu_arg, add_problem_args
+from ._common import add_gpu_arg, add_problem_args, text_arg
 from ._kernel import add_kernel_args, kernel_from_args
 
 
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     add_problem_args(parser)
     add_gpu_arg(parser)
     add_kernel_args(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for <name>.cu, .cubin and .json")
+    parser.add_argument("--out", required=True, metavar="DIR", type=text_arg("--out"), help="folder for <name>.cu, .cubin and .json")
     parser.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for profilers)")
     parser.set_defaults(func=run)
 

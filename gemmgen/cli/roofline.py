@@ -13,7 +13,7 @@ from ..calc.intensity import roofline
 from ..rank.predict import predict
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
-from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table
+from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table, text_arg
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -22,9 +22,9 @@ def register(subparsers) -> None:
                     "L2 reuse, waves, occupancy, time, bound) for each --config, or for reference configurations.")
     add_problem_args(parser)
     add_gpu_arg(parser)
-    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+    parser.add_argument("--config", action="append", default=[], metavar="FILE", type=text_arg("--config"),
                         help="a configuration (YAML/JSON, or a manifest); repeat for several")
-    parser.add_argument("--plot", metavar="FILE", help="draw the roofline chart to FILE (.png, .svg, .pdf)")
+    parser.add_argument("--plot", metavar="FILE", type=text_arg("--plot"), help="draw the roofline chart to FILE (.png, .svg, .pdf)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
