@@ -1,7 +1,8 @@
 """Command-line entry point: argument parsing and dispatch only.
 
 Each subcommand lives in gemmgen/commands/<name>.py with `register(subparsers)` and `run(args)`.
-User errors print as one line on stderr and exit with status 2; never a traceback.
+User errors print as one line on stderr and exit with status 2; never a traceback. main() returns the status
+(usage errors and --help included) instead of exiting, so it can be called in-process.
 """
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 def main(argv: "list[str] | None" = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line, status 2), --help or --version (0): a status, as below
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         print("gemmgen: error: a command is required (see gemmgen --help)", file=sys.stderr)

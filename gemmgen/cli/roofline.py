@@ -13,6 +13,7 @@ from ..calc.intensity import roofline
 from ..rank.predict import predict
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
+from ._kernel import read_config
 from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table, text_arg
 
 def register(subparsers) -> None:
@@ -35,14 +36,6 @@ def reference_configs(problem: Problem, gpu: Gpu) -> "list[TileConfig]":
     return [c for c in configs if not check(c, gpu, problem=problem)]
 
 
-def _load_config(path: str) -> TileConfig:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InvalidInput("--config must name a readable file", path, exc.strerror or str(exc)) from None
-    return TileConfig.from_text(text, path)
-
-
 def label(config: TileConfig) -> str:
     """A short human label: family, CTA/warp tiles, stages, decomposition, cluster, flags."""
     parts = [config.family.split("_")[0], f"{config.cta}/{config.warp}", f"s{config.stages}",
@@ -55,7 +48,7 @@ def label(config: TileConfig) -> str:
 def run(args) -> int:
     problem = problem_from_args(args)
     gpu = resolve_gpu(args.gpu)
-    given = [_load_config(p) for p in args.config]
+    given = [read_config(p) for p in args.config]
     configs = given or reference_configs(problem, gpu)
     roof = roofline(problem, gpu)
     # A given configuration that breaks a rule raises InvalidConfig here: one line, exit 2.

@@ -27,17 +27,21 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..model.errors import InvalidInput
-    from ..rank.space import enumerate_space, families_for
+    from ..rank.space import check_target, enumerate_space, families_for
     from ..model.tiles import Kernel
 
     gpu = resolve_gpu(args.gpu)
     arch = Arch.parse(args.arch) if args.arch else gpu.arch
-    if args.jobs is not None and args.jobs < 1:
-        raise InvalidInput("--jobs must be at least 1", args.jobs)
+    if args.jobs is not None and not args.compile:
+        raise InvalidInput("--jobs needs --compile (it is how many processes compile)", args.jobs)
     dtype = DType.parse(args.dtype)
+    check_target(gpu, arch, dtype)
     operands = Operands(dtype, dtype, dtype, DType.F32, Layout.parse(args.a_layout), Layout.parse(args.b_layout))
     kernels = [Kernel(arch, operands, c) for family in families_for(arch)
                for c in enumerate_space(family, gpu, arch, None, operands)]
+    if not kernels:  # every rule that says why up front has passed; still say it, and fail
+        raise InvalidInput(f"the search spaces must hold a configuration valid on {gpu.key} for {arch.value}",
+                           operands.tag)
     if not args.compile:
         if args.json:
             print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels),

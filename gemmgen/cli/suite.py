@@ -44,6 +44,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..model.arch import DType
+    from ..rank.space import check_target
     from ..tune.suite import dry_run_suite, load_shapes, parse_dtypes, report_from_results, run_suite, select
 
     measuring = tuple(f for f in MEASURING_FLAGS if f != "--timeout") + ("--timeout-per-shape",)
@@ -61,10 +63,19 @@ def run(args) -> int:
     elif args.dry_run:
         if args.gpu is None:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
-        report = dry_run_suite(shapes, dtypes, lookup_gpu(args.gpu), source=args.file, jobs=options.jobs,
+        gpu = lookup_gpu(args.gpu)
+        for dtype in dtypes:
+            check_target(gpu, gpu.arch, DType.parse(dtype))
+        report = dry_run_suite(shapes, dtypes, gpu, source=args.file, jobs=options.jobs,
                                on_row=None if args.no_progress else show)
     else:
         gpu, measurer, device = measurer_for(args, args.gpu)
+        try:
+            for dtype in dtypes:
+                check_target(gpu, gpu.arch, DType.parse(dtype))
+        except InvalidInput:
+            measurer.close()
+            raise
         progress = Progress(not args.no_progress)
         try:
             with sigterm_as_interrupt():

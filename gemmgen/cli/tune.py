@@ -82,6 +82,10 @@ def options_from_args(args, **override):
                   heartbeat_s=getattr(args, "heartbeat", 10), grace_s=getattr(args, "grace", 60),
                   replay=str(args.replay) if getattr(args, "replay", None) else None)
     fields.update(override)
+    if fields["storage"] is not None:
+        from ..tune.storage import check_url
+
+        check_url(fields["storage"])  # before any GPU is looked for or worker started
     return TuneOptions(**fields).validate()
 
 
@@ -212,9 +216,13 @@ def say_calibration(gpu) -> None:
 def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
     such problems fall back to the sm80 family)."""
-    from ..rank.space import excluded_families
+    from ..rank.space import excluded_families, families_for
 
-    for family, rule in excluded_families(problem, gpu):
+    excluded = excluded_families(problem, gpu)
+    if len(excluded) >= len(families_for(gpu.arch)):  # nothing left to search: an error, not a note
+        raise InvalidInput("no kernel family can run this problem", problem.label,
+                           "; ".join(f"{family}: {rule}" for family, rule in excluded))
+    for family, rule in excluded:
         print(f"note: family {family} cannot run this problem ({rule}); searching the others", file=sys.stderr)
 
 
@@ -224,6 +232,7 @@ MEASURING_FLAGS = ("--replay", "--storage", "--trials", "--timeout", "--patience
 
 
 def run(args) -> int:
+    from ..rank.space import check_target
     from ..tune.search import dry_run, tune
 
     refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
@@ -238,6 +247,7 @@ def run(args) -> int:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         options = options_from_args(args)
+        check_target(gpu, gpu.arch, problem.a_dtype)
         say_fallbacks(problem, gpu)
         say_calibration(gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
@@ -251,7 +261,12 @@ def run(args) -> int:
             open_storage(args.storage)
         return run_on_gpus(args, problem, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
-    say_fallbacks(problem, gpu)
+    try:
+        check_target(gpu, gpu.arch, problem.a_dtype)
+        say_fallbacks(problem, gpu)
+    except InvalidInput:
+        measurer.close()
+        raise
     say_calibration(gpu)
     progress = Progress(not args.no_progress)
     try:

@@ -28,11 +28,11 @@ _MAX_DIGITS = 40
 
 
 def _range_text(lo, hi, lo_open: bool = False) -> str:
+    if lo_open and lo is not None:
+        return f" greater than {lo:g}" + (f" and at most {hi:g}" if hi is not None else "")
     if lo is not None and hi is not None:
         return f" from {lo:g} to {hi:g}" if isinstance(lo, float) or isinstance(hi, float) else f" from {lo} to {hi}"
     if lo is not None:
-        if lo_open:
-            return f" greater than {lo:g}"
         return " of at least 1" if lo == 1 else f" of at least {lo}"
     if hi is not None:
         return f" of at most {hi}"

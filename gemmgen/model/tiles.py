@@ -291,13 +291,9 @@ class TileConfig:
     @classmethod
     def from_text(cls, text: str, source: str = "<config>") -> "TileConfig":
         """Parse a configuration from YAML or JSON text (JSON is YAML)."""
-        import yaml
+        from .files import load_yaml
 
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidInput("a configuration file must be valid YAML or JSON", source,
-                               str(exc).splitlines()[0]) from None
+        data = load_yaml("a configuration file", text, source)
         if isinstance(data, dict) and "config" in data and isinstance(data["config"], dict):
             data = data["config"]  # accept a launch manifest or tuning record as well
         return cls.from_dict(data)

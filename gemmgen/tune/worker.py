@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..model.errors import InvalidInput, NoGpu
+from ..model.files import load_json, read_text
 
 # Failure kinds. A trial that fails with one of QUARANTINED_KINDS is quarantined: the same kernel
 # would fail the same way again. OTHER (out of memory, a bad manifest, a missing library) is not the
@@ -317,10 +318,10 @@ class ReplayBenchmark:
     def __init__(self, path: "str | os.PathLike", log_path: "str | os.PathLike | None" = None):
         self.path = Path(path)
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
+            data = load_json("a replay file", read_text("a replay file", path), str(path))
+        except InvalidInput as exc:
             raise InvalidInput("a replay file must be readable JSON with a 'timings' mapping", str(path),
-                               str(exc).splitlines()[0]) from None
+                               exc.hint or exc.rule) from None
         if not isinstance(data, dict) or not isinstance(data.get("timings"), dict):
             raise InvalidInput("a replay file must be readable JSON with a 'timings' mapping", str(path))
         self.timings: dict = data["timings"]
