@@ -234,3 +234,30 @@ def test_a_huge_or_deeply_nested_yaml_file_is_one_line(capsys, tmp_path):
     assert "huge.yaml" in refused(capsys, "suite", str(huge), "--gpu", "h100", "--dry-run")
     if os.path.exists("/dev/zero"):
         assert "at most 64 MiB" in refused(capsys, "render", "--gpu", "h100", "--config", "/dev/zero")
+
+
+@pytest.mark.parametrize("payload, words", [
+    ({"timings": {"t": "fast"}}, "timings['t'] must be a finite number"),
+    ({"timings": {"t": float("nan")}}, "timings['t'] must be a finite number"),
+    ({"timings": {"t": []}}, "timings['t'] must be a finite number"),
+    ({"timings": {"t": {"speed": 1}}}, "keys must be among"),
+    ({"timings": {"t": {"rel_error": "big"}}}, "rel_error must be a finite number"),
+    ({"timings": {}, "delay_s": "slow"}, "delay_s must be a finite number"),
+    ({"timings": {}, "cublas_time_s": -1}, "cublas_time_s must be a finite number"),
+])
+def test_a_replay_file_is_checked_when_read_not_in_the_worker(capsys, tmp_path, payload, words):
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(payload))
+    assert words in refused(capsys, "tune", "256", "256", "256", "--gpu", "h100", "--replay", str(path))
+
+
+def test_a_bad_lock_timeout_in_the_environment_is_one_line(capsys, monkeypatch, replay):
+    monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "soon")
+    assert "GEMMGEN_DB_TIMEOUT must be a finite number" in refused(
+        capsys, "tune", "256", "256", "256", "--gpu", "h100", "--replay", replay, "--trials", "1")
+
+
+def test_a_suite_shape_name_must_be_printable_text(capsys, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("shapes:\n  - {name: [1, 2], M: 64, N: 64, K: 64}\n")
+    assert "a shape name must be printable text" in refused(capsys, "suite", str(path), "--gpu", "h100", "--dry-run")

@@ -71,7 +71,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
             a, b = Layout.parse(entry.get("a", "row")).value, Layout.parse(entry.get("b", "row")).value
         except InvalidInput as exc:
             raise SuiteFileError(where, f"{at}: {exc.rule}", repr(exc.value)) from None
-        name = str(entry.get("name") or f"{m}x{n}x{k}")
+        name = entry.get("name", f"{m}x{n}x{k}")
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise SuiteFileError(where, f"{at}: a shape name must be printable text", repr(name))
         if name in names:
             raise SuiteFileError(where, f"{at}: shape names must be unique", name)
         names.add(name)
