@@ -296,6 +296,9 @@ class TileConfig:
         data = load_yaml("a configuration file", text, source)
         if isinstance(data, dict) and "config" in data and isinstance(data["config"], dict):
             data = data["config"]  # accept a launch manifest or tuning record as well
+        if not isinstance(data, dict):
+            raise InvalidInput("a configuration file must hold a mapping of fields (family, cta, warp, mma, "
+                               "stages, ...)", source, f"it holds {type(data).__name__}")
         return cls.from_dict(data)
 
 

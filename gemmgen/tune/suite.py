@@ -55,7 +55,7 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
     try:
         data = load_yaml("the suite file", read_text("the suite file", path), where)
     except InvalidInput as exc:
-        raise SuiteFileError(where, exc.rule, exc.hint or str(exc.value)) from None
+        raise SuiteFileError(where, exc.rule, exc.hint) from None
     if not isinstance(data, dict) or not isinstance(data.get("shapes"), list) or not data["shapes"]:
         raise SuiteFileError(where, "the suite file must map 'shapes' to a non-empty list", type(data).__name__)
     shapes, names = [], set()
