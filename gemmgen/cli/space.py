@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..model.arch import Arch
-from ..model.problem import Layout, Operands
+from ..model.problem import Problem
 from ..model.arch import DType
 from ._common import JOBS_MAX, add_gpu_arg, int_arg, print_json, resolve_gpu, table, text_arg
 
@@ -36,12 +36,17 @@ def run(args) -> int:
         raise InvalidInput("--jobs needs --compile (it is how many processes compile)", args.jobs)
     dtype = DType.parse(args.dtype)
     check_target(gpu, arch, dtype)
-    operands = Operands(dtype, dtype, dtype, DType.F32, Layout.parse(args.a_layout), Layout.parse(args.b_layout))
+    # The operands of a packed problem of this dtype: 16-byte vectors, and (as Problem.create) fp8 writes a 16-bit D.
+    probe = Problem.create(4096, 4096, 4096, dtype.value, args.a_layout, args.b_layout)
+    operands = probe.operands
     kernels = [Kernel(arch, operands, c) for family in families_for(arch)
                for c in enumerate_space(family, gpu, arch, None, operands)]
     if not kernels:  # every rule that says why up front has passed; still say it, and fail
+        from ..rank.space import excluded_families
+
+        why = "; ".join(f"{family}: {rule}" for family, rule in excluded_families(None, gpu, arch, operands))
         raise InvalidInput(f"the search spaces must hold a configuration valid on {gpu.key} for {arch.value}",
-                           operands.tag)
+                           operands.tag, why)
     if not args.compile:
         if args.json:
             print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels),

@@ -317,9 +317,9 @@ class Kernel:
 
 
 def parse_int(what: str, value) -> int:
-    """A configuration's integer field (stages, splits, group, cluster extent): positive and small; a value
-    beyond 2^20 means nothing to any tile rule and would only overflow the resource arithmetic."""
-    return parse.integer(what, value, 1, 2**20)
+    """A configuration's integer field (stages, splits, group, cluster extent, a family's integer knob): 0 to 2^20.
+    The rules say which values work; beyond 2^20 none does, and the resource arithmetic would only overflow."""
+    return parse.integer(what, value, 0, 2**20)
 
 
 def parse_bool(what: str, value) -> bool:

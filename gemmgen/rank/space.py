@@ -139,16 +139,19 @@ def enumerate_space(family: "KernelFamily | str", gpu: Gpu, arch: "Arch | None" 
     return [c for c in all_configs(family) if not constraints.check(c, gpu, arch, problem, operands)]
 
 
-def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[str, str]]":
-    """Families the target supports that this problem rules out entirely, each with the rule that does it
-    most often (e.g. sm90_wgmma when a leading dimension is not a 16-byte multiple: TMA cannot load it)."""
+def excluded_families(problem: "Problem | None", gpu: Gpu, arch: "Arch | None" = None,
+                      operands: "Operands | None" = None) -> "list[tuple[str, str]]":
+    """Families the target supports that this problem (or, without one, these operands) rules out entirely, each
+    with the rule that does it most often (e.g. sm90_wgmma when a leading dimension is not a 16-byte multiple:
+    TMA cannot load it)."""
     arch = arch or gpu.arch
+    operands = operands or problem.operands
     out = []
     for family in families_for(arch):
         counts: "dict[str, tuple[int, str]]" = {}
         feasible = False
         for config in all_configs(family):
-            broken = constraints.check(config, gpu, arch, problem, problem.operands)
+            broken = constraints.check(config, gpu, arch, problem, operands)
             if not broken:
                 feasible = True
                 break
