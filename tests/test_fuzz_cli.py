@@ -38,7 +38,7 @@ class WorkStarted(BaseException):
 # The entry points of real work, each replaced by one that raises WorkStarted.
 WORK = ("gemmgen.codegen.nvrtc:compile_kernel", "gemmgen.codegen.nvrtc:compile_many",
         "gemmgen.tune.search:dry_run", "gemmgen.tune.search:tune", "gemmgen.tune.suite:dry_run_suite",
-        "gemmgen.tune.suite:run_suite")
+        "gemmgen.tune.suite:run_suite", "gemmgen.tune.linear:tune_linear", "gemmgen.tune.tuning_plots:plot_tune")
 
 
 @contextlib.contextmanager
@@ -95,6 +95,10 @@ VALUE_OF = {
     "file": valid("FILE", "FILE", "FILE", "FILE", "MISSING", "DIR"),
     "out": valid("OUTDIR", "FILE/sub"),
     "names": valid("tiny", "tiny,huge"),
+    "range": valid("1..8192", "16", "64..32", "1..2147483648"),
+    "buckets": valid("pow2", "auto", "none"),
+    "format": valid("png", "svg", "gif"),
+    "gpus": valid("0", "0,1", "all", "0,0"),
 }
 PROBLEM_FLAGS = [("--dtype", "dtype"), ("--a", "layout"), ("--b", "layout"), ("--alpha", "float"), ("--beta", "float"),
                  ("--bias", None), ("--activation", "activation"), ("--gpu", "gpu")]
@@ -103,7 +107,9 @@ TUNE_FLAGS = [("--trials", "int"), ("--timeout", "float"), ("--patience", "int")
               ("--finalists", "int"), ("--rounds", "int"), ("--timing", "timing"), ("--watchdog", "float"),
               ("--seed", "seed"), ("--replay", "file"), ("--no-progress", None)]
 COMMANDS = {
-    "tune": (3, PROBLEM_FLAGS + TUNE_FLAGS + [("--dry-run", None)]),
+    "tune": (3, PROBLEM_FLAGS + TUNE_FLAGS + [("--dry-run", None), ("--m", "range"), ("--n", "int"), ("--k", "int"),
+                                              ("--shapes", "file"), ("--buckets", "buckets"), ("--gpus", "gpus"),
+                                              ("--heartbeat", "int"), ("--grace", "int")]),
     "suite": (0, [("--gpu", "gpu"), ("--dtypes", "dtypes"), ("--timeout-per-shape", "float"), ("--only", "names"),
                   ("--from-results", None), ("--dry-run", None)] + [f for f in TUNE_FLAGS if f[0] != "--timeout"]),
     "lookup": (3, PROBLEM_FLAGS + [("--json", None)]),
@@ -117,8 +123,13 @@ COMMANDS = {
     "intensity": (0, [("--warp", "tile"), ("--mma", "tile"), ("--cta", "tile"), ("--dtype", "dtype"),
                       ("--gpu", "gpu"), ("--peak-per-sm", "float"), ("--json", None)]),
     "roofline": (3, PROBLEM_FLAGS + [("--config", "file"), ("--json", None)]),
-    "calibrate": (0, [("--gpu", "gpu"), ("--json", None)]),
+    "calibrate": (0, [("--gpu", "gpu"), ("--json", None), ("--fit", None), ("--holdout", "names"),
+                      ("--prior", "float"), ("--out", "out")]),
     "gpus": (0, [("--json", None)]),
+    "tune-linear": (2, [("--tokens", "range"), ("--buckets", "buckets"), ("--dtype", "dtype"), ("--bias", None),
+                        ("--activation", "activation"), ("--gpu", "gpu"), ("--dry-run", None)]
+                    + [f for f in TUNE_FLAGS if f[0] not in ("--out", "--replay")]),
+    "plot": (0, [("--storage", "storage"), ("--out", "out"), ("--format", "format")]),
 }
 
 
@@ -129,7 +140,7 @@ def argv_strategy(draw):
     command = draw(st.sampled_from(sorted(COMMANDS)))
     positionals, flags = COMMANDS[command]
     argv = [command]
-    if command == "suite":
+    if command in ("suite", "plot"):
         argv.append(draw(VALUE_OF["file"]))
     count = positionals + draw(st.sampled_from([0, 0, 0, 0, -1, 1])) if positionals else draw(st.sampled_from([0, 0, 1]))
     values = [draw(DIM) for _ in range(max(0, count))]

@@ -69,12 +69,15 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
         parser.add_argument("K", help="the reduction dimension")
     parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
                         help="A/B/C dtype: bf16 (default), f16 (`gemmgen space` lists each GPU's)")
-    parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"), help="layout of A (M×K): row (default) or col")
-    parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"), help="layout of B (K×N): row (default) or col")
+    parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
+                        help="layout of A (M×K): row (default) or col")
+    parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"),
+                        help="layout of B (K×N): row (default) or col")
     parser.add_argument("--alpha", type=float_arg("--alpha"), default=1.0, help="D = alpha*A@B + beta*C (default 1)")
     parser.add_argument("--beta", type=float_arg("--beta"), default=0.0, help="default 0: C is not read")
     parser.add_argument("--bias", action="store_true", help="add a bias per column of D")
-    parser.add_argument("--activation", default="none", type=text_arg("--activation"), help="none (default), relu or gelu")
+    parser.add_argument("--activation", default="none", type=text_arg("--activation"),
+                        help="none (default), relu or gelu")
 
 
 def problem_from_args(args) -> Problem:

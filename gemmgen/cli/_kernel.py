@@ -13,7 +13,8 @@ DEFAULT_SHAPE = ("4096", "4096", "4096")
 
 
 def add_kernel_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", default=None, type=text_arg("--arch"), help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
+    parser.add_argument("--arch", default=None, type=text_arg("--arch"),
+                        help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
     parser.add_argument("--config", default=None, metavar="FILE", type=text_arg("--config"),
                         help="configuration (YAML or JSON, or a manifest); default: the model's pick")
 

@@ -18,7 +18,8 @@ def register(subparsers) -> None:
     add_problem_args(parser)
     add_gpu_arg(parser)
     add_kernel_args(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", type=text_arg("--out"), help="folder for <name>.cu, .cubin and .json")
+    parser.add_argument("--out", required=True, metavar="DIR", type=text_arg("--out"),
+                        help="folder for <name>.cu, .cubin and .json")
     parser.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for profilers)")
     parser.set_defaults(func=run)
 

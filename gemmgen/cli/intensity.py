@@ -20,10 +20,14 @@ def register(subparsers) -> None:
         description="FLOP/byte per level of the tile hierarchy and the bytes/clock/SM each level needs at peak. "
                     "Without --warp: the seed note's warp-level table.")
     parser.add_argument("--warp", type=text_arg("--warp"), help="warp tile MxNxK, e.g. 64x64x32")
-    parser.add_argument("--mma", default="16x8x16", type=text_arg("--mma"), help="MMA instruction MxNxK (default 16x8x16)")
-    parser.add_argument("--cta", type=text_arg("--cta"), help="CTA tile MxNxK, e.g. 128x128x32 (adds the global->shared level)")
-    parser.add_argument("--dtype", default="f16", type=text_arg("--dtype"), help="input dtype: f16 (default), bf16, f32, e4m3")
-    parser.add_argument("--gpu", default=DEFAULT_GPU, type=text_arg("--gpu"), help=f"catalogue GPU for the peak rate (default {DEFAULT_GPU})")
+    parser.add_argument("--mma", default="16x8x16", type=text_arg("--mma"),
+                        help="MMA instruction MxNxK (default 16x8x16)")
+    parser.add_argument("--cta", type=text_arg("--cta"),
+                        help="CTA tile MxNxK, e.g. 128x128x32 (adds the global->shared level)")
+    parser.add_argument("--dtype", default="f16", type=text_arg("--dtype"),
+                        help="input dtype: f16 (default), bf16, f32, e4m3")
+    parser.add_argument("--gpu", default=DEFAULT_GPU, type=text_arg("--gpu"),
+                        help=f"catalogue GPU for the peak rate (default {DEFAULT_GPU})")
     parser.add_argument("--peak-per-sm", dest="peak_per_sm", metavar="FLOP_PER_CLOCK",
                         type=float_arg("--peak-per-sm", 0, 1e9, lo_open=True),
                         help="override the tensor FLOP/clock/SM (6780 reproduces the seed note's bytes column)")

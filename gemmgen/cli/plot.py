@@ -9,9 +9,12 @@ def register(subparsers) -> None:
                                           "(its name, with --storage). Needs matplotlib: pip install gemmgen[plot].")
     from ._common import text_arg
 
-    p.add_argument("source", metavar="STUDY-OR-RECORD", type=text_arg("STUDY-OR-RECORD"), help="a tuning record JSON file, or a study name")
-    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"), help="the study's storage (for a study name)")
-    p.add_argument("--out", default=".", metavar="DIR", type=text_arg("--out"), help="folder for the charts (default .)")
+    p.add_argument("source", metavar="STUDY-OR-RECORD", type=text_arg("STUDY-OR-RECORD"),
+                   help="a tuning record JSON file, or a study name")
+    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
+                   help="the study's storage (for a study name)")
+    p.add_argument("--out", default=".", metavar="DIR", type=text_arg("--out"),
+                   help="folder for the charts (default .)")
     p.add_argument("--format", default="png", type=text_arg("--format"), help="png (default) or svg")
     p.set_defaults(func=run)
 

@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     add_gpu_arg(parser)
     parser.add_argument("--config", action="append", default=[], metavar="FILE", type=text_arg("--config"),
                         help="a configuration (YAML/JSON, or a manifest); repeat for several")
-    parser.add_argument("--plot", metavar="FILE", type=text_arg("--plot"), help="draw the roofline chart to FILE (.png, .svg, .pdf)")
+    parser.add_argument("--plot", metavar="FILE", type=text_arg("--plot"),
+                        help="draw the roofline chart to FILE (.png, .svg, .pdf)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 

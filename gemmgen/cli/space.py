@@ -13,14 +13,18 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("space", help="list (and optionally compile) the valid configurations",
                                    description="List the configurations of the search spaces that pass the "
                                                "feasibility check; --compile compiles them all.")
-    parser.add_argument("--arch", default=None, type=text_arg("--arch"), help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
+    parser.add_argument("--arch", default=None, type=text_arg("--arch"),
+                        help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
     parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
                         help="bf16 (default); the error for another lists what the GPU's families take")
-    parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"), help="layout of A: row (default) or col")
-    parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"), help="layout of B: row (default) or col")
+    parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
+                        help="layout of A: row (default) or col")
+    parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"),
+                        help="layout of B: row (default) or col")
     add_gpu_arg(parser)
     parser.add_argument("--compile", action="store_true", help="compile every configuration and report")
-    parser.add_argument("--jobs", type=int_arg("--jobs", 1, JOBS_MAX), default=None, help="compile processes (default: all cores)")
+    parser.add_argument("--jobs", type=int_arg("--jobs", 1, JOBS_MAX), default=None,
+                        help="compile processes (default: all cores)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 

@@ -15,27 +15,38 @@ def register(subparsers) -> None:
                               description="Tune every shape of FILE (shapes: [{name, M, N, K}]) in each dtype, "
                                           "with cuBLAS timed in the same run; write results/<gpu>/suite.md "
                                           "and .json and print the table with the geomean ratio.")
-    p.add_argument("file", metavar="FILE.yaml", type=text_arg("FILE.yaml"), help="suite file, e.g. ../shared/shapes.yaml")
+    p.add_argument("file", metavar="FILE.yaml", type=text_arg("FILE.yaml"),
+                   help="suite file, e.g. ../shared/shapes.yaml")
     add_gpu_arg(p)
     p.add_argument("--dtypes", default="bf16,f16", type=text_arg("--dtypes"), help="comma-separated (default bf16,f16)")
-    p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=60, help="measured trials per shape and dtype (default 60)")
+    p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=60,
+                   help="measured trials per shape and dtype (default 60)")
     p.add_argument("--timeout-per-shape", type=float_arg("--timeout-per-shape", 0, SECONDS_MAX, lo_open=True),
                    default=120.0, metavar="S",
                    help="search time per shape and dtype, before the finalists' re-measurement (default 120)")
-    p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=25, help="stop a shape after this many trials without improvement")
-    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=10, help="the model's best, measured first (default 10)")
-    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"), help="tpe (default), random, cmaes, qmc, grid")
-    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None, help="NVRTC processes (default: cores - 1)")
-    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3, help="re-measured interleaved per shape (default 3)")
+    p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=25,
+                   help="stop a shape after this many trials without improvement")
+    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=10,
+                   help="the model's best, measured first (default 10)")
+    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
+                   help="tpe (default), random, cmaes, qmc, grid")
+    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
+                   help="NVRTC processes (default: cores - 1)")
+    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
+                   help="re-measured interleaved per shape (default 3)")
     p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5, help="interleaved rounds (default 5)")
     add_timing_arg(p)
-    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0, metavar="S", help="per-measurement watchdog (default 60)")
+    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0, metavar="S",
+                   help="per-measurement watchdog (default 60)")
     p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"), 
                    help="Optuna storage (default: <per-user data dir>/studies/<gpu>/studies.db)")
-    p.add_argument("--out", default=None, metavar="DIR", type=text_arg("--out"), help="export each winner to DIR/<problem>/")
+    p.add_argument("--out", default=None, metavar="DIR", type=text_arg("--out"),
+                   help="export each winner to DIR/<problem>/")
     p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
-    p.add_argument("--replay", default=None, metavar="FILE", type=text_arg("--replay"), help="simulation mode: replay recorded timings")
-    p.add_argument("--only", default=None, metavar="NAMES", type=text_arg("--only"), help="tune only these shapes (comma-separated names)")
+    p.add_argument("--replay", default=None, metavar="FILE", type=text_arg("--replay"),
+                   help="simulation mode: replay recorded timings")
+    p.add_argument("--only", default=None, metavar="NAMES", type=text_arg("--only"),
+                   help="tune only these shapes (comma-separated names)")
     p.add_argument("--from-results", action="store_true",
                    help="tune nothing: build the table from the records in results/<gpu>/ (e.g. after tuning in parts)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: the model's pick per shape, compiled, unmeasured")

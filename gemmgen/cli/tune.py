@@ -27,22 +27,29 @@ def register(subparsers) -> None:
     add_shape_set_args(p)
     p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=100,
                    help="measured trials in the study, counting resumed runs (default 100)")
-    p.add_argument("--timeout", type=float_arg("--timeout", 0, SECONDS_MAX, lo_open=True), default=None, metavar="S", help="stop searching after S seconds")
+    p.add_argument("--timeout", type=float_arg("--timeout", 0, SECONDS_MAX, lo_open=True), default=None, metavar="S",
+                   help="stop searching after S seconds")
     p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=40,
                    help="stop after this many measured trials without a 0.5%% improvement (default 40)")
     p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
                    help="Optuna storage, any SQLAlchemy URL (default: <per-user data dir>/studies/<gpu>/studies.db)")
     p.add_argument("--out", default=None, metavar="DIR", type=text_arg("--out"),
                    help="export the winner's .cubin, .cu and .json here")
-    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"), help="tpe (default), random, cmaes, qmc (needs scipy), "
+    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
+                   help="tpe (default), random, cmaes, qmc (needs scipy), "
                                                      "grid (every valid configuration, in model order)")
-    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=10, help="the model's best, measured first (default 10)")
-    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
-    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3, help="configurations re-measured interleaved (default 3)")
-    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5, help="interleaved re-measurement rounds (default 5)")
+    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=10,
+                   help="the model's best, measured first (default 10)")
+    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
+                   help="NVRTC processes compiling ahead (default: cores - 1)")
+    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
+                   help="configurations re-measured interleaved (default 3)")
+    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5,
+                   help="interleaved re-measurement rounds (default 5)")
     add_timing_arg(p)
     p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0,
-                   metavar="S", help="seconds one measurement may take before the worker is killed as hung (default 60)")
+                   metavar="S",
+                   help="seconds one measurement may take before the worker is killed as hung (default 60)")
     p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, "
                                                           "export the model's pick unmeasured (needs --gpu)")

@@ -29,23 +29,34 @@ def register(subparsers) -> None:
                         "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
     p.add_argument("--dtype", default="bf16", type=text_arg("--dtype"), help="bf16 (default) or f16")
     p.add_argument("--bias", action="store_true", help="the layer has a bias")
-    p.add_argument("--activation", default="none", type=text_arg("--activation"), help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
+    p.add_argument("--activation", default="none", type=text_arg("--activation"),
+                   help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
                                                         "approximation; silu runs after the bias kernel)")
     add_gpu_arg(p)
     p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, store the "
                                                           "model's picks unmeasured (needs --gpu)")
-    p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=60, help="measured trials per product (default 60)")
-    p.add_argument("--timeout", type=float_arg("--timeout", 0, SECONDS_MAX, lo_open=True), default=None, metavar="S", help="stop each product's search after S s")
-    p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=30, help="trials without a 0.5%% gain before a product stops "
+    p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=60,
+                   help="measured trials per product (default 60)")
+    p.add_argument("--timeout", type=float_arg("--timeout", 0, SECONDS_MAX, lo_open=True), default=None, metavar="S",
+                   help="stop each product's search after S s")
+    p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=30,
+                   help="trials without a 0.5%% gain before a product stops "
                                                            "(default 30)")
-    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"), help="Optuna storage (default: the per-user one)")
-    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"), help="tpe (default), random, cmaes, qmc, grid")
-    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=8, help="the model's best, measured (or compiled) first (default 8)")
-    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
-    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3, help="configurations re-measured interleaved (default 3)")
-    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5, help="interleaved re-measurement rounds (default 5)")
+    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
+                   help="Optuna storage (default: the per-user one)")
+    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
+                   help="tpe (default), random, cmaes, qmc, grid")
+    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=8,
+                   help="the model's best, measured (or compiled) first (default 8)")
+    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
+                   help="NVRTC processes compiling ahead (default: cores - 1)")
+    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
+                   help="configurations re-measured interleaved (default 3)")
+    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5,
+                   help="interleaved re-measurement rounds (default 5)")
     add_timing_arg(p)
-    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0, metavar="S", help="seconds one measurement may take")
+    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0, metavar="S",
+                   help="seconds one measurement may take")
     p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run, replay=None, out=None)
