@@ -79,6 +79,21 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def top_refusals(outcomes: list, n: int = 12) -> str:
+    """The most frequent exit-2 rules (the line up to ', but got' or the first parenthesis: the value dropped)."""
+    import re
+
+    counts = Counter()
+    for o in outcomes:
+        if o.code == 2 and o.err:
+            line = o.err.strip().split(": error: ", 1)[-1]
+            line = re.split(r", but got|: /| \(see gemmgen|: got ", line)[0]
+            counts[re.sub(r"argument (--[\w-]+|[A-Z. ]+): ", "", line)[:90]] += 1
+    rows = ["| exit 2, the rule named | count |", "|---|---|"]
+    rows += [f"| {rule} | {count} |" for rule, count in counts.most_common(n)]
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,6 +104,8 @@ def main() -> int:
     start = time.monotonic()
     outcomes = campaign(args.examples, args.seed)
     print(table(category_rows(outcomes)))
+    print()
+    print(top_refusals(outcomes))
     slowest = max(outcomes, key=lambda o: o.seconds)
     print(f"\n{len(outcomes)} invocations in {time.monotonic() - start:.0f} s; slowest {slowest.seconds:.2f} s "
           f"({' '.join(slowest.argv)[:80]})")

@@ -147,6 +147,8 @@ def argv_strategy(draw):
     chosen = draw(st.lists(st.sampled_from(flags), max_size=5, unique=True))
     if ("--gpu", "gpu") in flags and ("--gpu", "gpu") not in chosen and draw(st.integers(0, 9)) < 8:
         chosen.append(("--gpu", "gpu"))  # most runs name a GPU: without one, this machine has none to find
+    if command == "compile" and ("--out", "out") not in chosen and draw(st.integers(0, 9)) < 8:
+        chosen.append(("--out", "out"))  # compile requires it
     file_flags = [f for f in flags if f[1] == "file" and f[0] != "--replay"]
     if file_flags and not set(file_flags) & set(chosen) and draw(st.booleans()):
         chosen.append(file_flags[0])  # half the runs read a file: its contents are the other half of the input
