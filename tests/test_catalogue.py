@@ -42,9 +42,16 @@ def test_tensor_rate_per_sm_per_clock_matches_the_architecture(key, per_sm):
 @pytest.mark.parametrize("name,key", [("h100", "h100-sxm"), ("H100", "h100-sxm"), ("H100-PCIE", "h100-pcie"),
                                       ("a100", "a100-sxm"), ("A100-pcie", "a100-pcie"), ("L40S", "l40s"),
                                       ("l20", "l20"), ("RTX4090", "rtx4090"), ("rtx3090", "rtx3090"),
-                                      ("h200", "h200"), (" h100-sxm ", "h100-sxm")])
+                                      ("h200", "h200")])
 def test_names_and_aliases_are_case_insensitive(name, key):
     assert lookup_gpu(name).key == key
+
+
+@pytest.mark.parametrize("name", [" h100-sxm ", "h100\n", "", "ｈ100"])
+def test_names_are_not_loosely_written(name):
+    """Issue 24: names go through the one name parser: no surrounding spaces, no empty string, ASCII only."""
+    with pytest.raises(InvalidInput, match="GPU must be one of"):
+        lookup_gpu(name)
 
 
 def test_unknown_gpu_is_a_one_line_user_error_listing_the_catalogue():

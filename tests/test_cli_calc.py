@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own usage errors, flag values included, exit from parse_args
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -114,8 +117,8 @@ BAD_INPUT = [
     (["intensity", "--mma", "16by8by16"], "MMA shape must be written MxNxK"),
     (["intensity", "--warp", "60x64x32"], "warp tile M must be a multiple of MMA M"),
     (["intensity", "--warp", "64x64x32", "--cta", "96x128x32"], "CTA tile M must be a multiple of warp tile M"),
-    (["intensity", "--peak-per-sm", "zero"], "--peak-per-sm must be a positive number"),
-    (["intensity", "--peak-per-sm", "-1"], "--peak-per-sm must be a positive number"),
+    (["intensity", "--peak-per-sm", "zero"], "--peak-per-sm must be a finite number greater than 0"),
+    (["intensity", "--peak-per-sm", "-1"], "--peak-per-sm must be a finite number greater than 0"),
     (["intensity", "--dtype", "e4m3"], "has no tensor-core rate for this dtype"),
     (["intensity", "--gpu", "gtx1080"], "GPU must be one of the catalogue's"),
 ]

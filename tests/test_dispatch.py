@@ -207,7 +207,7 @@ def test_a_dispatch_folder_whose_kernel_does_not_serve_its_bucket_is_refused_on_
     (["tune", "--m", "1..8", "--n", "1..64", "--k", "64"], "--n must be one value"),
     (["tune", "64", "64", "64", "--m", "1..8", "--n", "64", "--k", "64"], "either M N K or a shape set"),
     (["tune", "--m", "1..8", "--n", "64", "--k", "64", "--buckets", "fibonacci"], "--buckets must be one of"),
-    (["tune", "--shapes", "/no/such/file.yaml"], "--shapes must be a readable file"),
+    (["tune", "--shapes", "/no/such/file.yaml"], "--shapes must name a readable file"),
     (["tune", "64", "64"], "tune needs M N K"),
 ])
 def test_bad_shape_set_input_is_one_line_and_exit_2(capsys, argv, words):

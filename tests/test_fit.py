@@ -116,7 +116,7 @@ def test_calibrate_fit_end_to_end_writes_the_file_and_reports_before_and_after(c
 
 @pytest.mark.parametrize("argv, words", [
     (["calibrate", "--fit", "--gpu", "h100", "--holdout", "4096x4096"], "--holdout must be a comma-separated"),
-    (["calibrate", "--fit", "--gpu", "h100", "--prior", "-1"], "--prior must be a non-negative number"),
+    (["calibrate", "--fit", "--gpu", "h100", "--prior", "-1"], "--prior must be a finite number from 0"),
 ])
 def test_bad_fit_input_is_one_line_and_exit_2(capsys, argv, words):
     from test_cli_tune import one_line_error

@@ -1,7 +1,8 @@
 """Command-line entry point: argument parsing and dispatch only.
 
 Each subcommand lives in gemmgen/commands/<name>.py with `register(subparsers)` and `run(args)`.
-User errors print as one line on stderr and exit with status 2; never a traceback.
+User errors print as one line on stderr and exit with status 2; never a traceback. main() returns the status
+(usage errors and --help included) instead of exiting, so it can be called in-process.
 """
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line with exit status 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """`text` as one printable line: argparse quotes the user's words raw, newlines and control bytes included."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(text))
+    return text if len(text) <= limit else text[: limit - 40] + f"... ({len(text)} characters)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,24 +45,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
 def main(argv: "list[str] | None" = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line, status 2), --help or --version (0): a status, as below
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
+        print("gemmgen: error: a command is required (see gemmgen --help)", file=sys.stderr)
         return 2
+    args._parser = _subparser(parser, args.command)  # for _common.given: which flags were changed
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"gemmgen {args.command}: error: {exc}", file=sys.stderr)
+        print(f"gemmgen {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"gemmgen {args.command}: interrupted; results already stored are kept", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A path the user chose (a flag, or GEMMGEN_RESULTS / GEMMGEN_DATA / XDG_DATA_HOME) that cannot be used.
+        print(f"gemmgen {args.command}: error: cannot use {one_line(exc.filename, 200)} "
+              f"({exc.strerror or type(exc).__name__}); "
+              "check the paths given and GEMMGEN_RESULTS, GEMMGEN_DATA, XDG_DATA_HOME", file=sys.stderr)
+        return 2
     except GemmgenError as exc:
-        print(f"gemmgen {args.command}: failed: {exc}", file=sys.stderr)
+        print(f"gemmgen {args.command}: failed: {one_line(exc, 2000)}", file=sys.stderr)
         return 1
 
 

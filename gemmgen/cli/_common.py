@@ -5,9 +5,60 @@ import argparse
 import json
 import sys
 
+from ..model import parse
 from ..model.arch import Gpu, lookup_gpu
-from ..model.errors import NoGpu
+from ..model.errors import InvalidInput, NoGpu
 from ..model.problem import Problem
+
+
+# --- values: every flag goes through model/parse (one parser per kind), refusals as argparse errors ---------
+
+def _argtype(convert, label: str):
+    """An argparse `type`: `convert(text)`, with InvalidInput turned into argparse's one-line usage error."""
+    def parse_arg(text: str):
+        try:
+            return convert(text)
+        except InvalidInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse_arg.__name__ = label
+    return parse_arg
+
+
+def int_arg(flag: str, lo: "int | None" = 1, hi: "int | None" = parse.INT64_MAX):
+    """An integer flag within [lo, hi] (ASCII digits only: '1e30', '４', '' are refused)."""
+    return _argtype(lambda text: parse.integer(flag, text, lo, hi), "integer")
+
+
+def float_arg(flag: str, lo: "float | None" = None, hi: "float | None" = None, lo_open: bool = False):
+    """A finite real flag within its range (NaN and infinity are refused)."""
+    return _argtype(lambda text: parse.real(flag, text, lo, hi, lo_open=lo_open), "number")
+
+
+def text_arg(flag: str):
+    """A path, URL or list: any non-empty text without control characters ('' is an error, not "unset")."""
+    return _argtype(lambda text: parse.text(flag, text), "text")
+
+
+COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX = parse.COUNT_MAX, parse.JOBS_MAX, parse.SECONDS_MAX, parse.SEED_MAX
+
+
+def given(args, flag: str) -> bool:
+    """Whether `flag` changes anything: its value differs from its default (a flag repeated with its
+    default value cannot be lost by being ignored)."""
+    action = args._parser._option_string_actions[flag]
+    return getattr(args, action.dest) != action.default
+
+
+def refuse_together(args, flag: str, others: "tuple[str, ...]", why: str) -> None:
+    """InvalidInput naming both flags when `flag` and any of `others` are given together: one of them
+    would be silently ignored."""
+    if not given(args, flag):
+        return
+    known = args._parser._option_string_actions  # a shared list may name flags this command does not have
+    for other in others:
+        if other in known and given(args, other):
+            raise InvalidInput(f"{flag} and {other} cannot be used together ({why})", f"{flag} {other}")
 
 
 def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> None:
@@ -16,13 +67,17 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
         parser.add_argument("M", help="rows of A and D")
         parser.add_argument("N", help="columns of B and D")
         parser.add_argument("K", help="the reduction dimension")
-    parser.add_argument("--dtype", default="bf16", help="A/B/C dtype: bf16 (default), f16")
-    parser.add_argument("--a", dest="a_layout", default="row", help="layout of A (M×K): row (default) or col")
-    parser.add_argument("--b", dest="b_layout", default="row", help="layout of B (K×N): row (default) or col")
-    parser.add_argument("--alpha", type=float, default=1.0, help="D = alpha*A@B + beta*C (default 1)")
-    parser.add_argument("--beta", type=float, default=0.0, help="default 0: C is not read")
+    parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
+                        help="A/B/C dtype: bf16 (default), f16 (`gemmgen space` lists each GPU's)")
+    parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
+                        help="layout of A (M×K): row (default) or col")
+    parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"),
+                        help="layout of B (K×N): row (default) or col")
+    parser.add_argument("--alpha", type=float_arg("--alpha"), default=1.0, help="D = alpha*A@B + beta*C (default 1)")
+    parser.add_argument("--beta", type=float_arg("--beta"), default=0.0, help="default 0: C is not read")
     parser.add_argument("--bias", action="store_true", help="add a bias per column of D")
-    parser.add_argument("--activation", default="none", help="none (default), relu or gelu")
+    parser.add_argument("--activation", default="none", type=text_arg("--activation"),
+                        help="none (default), relu or gelu")
 
 
 def problem_from_args(args) -> Problem:
@@ -31,13 +86,13 @@ def problem_from_args(args) -> Problem:
 
 
 def add_gpu_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", default=None,
+    parser.add_argument("--gpu", default=None, type=text_arg("--gpu"),
                         help="catalogue name (h100, h100-pcie, h200, a100, l40s, rtx4090, ...); default: the GPU found")
 
 
 def resolve_gpu(name: "str | None") -> Gpu:
     """The named catalogue GPU, else the one the driver reports, else a one-line NoGpu error."""
-    if name:
+    if name is not None:
         return lookup_gpu(name)
     from ..runtime.detect import detect_gpu  # the only path from here into cuda-python
 

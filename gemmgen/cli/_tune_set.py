@@ -5,18 +5,18 @@ from __future__ import annotations
 import sys
 
 from ..model.errors import InvalidInput
-from ._common import table
+from ._common import table, text_arg
 
 
 def add_shape_set_args(p) -> None:
-    p.add_argument("--m", dest="m_range", default=None, metavar="LO..HI",
+    p.add_argument("--m", dest="m_range", default=None, metavar="LO..HI", type=text_arg("--m"),
                    help="tune a range of M at fixed --n and --k, bucketed (see --buckets), into one dispatch folder")
-    p.add_argument("--n", dest="n_fixed", default=None, metavar="N", help="N of a --m range")
-    p.add_argument("--k", dest="k_fixed", default=None, metavar="K", help="K of a --m range")
-    p.add_argument("--shapes", default=None, metavar="FILE",
+    p.add_argument("--n", dest="n_fixed", default=None, metavar="N", type=text_arg("--n"), help="N of a --m range")
+    p.add_argument("--k", dest="k_fixed", default=None, metavar="K", type=text_arg("--k"), help="K of a --m range")
+    p.add_argument("--shapes", default=None, metavar="FILE", type=text_arg("--shapes"),
                    help="tune a shape set: a JSON/YAML list of [M, N, K]; per N x K, the listed M values are the "
                         "buckets' upper bounds")
-    p.add_argument("--buckets", default="pow2", metavar="RULE",
+    p.add_argument("--buckets", default="pow2", metavar="RULE", type=text_arg("--buckets"),
                    help="pow2 (default: a bucket per power of two of M, each tuned at its upper bound) or auto "
                         "(then merged upwards where a bucket measured the kernel below it within 1%% of its own "
                         "winner)")

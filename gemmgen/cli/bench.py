@@ -3,7 +3,7 @@ with the roofline prediction and with cuBLAS measured in the same run."""
 from __future__ import annotations
 
 from ._common import add_gpu_arg, add_problem_args, print_json, table
-from ._kernel import add_kernel_args, kernel_from_args
+from ._kernel import add_kernel_args, check_inputs, kernel_from_args
 
 
 def register(subparsers) -> None:
@@ -34,6 +34,7 @@ def run(args) -> int:
     from ..tune.bench import GpuBenchmark
     from ..codegen.nvrtc import compile_kernel
 
+    check_inputs(args)  # bad input is reported as such, before the GPU is looked for
     benchmark = GpuBenchmark(reference=args.reference)
     props = benchmark.device.props  # NoGpu here, before compiling anything: exit 2 with one line
     if args.arch is None:

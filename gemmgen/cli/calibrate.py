@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..model.errors import InvalidInput
-from ._common import add_gpu_arg, print_json, resolve_gpu, table
+from ._common import add_gpu_arg, float_arg, given, print_json, resolve_gpu, table, text_arg
 
 
 def register(subparsers) -> None:
@@ -17,11 +17,11 @@ def register(subparsers) -> None:
                    help="refit the model's free parameters to the stored trials (held-out shapes excluded), report "
                         "rank correlation and top-16 hits on the held-out shapes before and after, and write a "
                         "calibration file that tuning and --dry-run then use")
-    p.add_argument("--holdout", default=None, metavar="MxNxK,...",
+    p.add_argument("--holdout", default=None, metavar="MxNxK,...", type=text_arg("--holdout"),
                    help="shapes the fit never sees (default: the list fixed in gemmgen/tune/fit.py)")
-    p.add_argument("--prior", type=float, default=None, metavar="W",
+    p.add_argument("--prior", type=float_arg("--prior", 0.0, 1e6), default=None, metavar="W",
                    help="weight of the pull towards the default constants (default 0.02; 0: unregularised)")
-    p.add_argument("--out", default=None, metavar="FILE",
+    p.add_argument("--out", default=None, metavar="FILE", type=text_arg("--out"),
                    help="where --fit writes (default: <per-user data dir>/calibration/<gpu>.json; "
                         "results/<gpu>/calibration.json ships one with a checkout)")
     p.set_defaults(func=run)
@@ -31,6 +31,9 @@ def run(args) -> int:
     from ..tune.calibrate import calibrate
     from ..tune.results import gpu_dir, load_records
 
+    for flag in ("--holdout", "--prior", "--out"):
+        if given(args, flag) and not args.fit:
+            raise InvalidInput(f"{flag} needs --fit (without it, nothing is fitted)", flag)
     gpu = resolve_gpu(args.gpu)
     records = [record for _, record in load_records(gpu)]
     if args.fit:

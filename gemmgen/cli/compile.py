@@ -5,11 +5,10 @@ configuration, and prints registers and spills.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..model.errors import InvalidInput
-from ._common import add_gpu_arg, add_problem_args
+from ._common import add_gpu_arg, add_problem_args, text_arg
 from ._kernel import add_kernel_args, kernel_from_args
 
 
@@ -19,7 +18,8 @@ def register(subparsers) -> None:
     add_problem_args(parser)
     add_gpu_arg(parser)
     add_kernel_args(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for <name>.cu, .cubin and .json")
+    parser.add_argument("--out", required=True, metavar="DIR", type=text_arg("--out"),
+                        help="folder for <name>.cu, .cubin and .json")
     parser.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for profilers)")
     parser.set_defaults(func=run)
 
@@ -27,6 +27,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..runtime.manifest import make_manifest
     from ..codegen.nvrtc import compile_kernel
+    from ..tune.export import write_bundle_files
 
     kernel, problem, gpu = kernel_from_args(args)
     out = Path(args.out)
@@ -36,9 +37,10 @@ def run(args) -> int:
         raise InvalidInput("--out must be a folder that can be created", args.out, exc.strerror) from None
     compiled = compile_kernel(kernel, gpu, lineinfo=args.lineinfo)
     manifest = make_manifest(kernel, problem, compiled)
-    (out / f"{kernel.name}.cu").write_text(compiled.source)
-    (out / f"{kernel.name}.cubin").write_bytes(compiled.cubin)
-    (out / f"{kernel.name}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    try:
+        write_bundle_files(out, kernel.name, compiled.cubin, compiled.source, manifest)
+    except OSError as exc:
+        raise InvalidInput("--out must be a folder gemmgen can write", args.out, exc.strerror) from None
     print(f"kernel     {kernel.name}")
     print(f"target     {kernel.arch.value} (NVRTC {compiled.nvrtc_version}){' [cached]' if compiled.cached else ''}")
     for entry, res in compiled.entries:

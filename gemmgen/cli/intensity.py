@@ -9,7 +9,7 @@ from ..model.arch import DType, lookup_gpu
 from ..model.errors import InvalidInput
 from ..calc.intensity import SEED_WARP_SHAPES, cta_level, mma_level, seed_table, smem_level, warp_level
 from ..model.tiles import Shape3
-from ._common import print_json, table
+from ._common import float_arg, print_json, table, text_arg
 
 DEFAULT_GPU = "rtx3090"  # the seed note's card, so the default output is reproducible anywhere
 
@@ -19,27 +19,20 @@ def register(subparsers) -> None:
         "intensity", help="arithmetic intensity per tile level (seed-note table without --warp)",
         description="FLOP/byte per level of the tile hierarchy and the bytes/clock/SM each level needs at peak. "
                     "Without --warp: the seed note's warp-level table.")
-    parser.add_argument("--warp", help="warp tile MxNxK, e.g. 64x64x32")
-    parser.add_argument("--mma", default="16x8x16", help="MMA instruction MxNxK (default 16x8x16)")
-    parser.add_argument("--cta", help="CTA tile MxNxK, e.g. 128x128x32 (adds the global->shared level)")
-    parser.add_argument("--dtype", default="f16", help="input dtype: f16 (default), bf16, f32, e4m3")
-    parser.add_argument("--gpu", default=DEFAULT_GPU, help=f"catalogue GPU for the peak rate (default {DEFAULT_GPU})")
+    parser.add_argument("--warp", type=text_arg("--warp"), help="warp tile MxNxK, e.g. 64x64x32")
+    parser.add_argument("--mma", default="16x8x16", type=text_arg("--mma"),
+                        help="MMA instruction MxNxK (default 16x8x16)")
+    parser.add_argument("--cta", type=text_arg("--cta"),
+                        help="CTA tile MxNxK, e.g. 128x128x32 (adds the global->shared level)")
+    parser.add_argument("--dtype", default="f16", type=text_arg("--dtype"),
+                        help="input dtype: f16 (default), bf16, f32, e4m3")
+    parser.add_argument("--gpu", default=DEFAULT_GPU, type=text_arg("--gpu"),
+                        help=f"catalogue GPU for the peak rate (default {DEFAULT_GPU})")
     parser.add_argument("--peak-per-sm", dest="peak_per_sm", metavar="FLOP_PER_CLOCK",
+                        type=float_arg("--peak-per-sm", 0, 1e9, lo_open=True),
                         help="override the tensor FLOP/clock/SM (6780 reproduces the seed note's bytes column)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
-
-
-def _peak_override(text: "str | None") -> "float | None":
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidInput("--peak-per-sm must be a positive number of FLOP per clock per SM", text) from None
-    if not value > 0 or value == float("inf"):
-        raise InvalidInput("--peak-per-sm must be a positive number of FLOP per clock per SM", text)
-    return value
 
 
 def _check_nesting(outer: Shape3, inner: Shape3, outer_name: str, inner_name: str, k_too: bool) -> None:
@@ -57,7 +50,7 @@ def run(args) -> int:
     mma = Shape3.parse(args.mma, "MMA shape")
     warp = Shape3.parse(args.warp, "warp tile") if args.warp else None
     cta = Shape3.parse(args.cta, "CTA tile") if args.cta else None
-    override = _peak_override(args.peak_per_sm)
+    override = args.peak_per_sm
     peak = override if override is not None else gpu.tensor_flop_per_clock_per_sm(dtype)
     source = "--peak-per-sm" if override is not None else "catalogue"
     header = (f"{gpu.key} ({gpu.name}), {dtype.value} inputs, fp32 accumulate: "

@@ -7,10 +7,15 @@ def register(subparsers) -> None:
                                            "best so far per worker, predicted vs measured time",
                               description="Plot a tuning record (results/<gpu>/tunes/*.json) or a study "
                                           "(its name, with --storage). Needs matplotlib: pip install gemmgen[plot].")
-    p.add_argument("source", metavar="STUDY-OR-RECORD", help="a tuning record JSON file, or a study name")
-    p.add_argument("--storage", default=None, metavar="URL", help="the study's storage (for a study name)")
-    p.add_argument("--out", default=".", metavar="DIR", help="folder for the charts (default .)")
-    p.add_argument("--format", default="png", help="png (default) or svg")
+    from ._common import text_arg
+
+    p.add_argument("source", metavar="STUDY-OR-RECORD", type=text_arg("STUDY-OR-RECORD"),
+                   help="a tuning record JSON file, or a study name")
+    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
+                   help="the study's storage (for a study name)")
+    p.add_argument("--out", default=".", metavar="DIR", type=text_arg("--out"),
+                   help="folder for the charts (default .)")
+    p.add_argument("--format", default="png", type=text_arg("--format"), help="png (default) or svg")
     p.set_defaults(func=run)
 
 

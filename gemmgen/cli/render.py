@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import sys
 
-from ._common import add_gpu_arg, add_problem_args
+from ._common import add_gpu_arg, add_problem_args, text_arg
 from ._kernel import add_kernel_args, kernel_from_args
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("render", help="print the CUDA source of a kernel",
                                    description="Print the CUDA source of the model's pick for M N K, or of --config.")
-    parser.add_argument("shape", nargs="*", metavar="M N K", help="problem shape (default 4096 4096 4096)")
+    parser.add_argument("shape", nargs="*", metavar="M N K", type=text_arg("M N K"),
+                        help="problem shape (default 4096 4096 4096)")
     add_problem_args(parser, shape=False)
     add_gpu_arg(parser)
     add_kernel_args(parser)

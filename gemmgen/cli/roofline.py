@@ -13,7 +13,8 @@ from ..calc.intensity import roofline
 from ..rank.predict import predict
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
-from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table
+from ._kernel import read_config
+from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table, text_arg
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -22,9 +23,10 @@ def register(subparsers) -> None:
                     "L2 reuse, waves, occupancy, time, bound) for each --config, or for reference configurations.")
     add_problem_args(parser)
     add_gpu_arg(parser)
-    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+    parser.add_argument("--config", action="append", default=[], metavar="FILE", type=text_arg("--config"),
                         help="a configuration (YAML/JSON, or a manifest); repeat for several")
-    parser.add_argument("--plot", metavar="FILE", help="draw the roofline chart to FILE (.png, .svg, .pdf)")
+    parser.add_argument("--plot", metavar="FILE", type=text_arg("--plot"),
+                        help="draw the roofline chart to FILE (.png, .svg, .pdf)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
@@ -33,14 +35,6 @@ def reference_configs(problem: Problem, gpu: Gpu) -> "list[TileConfig]":
     """The reference configurations that are feasible for `problem` on `gpu`."""
     configs = [TileConfig.from_dict(d) for family in families.all_families() for d in family.examples]
     return [c for c in configs if not check(c, gpu, problem=problem)]
-
-
-def _load_config(path: str) -> TileConfig:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InvalidInput("--config must name a readable file", path, exc.strerror or str(exc)) from None
-    return TileConfig.from_text(text, path)
 
 
 def label(config: TileConfig) -> str:
@@ -55,7 +49,7 @@ def label(config: TileConfig) -> str:
 def run(args) -> int:
     problem = problem_from_args(args)
     gpu = resolve_gpu(args.gpu)
-    given = [_load_config(p) for p in args.config]
+    given = [read_config(p) for p in args.config]
     configs = given or reference_configs(problem, gpu)
     roof = roofline(problem, gpu)
     # A given configuration that breaks a rule raises InvalidConfig here: one line, exit 2.

@@ -4,39 +4,53 @@ from __future__ import annotations
 import sys
 
 from ..model.arch import Arch
-from ..model.problem import Layout, Operands
+from ..model.problem import Problem
 from ..model.arch import DType
-from ._common import add_gpu_arg, print_json, resolve_gpu, table
+from ._common import JOBS_MAX, add_gpu_arg, int_arg, print_json, resolve_gpu, table, text_arg
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("space", help="list (and optionally compile) the valid configurations",
                                    description="List the configurations of the search spaces that pass the "
                                                "feasibility check; --compile compiles them all.")
-    parser.add_argument("--arch", default=None, help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
-    parser.add_argument("--dtype", default="bf16", help="bf16 (default) or f16")
-    parser.add_argument("--a", dest="a_layout", default="row", help="layout of A: row (default) or col")
-    parser.add_argument("--b", dest="b_layout", default="row", help="layout of B: row (default) or col")
+    parser.add_argument("--arch", default=None, type=text_arg("--arch"),
+                        help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
+    parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
+                        help="bf16 (default); the error for another lists what the GPU's families take")
+    parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
+                        help="layout of A: row (default) or col")
+    parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"),
+                        help="layout of B: row (default) or col")
     add_gpu_arg(parser)
     parser.add_argument("--compile", action="store_true", help="compile every configuration and report")
-    parser.add_argument("--jobs", type=int, default=None, help="compile processes (default: all cores)")
+    parser.add_argument("--jobs", type=int_arg("--jobs", 1, JOBS_MAX), default=None,
+                        help="compile processes (default: all cores)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..model.errors import InvalidInput
-    from ..rank.space import enumerate_space, families_for
+    from ..rank.space import check_target, enumerate_space, families_for
     from ..model.tiles import Kernel
 
     gpu = resolve_gpu(args.gpu)
     arch = Arch.parse(args.arch) if args.arch else gpu.arch
-    if args.jobs is not None and args.jobs < 1:
-        raise InvalidInput("--jobs must be at least 1", args.jobs)
+    if args.jobs is not None and not args.compile:
+        raise InvalidInput("--jobs needs --compile (it is how many processes compile)", args.jobs)
     dtype = DType.parse(args.dtype)
-    operands = Operands(dtype, dtype, dtype, DType.F32, Layout.parse(args.a_layout), Layout.parse(args.b_layout))
+    check_target(gpu, arch, dtype)
+    # The operands of a packed problem of this dtype: 16-byte vectors, and (as Problem.create) fp8 writes a 16-bit D.
+    probe = Problem.create(4096, 4096, 4096, dtype.value, args.a_layout, args.b_layout)
+    operands = probe.operands
     kernels = [Kernel(arch, operands, c) for family in families_for(arch)
                for c in enumerate_space(family, gpu, arch, None, operands)]
+    if not kernels:  # every rule that says why up front has passed; still say it, and fail
+        from ..rank.space import excluded_families
+
+        why = "; ".join(f"{family}: {rule}" for family, rule in excluded_families(None, gpu, arch, operands))
+        raise InvalidInput(f"the search spaces must hold a configuration valid on {gpu.key} for {arch.value}",
+                           operands.tag, why)
     if not args.compile:
         if args.json:
             print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels),

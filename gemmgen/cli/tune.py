@@ -7,7 +7,8 @@ from contextlib import contextmanager
 
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput, NoGpu
-from ._common import add_gpu_arg, add_problem_args, problem_from_args, table
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, add_problem_args, float_arg, int_arg,
+                      problem_from_args, refuse_together, table, text_arg)
 from ._tune_set import add_shape_set_args, is_shape_set, run_shape_set
 
 DRY_RUN_HINT = "to rank by the model and compile without a GPU: gemmgen tune M N K --gpu h100 --dry-run --out DIR"
@@ -24,27 +25,35 @@ def register(subparsers) -> None:
     add_problem_args(p, shape=False)
     add_gpu_arg(p)
     add_shape_set_args(p)
-    p.add_argument("--trials", type=int, default=100,
+    p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=100,
                    help="measured trials in the study, counting resumed runs (default 100)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop searching after S seconds")
-    p.add_argument("--patience", type=int, default=40,
+    p.add_argument("--timeout", type=float_arg("--timeout", 0, SECONDS_MAX, lo_open=True), default=None, metavar="S",
+                   help="stop searching after S seconds")
+    p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=40,
                    help="stop after this many measured trials without a 0.5%% improvement (default 40)")
-    p.add_argument("--storage", default=None, metavar="URL",
+    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
                    help="Optuna storage, any SQLAlchemy URL (default: <per-user data dir>/studies/<gpu>/studies.db)")
-    p.add_argument("--out", default=None, metavar="DIR", help="export the winner's .cubin, .cu and .json here")
-    p.add_argument("--sampler", default="tpe", help="tpe (default), random, cmaes, qmc (needs scipy), "
+    p.add_argument("--out", default=None, metavar="DIR", type=text_arg("--out"),
+                   help="export the winner's .cubin, .cu and .json here")
+    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
+                   help="tpe (default), random, cmaes, qmc (needs scipy), "
                                                      "grid (every valid configuration, in model order)")
-    p.add_argument("--top-k", type=int, default=10, help="the model's best, measured first (default 10)")
-    p.add_argument("--jobs", type=int, default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
-    p.add_argument("--finalists", type=int, default=3, help="configurations re-measured interleaved (default 3)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved re-measurement rounds (default 5)")
+    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=10,
+                   help="the model's best, measured first (default 10)")
+    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
+                   help="NVRTC processes compiling ahead (default: cores - 1)")
+    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
+                   help="configurations re-measured interleaved (default 3)")
+    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5,
+                   help="interleaved re-measurement rounds (default 5)")
     add_timing_arg(p)
-    p.add_argument("--watchdog", type=float, default=60.0, metavar="S",
+    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0,
+                   metavar="S",
                    help="seconds one measurement may take before the worker is killed as hung (default 60)")
-    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, "
                                                           "export the model's pick unmeasured (needs --gpu)")
-    p.add_argument("--replay", default=None, metavar="FILE",
+    p.add_argument("--replay", default=None, metavar="FILE", type=text_arg("--replay"),
                    help="simulation mode: replay recorded timings (JSON keyed by config tag) instead of a GPU")
     add_worker_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -52,17 +61,17 @@ def register(subparsers) -> None:
 
 
 def add_worker_args(p) -> None:
-    p.add_argument("--gpus", default=None, metavar="LIST",
+    p.add_argument("--gpus", default=None, metavar="LIST", type=text_arg("--gpus"),
                    help="one measuring worker per GPU on one study: CUDA ordinals (0,1,3) or all; an ordinal given "
                         "twice is two workers on that GPU, measuring in turn (docs/distributed.md)")
-    p.add_argument("--heartbeat", type=int, default=10, metavar="S",
+    p.add_argument("--heartbeat", type=int_arg("--heartbeat", 1, SECONDS_MAX), default=10, metavar="S",
                    help="seconds between a worker's heartbeats in the study storage (default 10)")
-    p.add_argument("--grace", type=int, default=60, metavar="S",
+    p.add_argument("--grace", type=int_arg("--grace", 1, SECONDS_MAX), default=60, metavar="S",
                    help="a worker silent this long has its running trials failed and queued again (default 60)")
 
 
 def add_timing_arg(p) -> None:
-    p.add_argument("--timing", default="burst", metavar="MODE",
+    p.add_argument("--timing", default="burst", metavar="MODE", type=text_arg("--timing"),
                    help="how the finalists and cuBLAS are timed: burst (default; ~0.1 s each, near boost clock) "
                         "or sustained (1 s back to back first, then 0.5 s timed: the power-limited clock of a "
                         "training loop; ~4x longer)")
@@ -75,13 +84,15 @@ def options_from_args(args, **override):
 
     jobs = args.jobs if args.jobs is not None else max(1, (os.cpu_count() or 2) - 1)
     fields = dict(trials=args.trials, timeout_s=args.timeout, patience=args.patience, top_k=args.top_k,
-                  sampler=args.sampler.lower(), jobs=jobs, finalists=args.finalists, rounds=args.rounds,
+                  sampler=args.sampler, jobs=jobs, finalists=args.finalists, rounds=args.rounds,
                   seed=args.seed, storage=args.storage, out=args.out, timing=getattr(args, "timing", "burst"),
                   heartbeat_s=getattr(args, "heartbeat", 10), grace_s=getattr(args, "grace", 60),
                   replay=str(args.replay) if getattr(args, "replay", None) else None)
     fields.update(override)
-    if fields["finalists"] < 1 or fields["rounds"] < 1:
-        raise InvalidInput("--finalists and --rounds must be positive integers", (fields["finalists"], fields["rounds"]))
+    if fields["storage"] is not None:
+        from ..tune.storage import check_url
+
+        check_url(fields["storage"])  # before any GPU is looked for or worker started
     return TuneOptions(**fields).validate()
 
 
@@ -89,8 +100,6 @@ def measurer_for(args, gpu_name: "str | None"):
     """(gpu, measurer, device props): the replay simulator, or the GPU worker; NoGpu says how to dry-run."""
     from ..tune.worker import WorkerBenchmark, gpu_benchmark, replay_factory
 
-    if args.watchdog is not None and not args.watchdog > 0:
-        raise InvalidInput("--watchdog must be a positive number of seconds", args.watchdog)
     if getattr(args, "replay", None):
         if not gpu_name:
             raise InvalidInput("--replay needs --gpu NAME (the GPU the timings were recorded on)", None)
@@ -214,15 +223,26 @@ def say_calibration(gpu) -> None:
 def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
     such problems fall back to the sm80 family)."""
-    from ..rank.space import excluded_families
+    from ..rank.space import excluded_families, families_for
 
-    for family, rule in excluded_families(problem, gpu):
+    excluded = excluded_families(problem, gpu)
+    if len(excluded) >= len(families_for(gpu.arch)):  # nothing left to search: an error, not a note
+        raise InvalidInput("no kernel family can run this problem", problem.label,
+                           "; ".join(f"{family}: {rule}" for family, rule in excluded))
+    for family, rule in excluded:
         print(f"note: family {family} cannot run this problem ({rule}); searching the others", file=sys.stderr)
 
 
+# What a dry run (ranking and compiling only) would silently ignore: each is refused beside --dry-run.
+MEASURING_FLAGS = ("--replay", "--storage", "--trials", "--timeout", "--patience", "--sampler", "--seed",
+                   "--finalists", "--rounds", "--timing", "--watchdog", "--gpus", "--heartbeat", "--grace")
+
+
 def run(args) -> int:
+    from ..rank.space import check_target
     from ..tune.search import dry_run, tune
 
+    refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
     if is_shape_set(args):
         return run_shape_set(args)
     if None in (args.M, args.N, args.K):
@@ -230,15 +250,11 @@ def run(args) -> int:
                            " ".join(str(v) for v in (args.M, args.N, args.K) if v is not None) or "nothing")
     problem = problem_from_args(args)
     if args.dry_run:
-        if not args.gpu:
+        if args.gpu is None:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         options = options_from_args(args)
-        if args.storage:
-            from ..tune.storage import check_url
-
-            check_url(args.storage)  # a bad URL is an error even where a dry run will not open it
-            print("note: a dry run measures nothing, so --storage is not opened", file=sys.stderr)
+        check_target(gpu, gpu.arch, problem.a_dtype)
         say_fallbacks(problem, gpu)
         say_calibration(gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
@@ -252,7 +268,12 @@ def run(args) -> int:
             open_storage(args.storage)
         return run_on_gpus(args, problem, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
-    say_fallbacks(problem, gpu)
+    try:
+        check_target(gpu, gpu.arch, problem.a_dtype)
+        say_fallbacks(problem, gpu)
+    except InvalidInput:
+        measurer.close()
+        raise
     say_calibration(gpu)
     progress = Progress(not args.no_progress)
     try:

@@ -7,8 +7,9 @@ import sys
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.linear import ACTIVATIONS, LinearLayer
-from ._common import add_gpu_arg, table
-from .tune import Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, float_arg, int_arg, refuse_together,
+                      table, text_arg)
+from .tune import MEASURING_FLAGS, Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
 
 
 def register(subparsers) -> None:
@@ -18,34 +19,45 @@ def register(subparsers) -> None:
                                           "dYᵀ·X (M = OUT, N = IN, K = tokens) at the top of the token range, and "
                                           "store each winner in the per-user kernel store (<data dir>/kernels/"
                                           "<gpu>/), where gemmgen.nn.Linear and gemmgen.mm find them.")
-    p.add_argument("IN", help="in_features (K of the forward)")
-    p.add_argument("OUT", help="out_features (N of the forward)")
-    p.add_argument("--tokens", default="1..8192", metavar="LO..HI",
+    p.add_argument("IN", type=text_arg("IN"), help="in_features (K of the forward)")
+    p.add_argument("OUT", type=text_arg("OUT"), help="out_features (N of the forward)")
+    p.add_argument("--tokens", default="1..8192", metavar="LO..HI", type=text_arg("--tokens"),
                    help="token counts the layer serves, or one count (default 1..8192)")
-    p.add_argument("--buckets", default="pow2", metavar="RULE",
+    p.add_argument("--buckets", default="pow2", metavar="RULE", type=text_arg("--buckets"),
                    help="the forward and data-grad products (M = tokens) over a range: pow2 (default: a dispatch "
                         "table of power-of-two token buckets), auto (buckets merged where one kernel serves two "
                         "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
-    p.add_argument("--dtype", default="bf16", help="bf16 (default) or f16")
+    p.add_argument("--dtype", default="bf16", type=text_arg("--dtype"), help="bf16 (default) or f16")
     p.add_argument("--bias", action="store_true", help="the layer has a bias")
-    p.add_argument("--activation", default="none", help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
+    p.add_argument("--activation", default="none", type=text_arg("--activation"),
+                   help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
                                                         "approximation; silu runs after the bias kernel)")
     add_gpu_arg(p)
     p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, store the "
                                                           "model's picks unmeasured (needs --gpu)")
-    p.add_argument("--trials", type=int, default=60, help="measured trials per product (default 60)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop each product's search after S s")
-    p.add_argument("--patience", type=int, default=30, help="trials without a 0.5%% gain before a product stops "
+    p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=60,
+                   help="measured trials per product (default 60)")
+    p.add_argument("--timeout", type=float_arg("--timeout", 0, SECONDS_MAX, lo_open=True), default=None, metavar="S",
+                   help="stop each product's search after S s")
+    p.add_argument("--patience", type=int_arg("--patience", 1, COUNT_MAX), default=30,
+                   help="trials without a 0.5%% gain before a product stops "
                                                            "(default 30)")
-    p.add_argument("--storage", default=None, metavar="URL", help="Optuna storage (default: the per-user one)")
-    p.add_argument("--sampler", default="tpe", help="tpe (default), random, cmaes, qmc, grid")
-    p.add_argument("--top-k", type=int, default=8, help="the model's best, measured (or compiled) first (default 8)")
-    p.add_argument("--jobs", type=int, default=None, help="NVRTC processes compiling ahead (default: cores - 1)")
-    p.add_argument("--finalists", type=int, default=3, help="configurations re-measured interleaved (default 3)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved re-measurement rounds (default 5)")
+    p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
+                   help="Optuna storage (default: the per-user one)")
+    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
+                   help="tpe (default), random, cmaes, qmc, grid")
+    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=8,
+                   help="the model's best, measured (or compiled) first (default 8)")
+    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
+                   help="NVRTC processes compiling ahead (default: cores - 1)")
+    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
+                   help="configurations re-measured interleaved (default 3)")
+    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5,
+                   help="interleaved re-measurement rounds (default 5)")
     add_timing_arg(p)
-    p.add_argument("--watchdog", type=float, default=60.0, metavar="S", help="seconds one measurement may take")
-    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0, metavar="S",
+                   help="seconds one measurement may take")
+    p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run, replay=None, out=None)
 
@@ -55,13 +67,14 @@ def run(args) -> int:
 
     from ..tune.buckets import BUCKETINGS
 
+    refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
     layer = LinearLayer.create(args.IN, args.OUT, args.dtype, args.bias, str(args.activation).lower(), args.tokens)
     if args.buckets not in BUCKETINGS + ("none",):
         raise InvalidInput(f"--buckets must be one of {', '.join(BUCKETINGS + ('none',))}", args.buckets)
     bucketing = None if args.buckets == "none" else args.buckets
     options = options_from_args(args)
     if args.dry_run:
-        if not args.gpu:
+        if args.gpu is None:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         products = tune_linear(layer, lookup_gpu(args.gpu), dry_run=True, top_k=options.top_k, jobs=options.jobs,
                                bucketing=bucketing)

@@ -72,6 +72,10 @@ class KernelFamily:
     needs_wgmma: ClassVar[bool] = False  # only sm_90a (not sm_90) has wgmma and setmaxnreg
     dtypes: ClassVar["frozenset[DType]"] = frozenset()
     decompositions: ClassVar["frozenset[DecompKind]"] = frozenset({DecompKind.DATA_PARALLEL})
+    # The width of the signed integers the kernel indexes with (its ABI passes M, N, K and the leading
+    # dimensions as `int`): every dimension, leading dimension and element offset must fit (families/rules.py).
+    # A family whose templates compute offsets in 64 bits says 64 here.
+    index_bits: ClassVar[int] = 32
     # Templates: `template` (the kernel's entry file) relative to `template_root`; search space file.
     template_root: ClassVar[Path] = Path()
     template: ClassVar[str] = ""
@@ -141,7 +145,7 @@ class KernelFamily:
         for axis, align in ((("K" if ops.a_layout.value == "row" else "M"), ops.align_a),
                             (("N" if ops.b_layout.value == "row" else "K"), ops.align_b), ("N", ops.align_c)):
             multiple[axis] = math.lcm(multiple[axis], align)
-        out = {"multiple_of": multiple, "max_operand_elements": MAX_OPERAND_ELEMENTS}
+        out = {"multiple_of": multiple, "max_operand_elements": 2 ** (self.index_bits - 1) - 1}
         if cfg.decomposition.kind is DecompKind.SPLIT_K:
             out["k_min"] = (cfg.decomposition.splits - 1) * cfg.cta.k + 1  # every slice gets a K tile
         return out

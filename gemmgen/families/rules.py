@@ -62,6 +62,9 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(operands.a_dtype in family.dtypes, f"family {family.name} supports dtypes", operands.a_dtype.value,
              sorted(d.value for d in family.dtypes))
 
+    if problem is not None:
+        _check_indexing(family, problem, rule)
+
     # Divisibility between tile levels.
     rule(cta.m % warp.m == 0, "CTA tile M must be a multiple of warp tile M", f"{cta.m} % {warp.m}", 0)
     rule(cta.n % warp.n == 0, "CTA tile N must be a multiple of warp tile N", f"{cta.n} % {warp.n}", 0)
@@ -103,6 +106,20 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
     rule(regs_allocated(config) <= gpu.regs_per_sm, "registers per block must fit the register file",
          regs_allocated(config), gpu.regs_per_sm)
     return out
+
+
+def _check_indexing(family, problem: Problem, rule) -> None:
+    """Every dimension, leading dimension and element offset must fit the family's index integers: beyond them
+    the kernel's `int` arguments and offsets wrap, and it reads and writes outside the operands."""
+    bits = family.index_bits
+    limit = 2 ** (bits - 1) - 1
+    what = f"must fit family {family.name}'s {bits}-bit indexing"
+    for name, value in (("M", problem.m), ("N", problem.n), ("K", problem.k), ("lda", problem.lda),
+                        ("ldb", problem.ldb), ("ldc", problem.ldc)):
+        rule(value <= limit, f"{name} {what}", value, limit)
+    for name, elements in (("A (M*K)", problem.m * problem.k), ("B (K*N)", problem.k * problem.n),
+                           ("D (M*N)", problem.m * problem.n)):
+        rule(elements <= limit, f"the element offsets of {name} {what}", elements, limit)
 
 
 def validate(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,

@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import InvalidInput
+from . import parse
 
 CATALOGUE_PATH = Path(__file__).parent / "data" / "gpus.yaml"
 
@@ -40,12 +41,7 @@ class DType(str, Enum):
         aliases = {"bfloat16": "bf16", "fp16": "f16", "float16": "f16", "half": "f16",
                    "fp32": "f32", "float32": "f32", "float": "f32",
                    "fp8": "e4m3", "fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
-        key = str(text).strip().lower()
-        key = aliases.get(key, key)
-        try:
-            return cls(key)
-        except ValueError:
-            raise InvalidInput("dtype must be one of bf16, f16, f32, e4m3, e5m2", text) from None
+        return cls(parse.name("dtype", text, [d.value for d in cls], aliases))
 
 
 class Arch(str, Enum):
@@ -70,11 +66,8 @@ class Arch(str, Enum):
     def parse(cls, text: "str | Arch") -> "Arch":
         if isinstance(text, Arch):
             return text
-        key = str(text).strip().lower().replace("sm", "sm_").replace("sm__", "sm_")
-        try:
-            return cls(key)
-        except ValueError:
-            raise InvalidInput("arch must be one of sm_80, sm_86, sm_89, sm_90, sm_90a", text) from None
+        values = [a.value for a in cls]
+        return cls(parse.name("arch", text, values, {v.replace("_", ""): v for v in values}))
 
     @classmethod
     def for_cc(cls, major: int, minor: int) -> "Arch":
@@ -173,15 +166,10 @@ def lookup_gpu(name: "str | Gpu") -> Gpu:
     """Find a GPU by key or alias, case-insensitively ('h100' means 'h100-sxm')."""
     if isinstance(name, Gpu):
         return name
-    key = str(name).strip().lower()
     gpus = catalogue()
-    if key in gpus:
-        return gpus[key]
-    for gpu in gpus.values():
-        if key in gpu.aliases:
-            return gpu
-    known = ", ".join(sorted(gpus))
-    raise InvalidInput(f"GPU must be one of the catalogue's ({known})", name)
+    aliases = {alias: gpu.key for gpu in gpus.values() for alias in gpu.aliases}
+    key = parse.name("GPU", name, gpus, aliases, listed=f"the catalogue's ({', '.join(sorted(gpus))})")
+    return gpus[key]
 
 
 def loosest_gpu(arch: "Arch | str") -> Gpu:

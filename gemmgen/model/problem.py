@@ -1,12 +1,12 @@
 """The matrix product a user asks for: D = act(alpha * op(A) @ op(B) + beta * C + bias)."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from .arch import DType
 from .errors import InvalidInput
+from . import parse
 
 
 class Layout(str, Enum):
@@ -28,11 +28,8 @@ class Layout(str, Enum):
     def parse(cls, text: "str | Layout") -> "Layout":
         if isinstance(text, Layout):
             return text
-        key = {"r": "row", "c": "col", "column": "col", "n": "row", "t": "col"}.get(str(text).lower(), str(text).lower())
-        try:
-            return cls(key)
-        except ValueError:
-            raise InvalidInput("layout must be 'row' or 'col'", text) from None
+        return cls(parse.name("layout", text, ("row", "col"), {"r": "row", "c": "col", "column": "col", "n": "row",
+                                                                 "t": "col"}, listed="'row' or 'col'"))
 
 
 class Activation(str, Enum):
@@ -46,10 +43,7 @@ class Activation(str, Enum):
             return cls.NONE
         if isinstance(text, Activation):
             return text
-        try:
-            return cls(str(text).lower())
-        except ValueError:
-            raise InvalidInput("activation must be one of none, relu, gelu", text) from None
+        return cls(parse.name("activation", text, [a.value for a in cls]))
 
 
 @dataclass(frozen=True)
@@ -128,10 +122,11 @@ class Problem:
     def __post_init__(self):
         for axis in ("m", "n", "k"):
             value = getattr(self, axis)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) or isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidInput(f"{axis.upper()} must be a positive integer", value)
-            if value <= 0:
-                raise InvalidInput(f"{axis.upper()} must be a positive integer", value)
+            parse_dim(axis.upper(), value)
+        parse.real("alpha", self.epilogue.alpha)
+        parse.real("beta", self.epilogue.beta)
         if self.acc_dtype is not DType.F32:
             raise InvalidInput("accumulator dtype must be f32 (the only one the kernel families use)", self.acc_dtype.value)
         if self.a_dtype is not self.b_dtype:
@@ -145,8 +140,9 @@ class Problem:
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
         default_out = DType.BF16 if ab.bytes == 1 else ab
         return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, ab,
-                   DType.parse(c_dtype) if c_dtype else default_out, DType.F32, Layout.parse(a), Layout.parse(b),
-                   Epilogue(float(alpha), float(beta), bool(bias), Activation.parse(activation)))
+                   DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
+                   Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
+                                             Activation.parse(activation)))
 
     @property
     def flops(self) -> int:
@@ -206,19 +202,13 @@ class Problem:
                           d.get("bias", False), d.get("activation"))
 
 
-_INT = re.compile(r"^[+]?\d+$")
-
-
 def parse_dim(axis: str, value) -> int:
-    """A matrix dimension: a positive integer, given as int or decimal text."""
+    """A matrix dimension: a positive integer (int or ASCII decimal text) of at most 2^63-1, the widest index
+    any kernel can use. What a kernel family's own indexing reaches is its rule (families/rules.py)."""
+    return parse.integer(axis, value, 1, parse.INT64_MAX)
+
+
+def _flag(what: str, value) -> bool:
     if isinstance(value, bool):
-        raise InvalidInput(f"{axis} must be a positive integer", value)
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and _INT.match(value.strip()):
-        number = int(value.strip())
-    else:
-        raise InvalidInput(f"{axis} must be a positive integer", value)
-    if number <= 0:
-        raise InvalidInput(f"{axis} must be a positive integer", value)
-    return number
+        return value
+    raise InvalidInput(f"{what} must be true or false", value)

@@ -15,9 +15,11 @@ from typing import ClassVar
 
 from .arch import Arch
 from .errors import InvalidInput
+from . import parse
 from .problem import Operands
 
-_SHAPE = re.compile(r"^\s*(\d+)\s*[x×X*,]\s*(\d+)\s*[x×X*,]\s*(\d+)\s*$")
+# One spelling: 128x128x32 (ASCII digits, a lower-case x, no spaces, no leading zeros); or a list of 3 ints.
+_SHAPE = re.compile(r"([1-9][0-9]{0,5})x([1-9][0-9]{0,5})x([1-9][0-9]{0,5})\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -32,10 +34,10 @@ class Shape3:
     def parse(cls, text: "str | Shape3 | list | tuple", what: str = "tile") -> "Shape3":
         if isinstance(text, Shape3):
             return text
-        if isinstance(text, (list, tuple)) and len(text) == 3 and all(isinstance(v, int) for v in text):
-            shape = cls(*text)
+        if isinstance(text, (list, tuple)) and len(text) == 3:
+            shape = cls(*(parse.integer(f"{what} {axis}", v, 1, 2**20) for axis, v in zip("MNK", text)))
         else:
-            match = _SHAPE.match(str(text))
+            match = _SHAPE.match(text) if isinstance(text, str) else None
             if not match:
                 raise InvalidInput(f"{what} must be written MxNxK with positive integers, e.g. 128x128x32", text)
             shape = cls(*(int(g) for g in match.groups()))
@@ -289,15 +291,14 @@ class TileConfig:
     @classmethod
     def from_text(cls, text: str, source: str = "<config>") -> "TileConfig":
         """Parse a configuration from YAML or JSON text (JSON is YAML)."""
-        import yaml
+        from .files import load_yaml
 
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidInput("a configuration file must be valid YAML or JSON", source,
-                               str(exc).splitlines()[0]) from None
+        data = load_yaml("a configuration file", text, source)
         if isinstance(data, dict) and "config" in data and isinstance(data["config"], dict):
             data = data["config"]  # accept a launch manifest or tuning record as well
+        if not isinstance(data, dict):
+            raise InvalidInput("a configuration file must hold a mapping of fields (family, cta, warp, mma, "
+                               "stages, ...)", source, f"it holds {type(data).__name__}")
         return cls.from_dict(data)
 
 
@@ -316,11 +317,9 @@ class Kernel:
 
 
 def parse_int(what: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value)
-        raise InvalidInput(f"{what} must be an integer", value)
-    return value
+    """A configuration's integer field (stages, splits, group, cluster extent, a family's integer knob): 0 to 2^20.
+    The rules say which values work; beyond 2^20 none does, and the resource arithmetic would only overflow."""
+    return parse.integer(what, value, 0, 2**20)
 
 
 def parse_bool(what: str, value) -> bool:
@@ -330,16 +329,13 @@ def parse_bool(what: str, value) -> bool:
 
 
 def parse_enum(enum_cls, what: str, value):
-    try:
-        return enum_cls(str(value).lower())
-    except ValueError:
-        raise InvalidInput(f"{what} must be one of {[e.value for e in enum_cls]}", value) from None
+    return enum_cls(parse.name(what, value, [e.value for e in enum_cls]))
 
 
 def _cluster(value) -> Cluster:
     if isinstance(value, dict):
         return Cluster(parse_int("cluster.m", value.get("m", 1)), parse_int("cluster.n", value.get("n", 1)))
-    match = re.match(r"^\s*(\d+)\s*x\s*(\d+)\s*$", str(value))
-    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+    match = re.match(r"([1-9][0-9]{0,5})x([1-9][0-9]{0,5})\Z", value) if isinstance(value, str) else None
+    if not match:
         raise InvalidInput("cluster must be written MxN, e.g. 2x1", value)
     return Cluster(int(match.group(1)), int(match.group(2)))

@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import families
 from ..families import rules as constraints
 from ..families.base import KernelFamily
-from ..model.arch import Arch, Gpu
+from ..model.arch import Arch, DType, Gpu
 from ..model.errors import InvalidInput, UserError
 from ..model.problem import Operands, Problem
 from ..model.tiles import TileConfig
@@ -139,16 +139,18 @@ def enumerate_space(family: "KernelFamily | str", gpu: Gpu, arch: "Arch | None" 
     return [c for c in all_configs(family) if not constraints.check(c, gpu, arch, problem, operands)]
 
 
-def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "list[tuple[str, str]]":
-    """Families the target supports that this problem rules out entirely, each with the rule that does it
-    most often (e.g. a family whose kernels take no fp8 when the problem is e4m3)."""
+def excluded_families(problem: "Problem | None", gpu: Gpu, arch: "Arch | None" = None,
+                      operands: "Operands | None" = None) -> "list[tuple[str, str]]":
+    """Families the target supports that this problem (or, without one, these operands) rules out entirely, each
+    with the rule that does it most often (e.g. a family whose kernels take no fp8 when the problem is e4m3)."""
     arch = arch or gpu.arch
+    operands = operands or problem.operands
     out = []
     for family in families_for(arch):
         counts: "dict[str, tuple[int, str]]" = {}
         feasible = False
         for config in all_configs(family):
-            broken = constraints.check(config, gpu, arch, problem, problem.operands)
+            broken = constraints.check(config, gpu, arch, problem, operands)
             if not broken:
                 feasible = True
                 break
@@ -163,6 +165,22 @@ def excluded_families(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) ->
 def families_for(arch: "Arch | str") -> "list[str]":
     """Names of the kernel families that can be compiled for `arch` and have a template and a search space."""
     return [f.name for f in families.for_arch(arch)]
+
+
+def check_target(gpu: Gpu, arch: Arch, dtype: "DType | None" = None) -> None:
+    """InvalidInput before any work when nothing could come of it: `arch` beyond what `gpu` runs, no family
+    compiling for it, or an input dtype none of those families takes (the registry says which they take, so a
+    family that adds a dtype widens this with no edit here)."""
+    if arch.cc > gpu.arch.cc or (arch.has_wgmma and not gpu.arch.has_wgmma):
+        raise InvalidInput(f"arch must not exceed the GPU's ({gpu.arch.value} on {gpu.key})", arch.value)
+    able = families.for_arch(arch)
+    if not able:
+        raise InvalidInput("arch must be one a kernel family compiles for", arch.value)
+    if dtype is not None:
+        taken = sorted({d.value for f in able for d in f.dtypes})
+        if dtype.value not in taken:
+            raise InvalidInput(f"dtype must be one the kernel families take on {gpu.key} ({arch.value}): "
+                               f"{', '.join(taken)}", dtype.value)
 
 
 def heuristic_time(problem: Problem, config: TileConfig, gpu: Gpu, operands: "Operands | None" = None) -> float:
@@ -196,8 +214,9 @@ def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> Ti
     candidates = [c for family in families_for(arch)
                   for c in enumerate_space(family, gpu, arch, problem, problem.operands)]
     if not candidates:
+        why = "; ".join(f"{family}: {rule}" for family, rule in excluded_families(problem, gpu, arch))
         raise InvalidInput("no configuration of the search spaces fits this problem and GPU",
-                           f"{problem.label} on {gpu.key} for {arch.value}")
+                           f"{problem.label} on {gpu.key} for {arch.value}", why)
     from .predict import predict
 
     ranked = []
@@ -214,4 +233,4 @@ def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> Ti
     return min(candidates, key=lambda c: (heuristic_time(problem, c, gpu), c.tag))
 
 
-__all__ = ["all_configs", "default_config", "enumerate_space", "families_for", "heuristic_time", "space_path"]
+__all__ = ["all_configs", "check_target", "default_config", "enumerate_space", "families_for", "heuristic_time", "space_path"]

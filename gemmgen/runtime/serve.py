@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import families
-from ..families.base import MAX_OPERAND_ELEMENTS
 from ..families.rules import check
 from ..model.arch import Arch, loosest_gpu
 from ..model.errors import InvalidInput
@@ -42,9 +41,6 @@ def check_serves(kernel: Kernel, problem: Problem) -> None:
     """InvalidInput naming the first rule `kernel` breaks for `problem`: the compile-time operand match, 32-bit
     indexing, and the family's rules for this problem."""
     check_match(kernel, problem)
-    for name, elements in (("A", problem.m * problem.k), ("B", problem.k * problem.n), ("D", problem.m * problem.n)):
-        if elements > MAX_OPERAND_ELEMENTS:
-            raise InvalidInput(f"{name} must hold at most 2^31-1 elements (the kernel's 32-bit indexing)", elements)
     broken = check(kernel.config, loosest_gpu(kernel.arch), kernel.arch, problem)
     if broken:
         raise InvalidInput(f"this kernel does not serve {problem.m}x{problem.n}x{problem.k}: {broken[0]}",

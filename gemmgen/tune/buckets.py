@@ -14,7 +14,6 @@ again on load.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,21 +85,12 @@ def _dims(entry, where: str) -> "tuple[int, int, int]":
 
 def read_shape_file(path: "str | Path") -> "list[tuple[int, int, int]]":
     """The (M, N, K) list of a shape file: JSON (.json) or YAML, a list, or a mapping with a 'shapes' list."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InvalidInput("--shapes must be a readable file", str(path), exc.strerror) from None
-    try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
+    from ..model.files import load_json, load_yaml, read_text
 
-            data = yaml.safe_load(text)
-    except Exception as exc:  # noqa: BLE001 - JSON and YAML raise their own types; one line either way
-        raise InvalidInput("--shapes must be a JSON or YAML list of [M, N, K]", str(path),
-                           str(exc).splitlines()[0]) from None
+    path = Path(path)
+    text = read_text("--shapes", path)
+    load = load_json if path.suffix.lower() == ".json" else load_yaml
+    data = load("--shapes (a JSON or YAML list of [M, N, K])", text, str(path))
     if isinstance(data, dict) and "shapes" in data:
         data = data["shapes"]
     if not isinstance(data, list) or not data:

@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
-from .results import now, write_json_atomic
+from ..model.atomic import atomic_write_files
+from .results import now
 from ..model.tiles import Kernel
 
 
@@ -60,11 +62,17 @@ def export_bundle(out_dir: "str | Path", kernel: Kernel, problem: Problem, compi
         manifest["note"] = note
     if extra:
         manifest.update(extra)
-    cubin_path, source_path = out / f"{name}.cubin", out / f"{name}.cu"
     try:
-        cubin_path.write_bytes(bytes(compiled.cubin))
-        source_path.write_text(compiled.source)
-        manifest_path = write_json_atomic(out / f"{name}.json", manifest)
+        cubin_path, source_path, manifest_path = write_bundle_files(out, name, compiled.cubin, compiled.source,
+                                                                    manifest)
     except OSError as exc:
         raise InvalidInput("--out must be a directory gemmgen can create and write", str(out), exc.strerror) from None
     return Bundle(manifest_path, cubin_path, source_path, manifest)
+
+
+def write_bundle_files(out: Path, name: str, cubin: bytes, source: str, manifest: dict) -> "list[Path]":
+    """<name>.cubin, .cu and .json written as one: staged and fsynced, then renamed into place manifest last,
+    so a disk that fills (or a Ctrl-C) mid-export leaves the bundle that was there intact."""
+    text = json.dumps(manifest, indent=2, default=str) + "\n"
+    return atomic_write_files(out, {f"{name}.cubin": bytes(cubin), f"{name}.cu": source.encode(),
+                                    f"{name}.json": text.encode()}, last=f"{name}.json")

@@ -48,10 +48,10 @@ def default_storage_url(gpu: Gpu, simulated: bool = False) -> str:
 
 
 def _lock_timeout() -> float:
-    try:
-        return float(os.environ.get("GEMMGEN_DB_TIMEOUT", "30"))
-    except ValueError:
-        return 30.0
+    """Seconds to wait for a locked database: $GEMMGEN_DB_TIMEOUT (empty or unset: 30), a number 0..3600."""
+    from ..model import parse
+
+    return parse.real("GEMMGEN_DB_TIMEOUT", os.environ.get("GEMMGEN_DB_TIMEOUT") or "30", 0.0, 3600.0)
 
 
 JOURNAL = "journal:"
@@ -74,10 +74,10 @@ def journal_path(url: str) -> Path:
 
 
 def _retry_s() -> float:
-    try:
-        return float(os.environ.get("GEMMGEN_DB_RETRY_S", "60"))
-    except ValueError:
-        return 60.0
+    """Seconds to retry an unreachable database: $GEMMGEN_DB_RETRY_S (empty or unset: 60), a number 0..86400."""
+    from ..model import parse
+
+    return parse.real("GEMMGEN_DB_RETRY_S", os.environ.get("GEMMGEN_DB_RETRY_S") or "60", 0.0, 86400.0)
 
 
 def safe_url(url: str) -> str:
@@ -117,24 +117,66 @@ def storage_errors(url: str):
         raise _translate(exc.__cause__ or exc, url) from None
 
 
-def check_url(url: str) -> None:
-    """Raise StorageError unless `url` is an SQLAlchemy URL naming a database SQLAlchemy knows (no I/O)."""
+def _file_rules(path: Path, shown: str, create_folder: bool, what: str = "an SQLite storage") -> None:
+    """A storage file's path must be usable: not a folder, and in a folder that exists. gemmgen creates the file,
+    but folders only for its own default location: a typo must not build /deep/path under /."""
+    try:
+        if path.is_dir():
+            raise StorageError(f"{what} must be a file, not a directory", shown)
+        if create_folder:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.parent.is_dir():
+            raise StorageError(f"{what} must be in a folder that exists (gemmgen creates the file, not its folders)",
+                               shown)
+    except OSError as exc:
+        raise StorageError(f"cannot use the storage path ({exc.strerror or type(exc).__name__})",
+                           shown if len(shown) <= 80 else shown[:60] + f"... ({len(shown)} characters)") from None
+
+
+def _sqlite_file(db: "str | None", url: str, create_folder: bool) -> None:
+    """The rules an SQLite database path keeps. In memory (sqlite://, :memory:) is refused: each connection gets
+    its own empty database and a tune uses several (its trial loop and its compile thread), so the study vanished
+    mid-tune with an Optuna StorageInternalError."""
+    if not db or db == ":memory:" or (db.startswith("file:") and "memory" in db):
+        raise StorageError("--storage must be a database file or server, not an in-memory SQLite database "
+                           "(each connection of a tune would see another, empty one)", url,
+                           "e.g. sqlite:///studies.db")
+    if db.startswith("file:"):
+        return  # an SQLite URI: sqlite3 itself reports what it cannot open
+    path = Path(db)
+    _file_rules(path, db, create_folder)
+    try:
+        if path.exists() and path.stat().st_size > 0:
+            with open(path, "rb") as f:
+                if f.read(16) != b"SQLite format 3\x00":
+                    raise StorageError("the study database is corrupt or not an SQLite file", db,
+                                       "move it aside; a new one is created on the next run")
+    except OSError as exc:
+        raise StorageError(f"cannot read the study database ({exc.strerror or type(exc).__name__})", db) from None
+
+
+def check_url(url: str, create_folder: bool = False) -> None:
+    """Raise StorageError unless `url` is an SQLAlchemy URL naming a database SQLAlchemy knows, or a journal file;
+    a file (SQLite, journal) must be one gemmgen may create or open (no database is opened)."""
     import sqlalchemy.exc as sa_exc
     from sqlalchemy.engine import make_url
 
     if is_journal(url):
-        journal_path(url)
+        _file_rules(journal_path(url), url, create_folder, "a journal storage")
         return
     try:
-        make_url(url).get_dialect()
+        parsed = make_url(url)
+        parsed.get_dialect()
+    except sa_exc.NoSuchModuleError:  # an ArgumentError too: caught first
+        raise StorageError("--storage must name a database SQLAlchemy knows (sqlite, postgresql, mysql, ...)",
+                           safe_url(url)) from None
     except (sa_exc.ArgumentError, ValueError):
         raise StorageError("--storage must be an SQLAlchemy URL such as sqlite:///studies.db or "
                            "postgresql://user@host/db", url) from None
-    except sa_exc.NoSuchModuleError:
-        raise StorageError("--storage must name a database SQLAlchemy knows (sqlite, postgresql, mysql, ...)",
-                           safe_url(url)) from None
     except ImportError:
-        pass  # a known dialect whose driver is missing: open_storage says so when a tune needs it
+        return  # a known dialect whose driver is missing: open_storage says so when a tune needs it
+    if parsed.get_backend_name() == "sqlite":
+        _sqlite_file(parsed.database, url, create_folder)
 
 
 @dataclass(frozen=True)
@@ -145,14 +187,15 @@ class Heartbeat:
     grace_s: int = 60
 
 
-def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None):
+def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, create_folder: bool = True):
     """Optuna storage for `url` (RDB, or journal:PATH), or a StorageError that says what is wrong with it.
 
     Database calls that fail because the server is unreachable are retried with backoff for GEMMGEN_DB_RETRY_S
     seconds (default 60). With `heartbeat`, RDB storage runs Optuna's heartbeat; `on_stale(study, trial)` is
-    called for each trial that fail_stale_trials failed."""
+    called for each trial that fail_stale_trials failed. `create_folder`: a file storage's folders may be made
+    (gemmgen's own default location); a user's --storage is checked with check_url first, which refuses that."""
     if is_journal(url):
-        return _open_journal(url)
+        return _open_journal(url, create_folder)
     import optuna
     import sqlalchemy.exc as sa_exc
     from sqlalchemy.engine import make_url
@@ -164,21 +207,7 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None):
                            "postgresql://user@host/db", url) from None
     engine_kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:" and not db.startswith("file:"):
-            path = Path(db)
-            if path.is_dir():
-                raise StorageError("an SQLite storage must be a file, not a directory", db)
-            if path.exists() and path.stat().st_size > 0:
-                with open(path, "rb") as f:
-                    if f.read(16) != b"SQLite format 3\x00":
-                        raise StorageError("the study database is corrupt or not an SQLite file", db,
-                                           "move it aside; a new one is created on the next run")
-            else:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise StorageError(f"cannot create the storage folder ({exc.strerror})", db) from None
+        _sqlite_file(parsed.database, url, create_folder)
         engine_kwargs["connect_args"] = {"timeout": _lock_timeout()}
     else:
         # A server restarted under us leaves dead connections in the pool: test each before use.
@@ -217,16 +246,11 @@ def _has_stale_callback_arg() -> bool:
     return "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage.__init__).parameters
 
 
-def _open_journal(url: str):
+def _open_journal(url: str, create_folder: bool = True):
     import optuna
 
     path = journal_path(url)
-    if path.is_dir():
-        raise StorageError("a journal storage must be a file, not a directory", str(path))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StorageError(f"cannot create the storage folder ({exc.strerror})", str(path)) from None
+    _file_rules(path, str(path), create_folder, "a journal storage")
     journal = optuna.storages.journal if hasattr(optuna.storages, "journal") else None
     backend_type = getattr(journal, "JournalFileBackend", None) or optuna.storages.JournalFileStorage
     try:

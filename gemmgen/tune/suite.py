@@ -18,6 +18,7 @@ from ..model.arch import DType, Gpu
 from ..model.errors import InvalidInput, UserError
 from ..model.problem import Layout, Problem, parse_dim
 from ..model.atomic import atomic_write
+from ..model.files import load_yaml, read_text
 from .results import gpu_dir, now, problem_key, record_path, write_json_atomic
 
 
@@ -52,11 +53,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
     """Parse and validate a suite file; every problem is a SuiteFileError naming the rule."""
     where = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise SuiteFileError(where, "the suite file must be readable", exc.strerror or str(exc)) from None
-    except yaml.YAMLError as exc:
-        raise SuiteFileError(where, "the suite file must be valid YAML", str(exc).splitlines()[0]) from None
+        data = load_yaml("the suite file", read_text("the suite file", path), where)
+    except InvalidInput as exc:
+        raise SuiteFileError(where, exc.rule, exc.hint) from None
     if not isinstance(data, dict) or not isinstance(data.get("shapes"), list) or not data["shapes"]:
         raise SuiteFileError(where, "the suite file must map 'shapes' to a non-empty list", type(data).__name__)
     shapes, names = [], set()
@@ -72,7 +71,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
             a, b = Layout.parse(entry.get("a", "row")).value, Layout.parse(entry.get("b", "row")).value
         except InvalidInput as exc:
             raise SuiteFileError(where, f"{at}: {exc.rule}", repr(exc.value)) from None
-        name = str(entry.get("name") or f"{m}x{n}x{k}")
+        name = entry.get("name", f"{m}x{n}x{k}")
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise SuiteFileError(where, f"{at}: a shape name must be printable text", repr(name))
         if name in names:
             raise SuiteFileError(where, f"{at}: shape names must be unique", name)
         names.add(name)
@@ -94,15 +95,20 @@ def select(shapes: "list[Shape]", only: "str | None", path: str) -> "list[Shape]
 
 
 def parse_dtypes(text: str) -> "list[str]":
+    """The comma-separated dtypes, each one some registered kernel family takes (the registry says which)."""
+    from .. import families
+
+    taken = sorted({d.value for f in families.all_families() for d in f.dtypes})
+    rule = f"--dtypes must list dtypes the kernel families take ({', '.join(taken)}), separated by commas"
     out = []
     for part in str(text).split(","):
-        if part.strip():
+        try:
             dt = DType.parse(part)
-            if dt not in (DType.BF16, DType.F16):
-                raise InvalidInput("--dtypes must list bf16 and/or f16 (the kernel families' inputs)", part)
-            out.append(dt.value)
-    if not out:
-        raise InvalidInput("--dtypes must list bf16 and/or f16", text)
+        except InvalidInput:
+            raise InvalidInput(rule, part) from None
+        if dt.value not in taken:
+            raise InvalidInput(rule, part)
+        out.append(dt.value)
     return list(dict.fromkeys(out))
 
 

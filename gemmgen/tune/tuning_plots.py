@@ -6,7 +6,6 @@ Three files: <stem>-roofline (every measured configuration at its DRAM intensity
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..model.errors import InvalidInput
@@ -18,20 +17,20 @@ def load_tune(source: str, storage: "str | None" = None) -> dict:
     """A tuning record (JSON file), or the record's fields read from a study (name + --storage URL)."""
     path = Path(source)
     if path.suffix == ".json" or path.is_file():
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InvalidInput("a tuning record must be a readable JSON file", source,
-                               str(exc).splitlines()[0]) from None
-        if record.get("format") != "gemmgen-tune/1":
-            raise InvalidInput("a tuning record has format gemmgen-tune/1", source, str(record.get("format")))
+        from ..model.files import load_json, read_text
+
+        record = load_json("a tuning record", read_text("a tuning record", path), source)
+        if not isinstance(record, dict) or record.get("format") != "gemmgen-tune/1":
+            raise InvalidInput("a tuning record has format gemmgen-tune/1", source,
+                               str(record.get("format") if isinstance(record, dict) else type(record).__name__))
         return record
     if not storage:
         raise InvalidInput("STUDY-OR-RECORD is a record file, or a study name with --storage URL", source)
     import optuna
 
-    from .storage import open_storage, storage_errors
+    from .storage import check_url, open_storage, storage_errors
 
+    check_url(storage)  # the user's URL: no folders made, no in-memory database
     st = open_storage(storage)
     with storage_errors(storage):
         try:

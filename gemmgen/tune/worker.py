@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..model.errors import InvalidInput, NoGpu
+from ..model.files import load_json, read_text
 
 # Failure kinds. A trial that fails with one of QUARANTINED_KINDS is quarantined: the same kernel
 # would fail the same way again. OTHER (out of memory, a bad manifest, a missing library) is not the
@@ -317,19 +318,26 @@ class ReplayBenchmark:
     def __init__(self, path: "str | os.PathLike", log_path: "str | os.PathLike | None" = None):
         self.path = Path(path)
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
+            data = load_json("a replay file", read_text("a replay file", path), str(path))
+        except InvalidInput as exc:
             raise InvalidInput("a replay file must be readable JSON with a 'timings' mapping", str(path),
-                               str(exc).splitlines()[0]) from None
+                               exc.hint or exc.rule) from None
         if not isinstance(data, dict) or not isinstance(data.get("timings"), dict):
             raise InvalidInput("a replay file must be readable JSON with a 'timings' mapping", str(path))
-        self.timings: dict = data["timings"]
-        self.cublas_s = data.get("cublas_time_s")
+        where = str(path)
+        self.timings: dict = {tag: _replay_entry(tag, entry, where) for tag, entry in data["timings"].items()}
+        cublas = data.get("cublas_time_s")
+        self.cublas_s = None if cublas is None else _replay_real("cublas_time_s", cublas, where)
         self.shapes: dict = data.get("shapes") or {}
         if not isinstance(self.shapes, dict) or not all(isinstance(v, dict) and isinstance(v.get("timings"), dict)
                                                         for v in self.shapes.values()):
-            raise InvalidInput("a replay file's 'shapes' must map 'MxNxK' to {'timings': {...}}", str(path))
-        self.delay_s = float(data.get("delay_s", 0.0))  # simulated GPU time per measurement
+            raise InvalidInput("a replay file's 'shapes' must map 'MxNxK' to {'timings': {...}}", where)
+        for shape in self.shapes.values():
+            shape["timings"] = {tag: _replay_entry(tag, e, where) for tag, e in shape["timings"].items()}
+            if shape.get("cublas_time_s") is not None:
+                _replay_real("cublas_time_s", shape["cublas_time_s"], where)
+        # Simulated GPU time per measurement.
+        self.delay_s = _replay_real("delay_s", data.get("delay_s", 0.0), where, open_lo=False)
         self.log_path = Path(log_path) if log_path else None
         self._calls: "dict[str, int]" = {}
 
@@ -372,6 +380,37 @@ class ReplayBenchmark:
     def cublas_time(self, problem, fresh: bool = False) -> "float | None":
         cublas = self._for(problem)[1]
         return float(cublas) if cublas else None
+
+
+_REPLAY_KEYS = {"time_s", "error", "rel_error", "hang", "crash"}
+
+
+def _replay_real(what: str, value, path: str, lo: float = 0.0, open_lo: bool = True) -> float:
+    from ..model import parse
+
+    try:
+        return parse.real(f"a replay file's {what}", value, lo, 3600.0, lo_open=open_lo)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.rule, exc.value, path) from None
+
+
+def _replay_entry(tag: str, entry, path: str):
+    """One recorded timing, checked when the file is read (a bad one would kill the measuring worker later)."""
+    if isinstance(entry, dict):
+        unknown = sorted(set(map(str, entry)) - _REPLAY_KEYS)
+        if unknown:
+            raise InvalidInput(f"a replay file's timings[{tag!r}] keys must be among {sorted(_REPLAY_KEYS)}",
+                               unknown[0], path)
+        if "rel_error" in entry:
+            _replay_real(f"timings[{tag!r}].rel_error", entry["rel_error"], path, lo=0.0, open_lo=False)
+        if "time_s" in entry:
+            _replay_entry(tag, entry["time_s"], path)
+        elif not {"error", "rel_error", "hang", "crash"} & set(entry):
+            raise InvalidInput(f"a replay file's timings[{tag!r}] must give time_s or a failure", entry, path)
+        return entry
+    for t in entry if isinstance(entry, list) and entry else [entry]:
+        _replay_real(f"timings[{tag!r}]", t, path)
+    return entry
 
 
 def replay_factory(path: str, log_path: "str | None" = None) -> Callable[[], ReplayBenchmark]:

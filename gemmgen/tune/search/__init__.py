@@ -111,11 +111,12 @@ def tune(problem: Problem, gpu: Gpu, measurer, options: TuneOptions = TuneOption
         search.open()
         try:
             search.run()
+            # Ctrl-C in the finalist rounds too: every finished trial is in the study and goes into the record.
+            with storage_errors(search.storage_url):
+                search.finish()
         except KeyboardInterrupt:
             search._write_record("interrupted", force=True)
             raise
-        with storage_errors(search.storage_url):
-            search.finish()
         bundle = None
         if options.out and search.winner is not None and not options.publish_only:
             bundle = _export_winner(search, options.out)

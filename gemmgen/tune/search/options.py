@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...model.arch import Gpu
+from ...model import parse
 from ...model.errors import InvalidInput
 from ...model.problem import Problem
 from ...model.tiles import TileConfig
@@ -47,24 +48,24 @@ class TuneOptions:
     publish_only: bool = False  # one of several workers a parent started: no record, no export (the parent's)
 
     def validate(self) -> "TuneOptions":
-        if self.trials < 1:
-            raise InvalidInput("--trials must be a positive integer", self.trials)
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise InvalidInput("--timeout must be a positive number of seconds", self.timeout_s)
-        if self.patience is not None and self.patience < 1:
-            raise InvalidInput("--patience must be a positive integer", self.patience)
-        if self.top_k < 0:
-            raise InvalidInput("--top-k must be zero or a positive integer", self.top_k)
-        if self.sampler not in SAMPLERS:
-            raise InvalidInput(f"--sampler must be one of {', '.join(SAMPLERS)}", self.sampler)
-        if self.jobs < 0:
-            raise InvalidInput("--jobs must be zero (compile inline) or a positive integer", self.jobs)
-        if self.heartbeat_s < 1 or self.grace_s <= self.heartbeat_s:
+        """Every option within its range (the same rules as the flags: model/parse), or InvalidInput."""
+        parse.integer("--trials", self.trials, 1, parse.COUNT_MAX)
+        if self.timeout_s is not None:
+            parse.real("--timeout", self.timeout_s, 0, parse.SECONDS_MAX, lo_open=True)
+        if self.patience is not None:
+            parse.integer("--patience", self.patience, 1, parse.COUNT_MAX)
+        parse.integer("--top-k", self.top_k, 0, parse.COUNT_MAX)
+        parse.integer("--finalists", self.finalists, 1, parse.COUNT_MAX)
+        parse.integer("--rounds", self.rounds, 1, parse.COUNT_MAX)
+        parse.integer("--jobs", self.jobs, 0, parse.JOBS_MAX)
+        if self.seed is not None:
+            parse.integer("--seed", self.seed, 0, parse.SEED_MAX)
+        parse.integer("--heartbeat", self.heartbeat_s, 1, parse.SECONDS_MAX)
+        if self.grace_s <= self.heartbeat_s:
             raise InvalidInput("--heartbeat must be a positive number of seconds below --grace",
                                (self.heartbeat_s, self.grace_s))
-        if self.timing not in FINALIST_TIMINGS:
-            raise InvalidInput(f"--timing must be one of {', '.join(FINALIST_TIMINGS)}", self.timing)
-        return self
+        return replace(self, sampler=parse.name("--sampler", self.sampler, SAMPLERS),
+                       timing=parse.name("--timing", self.timing, FINALIST_TIMINGS))
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ class StudyHistory:
         self.journal = is_journal(self.storage_url)
         self.retry = retry_callback()
         self.storage = open_storage(self.storage_url, Heartbeat(self.options.heartbeat_s, self.options.grace_s),
-                                    on_stale=self._requeue_stale)
+                                    on_stale=self._requeue_stale, create_folder=self.options.storage is None)
         with storage_errors(self.storage_url):
             self.quarantine = Quarantine(self.storage, self.gpu)
             fresh = self.name not in {s.study_name for s in optuna.study.get_all_study_summaries(self.storage)}
