@@ -7,7 +7,9 @@ fails silent trials and calls the storage's stale-trial callback. Optuna 4/5 has
 so there the thread writes the time into a system attribute of each trial and `fail_silent_journal_trials` does
 what fail_stale_trials does, calling the same callback. The callback (`requeue_stale`) is Optuna's
 RetryHeartbeatStaleTrialCallback (RetryFailedTrialCallback before Optuna 4.9), with one retry: a kernel whose
-measurement took its worker down twice is quarantined instead.
+measurement took its worker down twice is quarantined instead. The trial queued again is a clean copy
+(`retry_copy`): Optuna's callback copies every user attribute, and an inherited `measured`, `owner`, `phase` or
+heartbeat would make the copy pass for a measurement, for a trial of the dead worker, or for a stale one.
 """
 from __future__ import annotations
 
@@ -75,6 +77,20 @@ def retry_callback():
         return cls(max_retry=1)
 
 
+def retry_copy(trial):
+    """The stale trial as the retry callback should see it: its parameters and Optuna's retry bookkeeping only.
+    RetryHeartbeatStaleTrialCallback gives the new WAITING trial all of the failed trial's user attributes; the
+    worker that asks it would then hold a trial already marked `measured` (counted as a second measurement of its
+    configuration even when it gives way), owned by the dead process (reaped again at once by another worker),
+    and in phase `measuring` (its kernel quarantined if that happened). Only where it came from is kept."""
+    import copy
+
+    clean = copy.deepcopy(trial)
+    clean.user_attrs = {"source": f"queued again: trial {trial.number}'s worker stopped before it was measured"}
+    clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if k != HEARTBEAT_ATTR}
+    return clean
+
+
 def fail_stale(study, journal: bool, grace_s: float, on_stale) -> None:
     """Fail the RUNNING trials whose worker stopped beating for `grace_s`; `on_stale(study, trial)` for each."""
     import optuna
@@ -103,12 +119,19 @@ def fail_silent_journal_trials(study, grace_s: float, on_stale) -> None:
             on_stale(study, study._storage.get_trial(t._trial_id))
 
 
-def fail_trial(study, trial_id: int) -> bool:
-    """FAIL a RUNNING trial; False when another worker finished or failed it first (only one caller wins)."""
+def settle_trial(study, trial_id: int, value: "float | None") -> bool:
+    """COMPLETE a RUNNING trial with `value` (FAIL it if None); False when another worker finished it first."""
     import optuna
     from optuna.exceptions import UpdateFinishedTrialError
 
+    state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
     try:
-        return bool(study._storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL))
+        return bool(study._storage.set_trial_state_values(trial_id, state=state,
+                                                          values=[value] if value is not None else None))
     except (UpdateFinishedTrialError, RuntimeError, ValueError):
         return False
+
+
+def fail_trial(study, trial_id: int) -> bool:
+    """FAIL a RUNNING trial; False when another worker finished or failed it first (only one caller wins)."""
+    return settle_trial(study, trial_id, None)

@@ -153,7 +153,11 @@ def collect(problem: Problem, gpu: Gpu, options: TuneOptions = TuneOptions(), *,
 
                 running = search.optuna.trial.TrialState.RUNNING
                 for t in search.study.get_trials(deepcopy=False, states=(running,)):
-                    if t.user_attrs.get("worker") in gone_workers:
+                    if t.user_attrs.get("worker") not in gone_workers:
+                        continue
+                    if t.user_attrs.get("measured"):
+                        search.settle_measured(t)  # killed while telling its measurement: record it
+                    else:
                         fail_trial(search.study, t._trial_id)
             search._sync()
             rounds = search.rounds()

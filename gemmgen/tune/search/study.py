@@ -11,7 +11,7 @@ from ...model.errors import InvalidInput
 from ...model.problem import Problem
 from ..results import problem_key
 from ...rank.ranking import SearchSpace
-from ..liveness import HeartbeatThread, fail_stale, fail_trial, retry_callback
+from ..liveness import HeartbeatThread, fail_stale, fail_trial, retry_callback, retry_copy, settle_trial
 from ..storage import Heartbeat, Quarantine, is_journal, open_storage, storage_errors
 from ...model.tiles import Kernel
 from .options import REMEASURE_STALE, TrialSummary
@@ -70,6 +70,12 @@ def _owner_gone(owner: "str | None", started, stale_after_s: float) -> bool:
     age = time.time() - started.timestamp() if started else float("inf")
     return age > stale_after_s
 
+
+
+def holds_claim(t) -> bool:
+    """Whether a RUNNING trial holds its configuration: taken and not given way (a trial that gave way is told
+    PRUNED after setting phase 'done'), or measured and being told (phase 'done' too, but its time is in)."""
+    return t.user_attrs.get("phase") != "done" or bool(t.user_attrs.get("measured"))
 
 
 def _stamp(when) -> "float | None":
@@ -163,6 +169,11 @@ class StudyHistory:
                 continue  # this worker's own, in flight
             if not _owner_gone(owner, t.datetime_start, self.options.stale_after_s):
                 continue  # another live tuner is working on this study: leave its trial alone
+            if t.user_attrs.get("measured"):
+                # Killed while telling a finished measurement (its time is in its attributes): record it as it
+                # was measured. Failing it would lose the time, and measuring it again would time it twice.
+                self.settle_measured(t)
+                continue
             phase = t.user_attrs.get("phase", "asked")
             reason = f"interrupted: the tuning process {owner or '?'} ended while {phase}"
             try:
@@ -173,12 +184,23 @@ class StudyHistory:
                 self._requeue_stale(self.study, self.study._storage.get_trial(t._trial_id))
         fail_stale(self.study, self.journal, self.options.grace_s, self._requeue_stale)
 
+    def settle_measured(self, t) -> bool:
+        """COMPLETE an orphaned RUNNING trial whose measurement is in its attributes with that result (FAIL it
+        when the measurement failed); False when another worker settled it first."""
+        a = t.user_attrs
+        value = a.get("tflops")
+        if value is None and a.get("time_s") and not a.get("fail_reason"):
+            value = self.problem.flops / a["time_s"] / 1e12  # killed between its time and its TFLOP/s
+        return settle_trial(self.study, t._trial_id, value)
+
     def _reap_due(self) -> None:
         if time.monotonic() - self._last_reap >= self.options.heartbeat_s:
             self._recover_interrupted()
 
     def _requeue_stale(self, study, trial) -> None:
         """A stale trial was failed (by this worker): queue it again through Optuna's retry callback, once."""
+        if trial.user_attrs.get("measured"):
+            return  # measured (its worker died telling it): a FAIL with a time is a claim, a retry would give way
         history = trial.system_attrs.get("retry_history") or []
         kernel = trial.user_attrs.get("kernel")
         if history and trial.user_attrs.get("phase") == "measuring" and kernel:
@@ -186,7 +208,7 @@ class StudyHistory:
             self.quarantine.add(kernel, "the tuner died twice while measuring it", "crash", self.problem)
             return
         if trial.params:
-            self.retry(study, trial)
+            self.retry(study, retry_copy(trial))
             self.counts["requeued"] += 1
 
     # -- other workers of the same study -----------------------------------------------------
@@ -199,7 +221,7 @@ class StudyHistory:
         running = set()
         for t in trials:
             if t.state == TrialState.RUNNING:
-                if t.number not in mine and t.user_attrs.get("config_tag") and t.user_attrs.get("phase") != "done":
+                if t.number not in mine and t.user_attrs.get("config_tag") and holds_claim(t):
                     running.add(t.user_attrs["config_tag"])
                 continue
             if t.state == TrialState.WAITING or t.number in self.summaries:
@@ -228,7 +250,7 @@ class StudyHistory:
         for t in trials:
             if t.number == trial.number or t.user_attrs.get("config_tag") != tag:
                 continue
-            if t.state == TrialState.RUNNING and t.user_attrs.get("phase") != "done":
+            if t.state == TrialState.RUNNING and holds_claim(t):
                 return t.number
             if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.user_attrs.get("measured") and \
                     (t.state == TrialState.FAIL or self.timed_current_kernel(t)):
