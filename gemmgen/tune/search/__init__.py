@@ -41,7 +41,7 @@ from .options import (FALLBACK_AFTER, FINALIST_TIMINGS, REMEASURE_STALE, SAMPLER
                       Finalist, Row, TrialSummary, TuneOptions, TuneResult)
 from .queue import CandidateQueue
 from .record import TuneRecord
-from .study import StudyHistory, make_sampler, study_name  # noqa: F401
+from .study import StudyHistory, _age, make_sampler, study_name  # noqa: F401
 from .trials import TrialLoop
 
 
@@ -153,8 +153,9 @@ def collect(problem: Problem, gpu: Gpu, options: TuneOptions = TuneOptions(), *,
 
                 running = search.optuna.trial.TrialState.RUNNING
                 for t in search.study.get_trials(deepcopy=False, states=(running,)):
-                    if t.user_attrs.get("worker") not in gone_workers:
-                        continue
+                    ownerless = not t.user_attrs.get("owner") and _age(t) > options.heartbeat_s
+                    if t.user_attrs.get("worker") not in gone_workers and not ownerless:
+                        continue  # (ownerless: a worker killed between asking a trial and claiming it)
                     if t.user_attrs.get("measured"):
                         search.settle_measured(t)  # killed while telling its measurement: record it
                     else:

@@ -78,6 +78,11 @@ def holds_claim(t) -> bool:
     return t.user_attrs.get("phase") != "done" or bool(t.user_attrs.get("measured"))
 
 
+def _age(t) -> float:
+    """Seconds since a trial started (Optuna stamps it with the local clock)."""
+    return time.time() - t.datetime_start.timestamp() if t.datetime_start else 0.0
+
+
 def _stamp(when) -> "float | None":
     return when.timestamp() if when is not None else None
 
@@ -163,6 +168,12 @@ class StudyHistory:
         self._last_reap = time.monotonic()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = t.user_attrs.get("owner")
+            if not owner and _age(t) > self.options.grace_s:
+                # Asked and never claimed: a live worker writes its owner moments after asking, so this one's
+                # worker died in between, maybe before its first heartbeat (then fail_stale_trials never sees it).
+                if fail_trial(self.study, t._trial_id):
+                    self._requeue_stale(self.study, self.study._storage.get_trial(t._trial_id))
+                continue
             if not owner or owner.rpartition(":")[0] != socket.gethostname():
                 continue  # another host's (or just asked): its heartbeat says whether it is alive (fail_stale)
             if owner == _owner() and t.number in self.mine:
