@@ -35,11 +35,23 @@ def register(subparsers) -> None:
                    help="Optuna storage, any SQLAlchemy URL (default: <per-user data dir>/studies/<gpu>/studies.db)")
     p.add_argument("--out", default=None, metavar="DIR", type=text_arg("--out"),
                    help="export the winner's .cubin, .cu and .json here")
+    add_search_args(p, top_k=10)
+    p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, "
+                                                          "export the model's pick unmeasured (needs --gpu)")
+    p.add_argument("--replay", default=None, metavar="FILE", type=text_arg("--replay"),
+                   help="simulation mode: replay recorded timings (JSON keyed by config tag) instead of a GPU")
+    add_worker_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def add_search_args(p, top_k: int) -> None:
+    """The sampler, compile-ahead, finalist, timing, watchdog and seed flags every tuning command shares."""
     p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
                    help="tpe (default), random, cmaes, qmc (needs scipy), "
-                                                     "grid (every valid configuration, in model order)")
-    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=10,
-                   help="the model's best, measured first (default 10)")
+                        "grid (every valid configuration, in model order)")
+    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=top_k,
+                   help=f"the model's best, measured (or, in a dry run, compiled) first (default {top_k})")
     p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
                    help="NVRTC processes compiling ahead (default: cores - 1)")
     p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
@@ -51,13 +63,6 @@ def register(subparsers) -> None:
                    metavar="S",
                    help="seconds one measurement may take before the worker is killed as hung (default 60)")
     p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
-    p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, "
-                                                          "export the model's pick unmeasured (needs --gpu)")
-    p.add_argument("--replay", default=None, metavar="FILE", type=text_arg("--replay"),
-                   help="simulation mode: replay recorded timings (JSON keyed by config tag) instead of a GPU")
-    add_worker_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
 
 
 def add_worker_args(p) -> None:

@@ -7,9 +7,9 @@ import sys
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.linear import ACTIVATIONS, LinearLayer
-from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, float_arg, int_arg, refuse_together,
+from ._common import (COUNT_MAX, SECONDS_MAX, add_gpu_arg, float_arg, int_arg, refuse_together,
                       table, text_arg)
-from .tune import MEASURING_FLAGS, Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
+from .tune import MEASURING_FLAGS, Progress, add_search_args, measurer_for, options_from_args, sigterm_as_interrupt
 
 
 def register(subparsers) -> None:
@@ -44,20 +44,7 @@ def register(subparsers) -> None:
                                                            "(default 30)")
     p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"),
                    help="Optuna storage (default: the per-user one)")
-    p.add_argument("--sampler", default="tpe", type=text_arg("--sampler"),
-                   help="tpe (default), random, cmaes, qmc, grid")
-    p.add_argument("--top-k", type=int_arg("--top-k", 0, COUNT_MAX), default=8,
-                   help="the model's best, measured (or compiled) first (default 8)")
-    p.add_argument("--jobs", type=int_arg("--jobs", 0, JOBS_MAX), default=None,
-                   help="NVRTC processes compiling ahead (default: cores - 1)")
-    p.add_argument("--finalists", type=int_arg("--finalists", 1, COUNT_MAX), default=3,
-                   help="configurations re-measured interleaved (default 3)")
-    p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5,
-                   help="interleaved re-measurement rounds (default 5)")
-    add_timing_arg(p)
-    p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0, metavar="S",
-                   help="seconds one measurement may take")
-    p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
+    add_search_args(p, top_k=8)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run, replay=None, out=None)
 
