@@ -79,20 +79,13 @@ def eager_time_s(fn, calls: int = 20, repeats: int = 7) -> float:
 
 
 def host_us(fn, calls: int = 3000, repeats: int = 5) -> float:
-    """Host microseconds per call of `calls` back-to-back calls (no synchronisation inside): median."""
-    import torch
+    """Host microseconds per call of `calls` back-to-back calls (no synchronisation inside), after a warm-up:
+    benchmarks/host_overhead.py's measure."""
+    from host_overhead import per_call_us
 
     for _ in range(50):
         fn()
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    return per_call_us(fn, calls, repeats)
 
 
 def prepare_store(mode: str, tokens: int, in_f: int, out_f: int, case_dir: Path, gpu, trials: int) -> Path:
