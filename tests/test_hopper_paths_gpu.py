@@ -93,3 +93,46 @@ def test_fp8_with_device_scales_matches_the_fp32_reference(dtype, promote):
         torch.cuda.synchronize()
         ref = (A.float() @ B.float()) * (sa * sb) + bias.float()
         assert rel_error(D, ref) < TOLERANCE
+
+
+# fp32 D from 16-bit (and fp8) inputs: the staged epilogue stores fp32 (TMA stores stay 16-bit), through every
+# decomposition and the operand swap; C and bias are fp32 too.
+F32_CASES = {
+    "dp": ({"cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4}, (1000, 1003, 517)),
+    "splitk": ({"cta": "128x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+                "decomposition": {"kind": "splitk", "splits": 4}}, (300, 500, 4100)),
+    "streamk": ({"cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4,
+                 "decomposition": {"kind": "streamk"}}, (1000, 1000, 4100)),
+    "swap": ({"cta": "128x32x64", "warp": "64x32x64", "mma": "64x32x16", "stages": 6, "swap_ab": True},
+             (24, 3001, 1024)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(F32_CASES))
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_fp32_output_from_16_bit_inputs(case, dtype):
+    knobs, (m, n, k) = F32_CASES[case]
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    gemm = load(Problem.create(m, n, k, dtype, "row", "col", c_dtype="f32", beta=0.5, bias=True), config)
+    A, B = operand(m, k, "row", tdt), operand(k, n, "col", tdt)
+    C, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda")
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    gemm(A, B, D, C=C, bias=bias)
+    torch.cuda.synchronize()
+    ref = A.double() @ B.double() + 0.5 * C.double() + bias.double()
+    # fp32 D: no output rounding to 16 bits, so the error is the fp32 accumulation's, far under bf16's.
+    assert rel_error(D, ref) < 1e-5
+
+
+def test_fp32_output_from_fp8_inputs():
+    config = {"family": "sm90_wgmma", "cta": "128x128x128", "warp": "64x128x128", "mma": "64x128x32", "stages": 4,
+              "warp_specialized": True, "persistent": True}
+    m, n, k = 777, 1040, 528
+    gemm = load(Problem.create(m, n, k, "e4m3", "row", "col", c_dtype="f32"), config)
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+    A, B = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    gemm(A, B, D)
+    torch.cuda.synchronize()
+    assert rel_error(D, A.double() @ B.double()) < 1e-3   # fp8 wgmma accumulates with reduced precision

@@ -30,6 +30,10 @@ def check(config: Sm80Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
          config.threads, "2^k")
     rule(2 <= config.stages <= 5, "pipeline stages must be 2..5 for cp.async", config.stages, "2..5")
     rule(config.cluster.size == 1, "sm80_mma runs without thread-block clusters", str(config.cluster), "1x1")
+    if operands is not None:
+        # The template's C, D and bias share A's element type.
+        rule(operands.c_dtype is operands.a_dtype, "sm80_mma writes D in the inputs' dtype",
+             operands.c_dtype.value, operands.a_dtype.value)
     elt = elt_bytes(operands)
     loads = max(16, config.threads * 16)  # a tile wider than the CTA leaves no warps: that rule fires already
     rule((cta.m * cta.k * elt) % loads == 0,

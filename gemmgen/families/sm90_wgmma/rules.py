@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ...model.arch import Arch, Gpu, catalogue
+from ...model.arch import Arch, DType, Gpu, catalogue
 from ...model.problem import Operands, Problem
 from ...model.tiles import DecompKind, SmemLayout
 from ..base import Rule, elt_bytes
@@ -54,8 +54,12 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         rule(operands.align_a * elt >= 16 and operands.align_b * elt >= 16,
              "fp8 operands need leading dimensions that are multiples of 16 bytes (the pack pass copies 16-bit "
              "elements only)", f"align {operands.align_a}/{operands.align_b}", 16)
-        rule(operands.c_dtype.bytes == 2, "fp8 kernels write a 16-bit D (bf16 or f16)", operands.c_dtype.value,
-             "bf16 or f16")
+        rule(operands.c_dtype.value in ("bf16", "f16", "f32"), "fp8 kernels write D in bf16, f16 or f32",
+             operands.c_dtype.value, "bf16, f16 or f32")
+    if operands is not None and elt == 2:
+        # 16-bit inputs write D in their own type, or in fp32 through the staged epilogue (no TMA stores).
+        rule(operands.c_dtype in (operands.a_dtype, DType.F32), "sm90_wgmma writes D in the inputs' dtype or f32",
+             operands.c_dtype.value, f"{operands.a_dtype.value} or f32")
     rule(mma.n % 8 == 0 and 8 <= mma.n <= 256, "wgmma N must be a multiple of 8 up to 256", mma.n, "8..256")
     rule(mma.n == warp.n, "wgmma N must equal the warpgroup tile N", mma.n, warp.n)
     rule(config.smem_layout is SmemLayout.SWIZZLE, "sm90_wgmma needs the 128B swizzle layout",

@@ -282,12 +282,23 @@ class GpuBenchmark:
             # fp8: cuBLAS through torch._scaled_mm (per-tensor scales on the GPU, bias fused, 16-bit out); it takes
             # A row-major and B column-major only, the layouts the fp8 kernels run.
             one = torch.ones((), device="cuda", dtype=torch.float32)
-            out_dtype = {2: torch.bfloat16 if problem.c_dtype.value == "bf16" else torch.float16}[problem.c_dtype.bytes]
+            out_dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[problem.c_dtype.value]
 
             def run_one(i: int) -> None:
                 o = ops[i % len(ops)]
                 torch._scaled_mm(o["A"], o["B"], one, one, bias=o["bias"] if ep.bias else None, out_dtype=out_dtype,
                                  out=o["D"])
+        elif problem.c_dtype is not problem.a_dtype:
+            # 16-bit inputs, fp32 D: cuBLAS writes fp32 itself (torch.mm's out_dtype); C and bias are added after.
+            def run_one(i: int) -> None:
+                o = ops[i % len(ops)]
+                d = torch.mm(o["A"], o["B"], out_dtype=torch.float32)
+                if ep.alpha != 1.0:
+                    d.mul_(ep.alpha)
+                if ep.beta != 0:
+                    d.add_(o["C"], alpha=ep.beta)
+                if ep.bias:
+                    d.add_(o["bias"])
         else:
             run_one = None
 
