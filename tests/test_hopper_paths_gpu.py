@@ -136,3 +136,22 @@ def test_fp32_output_from_fp8_inputs():
     gemm(A, B, D)
     torch.cuda.synchronize()
     assert rel_error(D, A.double() @ B.double()) < 1e-3   # fp8 wgmma accumulates with reduced precision
+
+
+@pytest.mark.parametrize("cta,warp,mma,extra", [
+    ("128x256x32", "64x256x32", "64x256x8", {}),
+    ("128x128x32", "128x128x32", "64x128x8", {"schedule": "pingpong", "stages": 6}),
+    ("64x128x32", "64x128x32", "64x128x8", {"decomposition": {"kind": "splitk", "splits": 4}}),
+])
+def test_tf32_from_fp32_inputs_matches_the_fp64_reference(cta, warp, mma, extra):
+    config = {"family": "sm90_wgmma", "cta": cta, "warp": warp, "mma": mma, "stages": 4,
+              "warp_specialized": True, "persistent": True, **extra}
+    gemm = load(Problem.create(1000, 1004, 2052, "f32", "row", "col", beta=0.5, bias=True), config)
+    for m, n, k in ((1000, 1004, 2052), (77, 3000, 516)):   # 16-byte rows, not tile multiples
+        A, B = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda").t()
+        C, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda")
+        D = torch.full((m, n), float("nan"), device="cuda")
+        gemm(A, B, D, C=C, bias=bias)
+        torch.cuda.synchronize()
+        ref = A.double() @ B.double() + 0.5 * C.double() + bias.double()
+        assert rel_error(D, ref) < 5e-3   # tf32: a 10-bit mantissa on each input, ~1e-3 on the product

@@ -96,3 +96,15 @@ def test_misaligned_operands_sass_packs_with_vector_copies_then_runs_hgmma_throu
     for counts in funcs.values():
         assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0
     assert compiled.spill_bytes == 0
+
+
+def test_tf32_default_config_sass_runs_hgmma_tf32_through_tma_with_no_local_memory():
+    problem = Problem.create(4096, 4096, 4096, "f32", "row", "col")
+    kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, H100, Arch.SM90A))
+    compiled = compile_kernel(kernel, H100)
+    text = dump_sass(compiled.cubin)
+    counts = instruction_counts(text)
+    assert set(re.findall(r"HGMMA\.64x\d+x8\.F32\.(\w+)", text)) == {"TF32"}
+    assert count_prefix(counts, "UTMALDG") > 0
+    assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
+    assert compiled.spill_bytes == 0

@@ -35,8 +35,9 @@ class Sm90Wgmma(KernelFamily):
     config_type = Sm90Config
     min_arch = Arch.SM90A
     needs_wgmma = True
-    # fp8 (e4m3, e5m2) runs wgmma m64nNk32 on K-major operands into the same fp32 accumulators.
-    dtypes = frozenset({DType.BF16, DType.F16, DType.E4M3, DType.E5M2})
+    # fp8 (e4m3, e5m2) runs wgmma m64nNk32 and fp32 inputs run as tf32 (m64nNk8), both on K-major operands into
+    # the same fp32 accumulators.
+    dtypes = frozenset({DType.BF16, DType.F16, DType.E4M3, DType.E5M2, DType.F32})
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K})
     fused_splitk = True
     template_root = paths.TEMPLATES

@@ -24,7 +24,9 @@ def context(kernel: Kernel) -> dict:
     consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
     return {
         "name": kernel.name,
-        "ab": ops.a_dtype.ptx, "bb": ops.b_dtype.ptx,
+        # fp32 operands run on the tensor cores as tf32 (wgmma reads the top 19 bits of each 32-bit element).
+        "ab": "tf32" if ops.a_dtype.bytes == 4 else ops.a_dtype.ptx,
+        "bb": "tf32" if ops.b_dtype.bytes == 4 else ops.b_dtype.ptx,
         "elt": ops.a_dtype.bytes, "mma_k": cfg.mma.k,
         # fp8 kernels take per-tensor scales of A and B as device scalars (launch.has_scales).
         "scales": has_scales(kernel),

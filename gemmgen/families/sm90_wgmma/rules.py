@@ -46,16 +46,18 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     elt = elt_bytes(operands)
     rule(mma.m == 64 and mma.k * elt == 32, f"wgmma shape for {8 * elt}-bit inputs must be m64nNk{32 // elt}",
          str(mma), f"64xNx{32 // elt}")
-    if operands is not None and elt == 1:
+    if operands is not None and elt != 2:
+        kind = "fp8" if elt == 1 else "tf32 (fp32 inputs)"
         # wgmma takes MN-major (transposed) shared-memory operands for 16-bit types only.
         rule(operands.a_layout.value == "row" and operands.b_layout.value == "col",
-             "fp8 wgmma needs both operands K-major: A row-major and B column-major",
+             f"{kind} wgmma needs both operands K-major: A row-major and B column-major",
              f"{operands.a_layout.value}/{operands.b_layout.value}", "row/col")
         rule(operands.align_a * elt >= 16 and operands.align_b * elt >= 16,
-             "fp8 operands need leading dimensions that are multiples of 16 bytes (the pack pass copies 16-bit "
-             "elements only)", f"align {operands.align_a}/{operands.align_b}", 16)
-        rule(operands.c_dtype.value in ("bf16", "f16", "f32"), "fp8 kernels write D in bf16, f16 or f32",
-             operands.c_dtype.value, "bf16, f16 or f32")
+             f"{kind} operands need leading dimensions that are multiples of 16 bytes (the pack pass copies "
+             "16-bit elements only)", f"align {operands.align_a}/{operands.align_b}", 16)
+        allowed = ("bf16", "f16", "f32") if elt == 1 else ("f32",)
+        rule(operands.c_dtype.value in allowed, f"{kind} kernels write D in {', '.join(allowed)}",
+             operands.c_dtype.value, ", ".join(allowed))
     if operands is not None and elt == 2:
         # 16-bit inputs write D in their own type, or in fp32 through the staged epilogue (no TMA stores).
         rule(operands.c_dtype in (operands.a_dtype, DType.F32), "sm90_wgmma writes D in the inputs' dtype or f32",

@@ -139,7 +139,7 @@ class GpuBenchmark:
         module = dev.load(cubin)
         try:
             workspace = self._workspace_for(int(manifest.get("workspace_bytes", 0) or 0))
-            limit = threshold(problem.c_dtype, problem.k)
+            limit = threshold(problem.c_dtype, problem.k, problem.a_dtype)
             rel, backend = None, ""
             if self.verify_first:
                 first = self._sets_for(problem, 1)[0]
@@ -288,6 +288,15 @@ class GpuBenchmark:
                 o = ops[i % len(ops)]
                 torch._scaled_mm(o["A"], o["B"], one, one, bias=o["bias"] if ep.bias else None, out_dtype=out_dtype,
                                  out=o["D"])
+        elif problem.a_dtype is DType.F32:
+            # fp32 inputs run as tf32 here, so cuBLAS is timed with TF32 allowed too.
+            def run_one(i: int) -> None:
+                previous = torch.backends.cuda.matmul.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = True
+                try:
+                    run_dense(i)
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32 = previous
         elif problem.c_dtype is not problem.a_dtype:
             # 16-bit inputs, fp32 D: cuBLAS writes fp32 itself (torch.mm's out_dtype); C and bias are added after.
             def run_one(i: int) -> None:

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""fp32 inputs on Hopper's tensor cores as tf32 (sm90_wgmma, wgmma m64nNk8, fp32 D) against cuBLAS tf32.
+
+    PYTHONPATH=$PWD python3 benchmarks/tf32.py [--top 3] [--out DIR] [--only NAME ...]
+
+For each shape, the model's top configurations are compiled, exported and loaded with gemmgen.load (public APIs).
+Each is verified on fresh random inputs with D poisoned first, at the shape and at one that is not a tile
+multiple, against a float64 reference; cuBLAS tf32's own error is printed beside it. Then the best are timed
+interleaved with torch.mm under allow_tf32 (cuBLAS tf32) and with TF32 off (cuBLAS fp32), on rotating input sets.
+A is row-major and B column-major (tf32 wgmma reads K-major operands only). Prints a summary table last.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
+
+SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096)}
+SETS = 3
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    import gemmgen
+    from gemmgen import Kernel, Problem
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.runtime.detect import detect_gpu
+    from gemmgen.tune.export import export_bundle
+
+    gpu = detect_gpu().gpu
+    device = torch.cuda.get_device_name()
+
+    def cublas_mm(a, b, out, tf32: bool):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.mm(a, b, out=out)
+
+    rows, summary = [], []
+    for name, (m, n, k) in SHAPES.items():
+        if args.only and name not in args.only:
+            continue
+        problem = Problem.create(m, n, k, "f32", "row", "col")
+        ranked = candidates(problem, gpu, args.top)
+        ranked = [r for r in ranked if r.config.family == "sm90_wgmma"]
+        kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
+        built = compile_many(kernels)
+        sets = [(torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda").t(),
+                 torch.empty(m, n, device="cuda")) for _ in range(SETS)]
+        A, B, _ = sets[0]
+        ref = A.double() @ B.double()
+        out = torch.empty(m, n, device="cuda")
+        cublas_mm(A, B, out, True)
+        cublas_err = rel_error(torch, out, ref)
+        loaded = []
+        for r, kernel, result in zip(ranked, kernels, built):
+            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": r.config.tag, "model_tflops": r.tflops}
+            if isinstance(result, Exception):
+                row.update(ok=False, error=f"compile: {str(result)[:200]}")
+                rows.append(row)
+                continue
+            folder = Path(tempfile.mkdtemp(prefix="gemmgen-tf32-"))
+            export_bundle(folder, kernel, problem, result, measured=None, verification=None, environment={})
+            gemm = gemmgen.load(folder)
+            errors = []
+            for mm, nn, kk in ((m, n, k), (m - 77, n + 52, k - 36)):
+                a, b = torch.randn(mm, kk, device="cuda"), torch.randn(nn, kk, device="cuda").t()
+                d = torch.full((mm, nn), float("nan"), device="cuda")
+                gemm(a, b, d)
+                torch.cuda.synchronize()
+                errors.append(rel_error(torch, d, a.double() @ b.double()))
+            ok = all(e < 5e-3 for e in errors)   # NaN compares False
+            row.update(ok=ok, rel_errors=errors, cublas_tf32_rel_error=cublas_err)
+            rows.append(row)
+            print(f"  {r.config.tag}: errors {errors} (cuBLAS tf32 {cublas_err:.2e})", flush=True)
+            if ok:
+                loaded.append((row, gemm))
+        if not loaded:
+            summary.append({"case": name, "best": None})
+            continue
+        contenders = {"cublas_tf32": lambda s: cublas_mm(s[0], s[1], s[2], True),
+                      "cublas_fp32": lambda s: cublas_mm(s[0], s[1], s[2], False)}
+        contenders.update({row["config"]: (lambda s, g=g: g(*s)) for row, g in loaded})
+        for fn in contenders.values():
+            for s in sets:
+                fn(s)
+        torch.cuda.synchronize()
+        times = {key: [] for key in contenders}
+        for _ in range(3):
+            for key, fn in contenders.items():
+                times[key].append(timed(torch, fn, sets))
+        flops = 2.0 * m * n * k
+        tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
+        best = max((row for row, _ in loaded), key=lambda r: tf[r["config"]])
+        summary.append({"case": name, "shape": best["shape"], "best": best["config"], "tflops": tf[best["config"]],
+                        "cublas_tf32_tflops": tf["cublas_tf32"], "cublas_fp32_tflops": tf["cublas_fp32"],
+                        "vs_cublas_tf32": tf[best["config"]] / tf["cublas_tf32"], "rel_error": best["rel_errors"][0],
+                        "cublas_tf32_rel_error": cublas_err})
+        for _, g in loaded:
+            g.close()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows,
+              "summary": summary}
+    if args.out:
+        write_report(args.out, "tf32.json", report)
+    print(f"\n{device}, {report['date']}, fp32 in (tf32 math) -> fp32, TFLOP/s")
+    print(f"{'case':8} {'shape':16} {'gemmgen':>8} {'cuB tf32':>8} {'cuB fp32':>8} {'x tf32':>7} {'err':>8} "
+          f"{'cuB err':>8}  best")
+    for s in summary:
+        if s["best"] is None:
+            print(f"{s['case']:8} no verified kernel")
+            continue
+        print(f"{s['case']:8} {s['shape']:16} {s['tflops']:8.1f} {s['cublas_tf32_tflops']:8.1f} "
+              f"{s['cublas_fp32_tflops']:8.1f} {s['vs_cublas_tf32']:7.3f} {s['rel_error']:8.1e} "
+              f"{s['cublas_tf32_rel_error']:8.1e}  {s['best'][:64]}")
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    run_main(main, __file__)
