@@ -68,7 +68,10 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
         parser.add_argument("N", help="columns of B and D")
         parser.add_argument("K", help="the reduction dimension")
     parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
-                        help="A/B/C dtype: bf16 (default), f16 (`gemmgen space` lists each GPU's)")
+                        help="A/B dtype: bf16 (default), f16, e4m3, e5m2, f32 (tf32 math); `gemmgen space` lists "
+                             "each GPU's")
+    parser.add_argument("--out-dtype", default=None, type=text_arg("--out-dtype"),
+                        help="C/D/bias dtype: the inputs' (default; bf16 for fp8), or f32")
     parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
                         help="layout of A (M×K): row (default) or col")
     parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"),
@@ -81,8 +84,8 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
 
 
 def problem_from_args(args) -> Problem:
-    return Problem.create(args.M, args.N, args.K, args.dtype, args.a_layout, args.b_layout, None,
-                          args.alpha, args.beta, args.bias, args.activation)
+    return Problem.create(args.M, args.N, args.K, args.dtype, args.a_layout, args.b_layout,
+                          getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation)
 
 
 def add_gpu_arg(parser: argparse.ArgumentParser) -> None:
