@@ -22,6 +22,9 @@ PROBLEMS = {
     "deep": Problem.create(1024, 1024, 65536, "bf16", "row", "row"),
     # Leading dimensions 4093 and 3001 bf16 are not 16-byte multiples: TMA kernels pack them first.
     "misaligned": Problem.create(4095, 3001, 4093, "bf16", "row", "col", bias=True),
+    # fp32 inputs (tf32, and 3xTF32 whose split pre-pass triples K) and fp8, K-major, fp32 D.
+    "fp32": Problem.create(1000, 1004, 2052, "f32", "row", "col", bias=True),
+    "fp8": Problem.create(2000, 1040, 784, "e4m3", "row", "col", c_dtype="f32"),
 }
 
 
@@ -48,7 +51,7 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
     manifest = make_manifest(kernel, problem)
     assert TileConfig.from_dict(manifest["config"]) == config
     # Operand packs (copies TMA can read) come first; then the GEMM and its reduction, if any.
-    packs = [l for l in manifest["launches"] if l["entry"] == f"{kernel.name}_pack"]
+    packs = [l for l in manifest["launches"] if l["entry"] in (f"{kernel.name}_pack", f"{kernel.name}_split3")]
     launches = manifest["launches"][len(packs):]
     main = launches[0]
     assert main["entry"] == kernel.name and main["block"] == [config.threads, 1, 1]
@@ -73,9 +76,11 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
     for pack in packs:
         p = {q["name"]: q for q in pack["params"]}
         for z in range(pack["grid"][2]):
-            copies.append((p[f"dst{z}"]["offset_bytes"], p[f"rows{z}"]["value"] * p[f"ld_dst{z}"]["value"] * 2))
-            assert p[f"ld_dst{z}"]["value"] >= p[f"cols{z}"]["value"]
-            assert pack["grid"][0] * 256 * 8 >= p[f"cols{z}"]["value"]
+            elt = problem.a_dtype.bytes
+            copies.append((p[f"dst{z}"]["offset_bytes"], p[f"rows{z}"]["value"] * p[f"ld_dst{z}"]["value"] * elt))
+            # A split3 copy's rows hold three K-long segments.
+            assert p[f"ld_dst{z}"]["value"] >= p[f"cols{z}"]["value"] * (3 if getattr(config, "split3", False) else 1)
+            assert pack["grid"][0] * 256 * (16 // elt) >= p[f"cols{z}"]["value"]
     copies.sort()
     # Copies lie after the workspace's zeroed prefix, one after another, inside the workspace.
     assert all(off >= zero["bytes"] for off, _ in copies)
@@ -103,7 +108,8 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
             assert maps[tm] == ("workspace" if tensor in sources else tensor)
         assert len(sources) == sum(m == "workspace" for m in maps.values())
     scalars = {p["name"]: p["value"] for p in main["params"] if p["kind"] == "scalar"}
-    assert (scalars["M"], scalars["N"], scalars["K"]) == (gemm.m, gemm.n, gemm.k)
+    k_factor = 3 if getattr(config, "split3", False) else 1
+    assert (scalars["M"], scalars["N"], scalars["K"]) == (gemm.m, gemm.n, gemm.k * k_factor)
     assert scalars["ldc"] == problem.ldc
 
 

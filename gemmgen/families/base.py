@@ -52,6 +52,7 @@ class Prepass:
     launches: int = 0
     packed_a: bool = False    # the main loop reads a copy of A (B) whose rows start on 128-byte boundaries
     packed_b: bool = False
+    k_factor: int = 1         # the main loop runs over k_factor * K (3xTF32's split copies)
 
 
 @dataclass(frozen=True)

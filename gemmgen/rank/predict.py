@@ -210,7 +210,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         problem = problem.swapped()
     ops = problem.operands
     elt, c_elt = problem.a_dtype.bytes, problem.c_dtype.bytes
-    m, n, k = problem.m, problem.n, problem.k
+    m, n, k = problem.m, problem.n, problem.k * prepass.k_factor   # 3xTF32 runs its main loop over 3K
     cta = config.cta
     clock = gpu.boost_clock_mhz * 1e6
     peak = gpu.tensor_flop_per_clock_per_sm(problem.a_dtype)

@@ -42,9 +42,13 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
     # accumulators (Hopper's fp8 wgmma accumulates with reduced precision; DeepSeek-V3 promotes every 128).
     # 0: off, the wgmma accumulators hold the whole sum.
     promote: int = 0
+    # fp32 inputs at fp32 accuracy (3xTF32): each operand split into a tf32 part and a tf32 remainder,
+    # A' = [A_big | A_big | A_small] and B' = [B_big ; B_small ; B_big] along K by a pre-pass, so one tf32 GEMM
+    # over K' = 3K sums the three products that carry fp32 accuracy (the small x small one is dropped).
+    split3: bool = False
 
     KNOBS = {"warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
-             "swap_ab": False, "promote": 0}
+             "swap_ab": False, "promote": 0, "split3": False}
 
     @property
     def consumers(self) -> int:
@@ -73,6 +77,8 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             parts.append("swap")
         if self.promote:
             parts.append(f"pr{self.promote}")
+        if self.split3:
+            parts.append("x3")
         return parts
 
     def knob_values(self) -> dict:
@@ -84,6 +90,7 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             **({"store_warp": True} if self.store_warp else {}),
             **({"swap_ab": True} if self.swap_ab else {}),
             **({"promote": self.promote} if self.promote else {}),
+            **({"split3": True} if self.split3 else {}),
         }
 
     @classmethod
@@ -92,7 +99,8 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
                 "schedule": parse_enum(Schedule, "schedule", raw["schedule"]),
                 "store_warp": parse_bool("store_warp", raw["store_warp"]),
                 "swap_ab": parse_bool("swap_ab", raw["swap_ab"]),
-                "promote": parse_int("promote", raw["promote"])}
+                "promote": parse_int("promote", raw["promote"]),
+                "split3": parse_bool("split3", raw["split3"])}
 
 
 __all__ = ["Schedule", "Sm90Config"]

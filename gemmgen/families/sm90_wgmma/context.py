@@ -31,6 +31,7 @@ def context(kernel: Kernel) -> dict:
         # fp8 kernels take per-tensor scales of A and B as device scalars (launch.has_scales).
         "scales": has_scales(kernel),
         "promote": cfg.promote,
+        "split3": cfg.split3,
         "cd": ops.c_dtype.ptx,
         "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,
         "wm": cfg.warp.m, "wn": cfg.warp.n, "wg_n": cfg.warps_n,

@@ -63,6 +63,7 @@ PACK_CHUNK = 8             # elements one thread copies per step: one 16-byte st
 PACK_ROWS = 4              # rows one thread copies per step, loads before stores (more bytes in flight)
 PACK_ROW_BYTES = 128       # leading dimension of a packed copy: a multiple of this many bytes
 PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride loop
+SPLIT_FACTOR = 3           # 3xTF32: each K-major row becomes three (big, big, small for A; big, small, big for B)
 
 
 def packed(kernel: Kernel) -> "tuple[bool, bool]":
@@ -90,9 +91,14 @@ def pack_plan(kernel: Kernel, problem: Problem) -> "list[dict]":
         rows, cols = (gp.n, gp.k) if b_is_kmajor(ops) else (gp.k, gp.n)
         plan.append({"operand": "B", "tensor": b_name, "rows": rows, "cols": cols, "ld": gp.ldb,
                      "elt": ops.b_dtype.bytes})
+    if kernel.config.split3:
+        # 3xTF32: K-major rows of K fp32 become rows of 3K (rules: unswapped, both operands K-major).
+        plan = [{"operand": "A", "tensor": "A", "rows": gp.m, "cols": gp.k, "ld": gp.lda, "elt": 4, "split3": True},
+                {"operand": "B", "tensor": "B", "rows": gp.n, "cols": gp.k, "ld": gp.ldb, "elt": 4, "split3": True}]
     for p in plan:
         per_row = PACK_ROW_BYTES // p["elt"]
-        p["packed_ld"] = -(-p["cols"] // per_row) * per_row
+        p["out_cols"] = p["cols"] * SPLIT_FACTOR if p.get("split3") else p["cols"]
+        p["packed_ld"] = -(-p["out_cols"] // per_row) * per_row
         p["bytes"] = p["rows"] * p["packed_ld"] * p["elt"]
     return plan
 
@@ -111,24 +117,27 @@ def pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
     operand's storage copied to its packed leading dimension. With one copy, the second parameter set repeats
     the first (its blockIdx.z never runs)."""
     params = []
+    split = bool(plan[0].get("split3"))
+    ctype = "float" if split else "u16"
     for z in range(2):
         copy = plan[min(z, len(plan) - 1)]
-        params += [{"name": f"src{z}", "ctype": "const u16*", "kind": "tensor", "tensor": copy["tensor"]},
-                   {"name": f"dst{z}", "ctype": "u16*", "kind": "workspace", "offset_bytes": copy["offset"]},
+        params += [{"name": f"src{z}", "ctype": f"const {ctype}*", "kind": "tensor", "tensor": copy["tensor"]},
+                   {"name": f"dst{z}", "ctype": f"{ctype}*", "kind": "workspace", "offset_bytes": copy["offset"]},
                    {"name": f"rows{z}", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
                    {"name": f"cols{z}", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
                    {"name": f"ld_src{z}", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
                    {"name": f"ld_dst{z}", "ctype": "int", "kind": "scalar", "value": copy["packed_ld"]}]
-    chunks = max(-(-c["cols"] // PACK_CHUNK) for c in plan)
+    chunk = 16 // plan[0]["elt"]   # one 16-byte vector per thread and row
+    chunks = max(-(-c["cols"] // chunk) for c in plan)
     row_groups = max(-(-c["rows"] // PACK_ROWS) for c in plan)
-    return {"entry": f"{kernel.name}_pack", "grid": [-(-chunks // PACK_THREADS), min(row_groups, PACK_MAX_GRID_Y),
+    return {"entry": f"{kernel.name}_{'split3' if split else 'pack'}", "grid": [-(-chunks // PACK_THREADS), min(row_groups, PACK_MAX_GRID_Y),
                                                       len(plan)],
             "block": [PACK_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
 
 
 def prepass_bytes(kernel: Kernel, problem: Problem) -> int:
     """DRAM bytes the pack launches move (each packed operand read once and written once)."""
-    return sum(p["rows"] * p["cols"] * p["elt"] * 2 for p in pack_plan(kernel, problem))
+    return sum(p["rows"] * (p["cols"] + p["out_cols"]) * p["elt"] for p in pack_plan(kernel, problem))
 
 
 def has_scales(kernel: Kernel) -> bool:
@@ -220,7 +229,8 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
             "l2_promotion": L2_PROMOTION}
     for copy in plan or ():
         spec = tm_a if copy["operand"] == "A" else tm_b
-        spec.update(tensor="workspace", offset_bytes=copy["offset"], strides_bytes=[copy["packed_ld"] * elt])
+        spec.update(tensor="workspace", offset_bytes=copy["offset"], strides_bytes=[copy["packed_ld"] * elt],
+                    dims=[copy["out_cols"], copy["rows"]])
     return tm_a, tm_b
 
 
@@ -282,7 +292,8 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     tm_a, tm_b = tensormap_specs(kernel, problem, plan)
     gp = gemm_problem(kernel, problem)
     lds = {copy["operand"]: copy["packed_ld"] for copy in plan or ()}
-    scalars = [("M", gp.m), ("N", gp.n), ("K", gp.k), ("lda", lds.get("A", gp.lda)), ("ldb", lds.get("B", gp.ldb)),
+    k = gp.k * SPLIT_FACTOR if cfg.split3 else gp.k   # 3xTF32: the main loop runs over the split copies' 3K
+    scalars = [("M", gp.m), ("N", gp.n), ("K", k), ("lda", lds.get("A", gp.lda)), ("ldb", lds.get("B", gp.ldb)),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     params = [tm_a, tm_b] + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
               {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
@@ -355,6 +366,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["has_scales", "packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "has_scales", "packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]

@@ -82,10 +82,18 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     if config.promote:
         # A second accumulator set holds each interval's wgmma partial sums.
         rule(config.promote in (1, 2, 4), "fp8 promotion interval must be 1, 2 or 4 k-tiles", config.promote, "1,2,4")
-        rule(elt == 1, "promotion into fp32 accumulators is for fp8 inputs (16-bit wgmma accumulates in fp32)",
-             f"{8 * elt}-bit", "fp8")
+        rule(elt != 2, "promotion into fp32 accumulators is for fp8 and tf32 inputs", f"{8 * elt}-bit",
+             "fp8 or fp32")
         acc *= 2
     rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
+    if config.split3:
+        rule(elt == 4, "3xTF32 (split3) is for fp32 inputs", f"{8 * elt}-bit", "fp32")
+        rule(not config.swap_ab and decomp.kind is not DecompKind.STREAM_K,
+             "3xTF32 (split3) runs data-parallel or split-K tiles, unswapped", decomp.tag, "dp or splitk<S>")
+        # wgmma adds tf32 products into its accumulators with reduced precision: without promotion the three
+        # products reach 2e-5, with it 2-4e-7 (H100, tests/test_hopper_paths_gpu.py), fp32's class.
+        rule(config.promote >= 1, "3xTF32 (split3) promotes its partial sums into fp32 (promote 1, 2 or 4)",
+             config.promote, "1, 2 or 4")
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
     # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
     # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
