@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192),
@@ -44,7 +43,6 @@ def main(argv=None) -> int:
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.runtime.detect import detect_gpu
-    from gemmgen.tune.export import export_bundle
 
     torch.backends.cuda.matmul.allow_tf32 = False
     fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[args.dtype]
@@ -96,9 +94,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"  {r.config.tag}: {row['error']}", flush=True)
                 continue
-            folder = Path(tempfile.mkdtemp(prefix="gemmgen-fp8-"))
-            export_bundle(folder, kernel, problem, result, measured=None, verification=None, environment={})
-            gemm = gemmgen.load(folder)
+            gemm = load_compiled(kernel, problem, result, "gemmgen-fp8-")
             errors = []
             for mm, nn, kk in ((m, n, k), (m - 77, n + 48, k - 144)):   # a shape that is not a tile multiple
                 A, B, sa, sb = operands(mm, nn, kk)

@@ -39,6 +39,19 @@ def kernel_for(problem, config, arch=None):
     return Kernel(arch or Arch.SM90A, problem.operands, config)
 
 
+def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
+    """`compiled` exported as a bundle into a fresh temporary folder (unmeasured) and loaded with gemmgen.load:
+    the path a user's kernel takes."""
+    import tempfile
+
+    import gemmgen
+    from gemmgen.tune.export import export_bundle
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    export_bundle(folder, kernel, problem, compiled, measured=None, verification=None, environment={})
+    return gemmgen.load(folder)
+
+
 def verify_all(todo, watchdog_s: float = 60.0, jobs: "int | None" = None) -> "list[dict]":
     """Compile every (label, problem, kernel) of `todo` over a process pool, then run each once in the tuner's
     measuring worker (fresh random inputs, NaN-poisoned outputs, cuBLAS fp32-accumulate reference, a watchdog that
@@ -70,4 +83,4 @@ def verify_all(todo, watchdog_s: float = 60.0, jobs: "int | None" = None) -> "li
     return rows
 
 
-__all__ = ["ROOT", "kernel_for", "run_main", "verify_all", "write_report"]
+__all__ = ["ROOT", "kernel_for", "load_compiled", "run_main", "verify_all", "write_report"]

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
 
 CASES = {  # name: (M, N, K, A layout, B layout)
     "sq4095_rr": (4095, 4095, 4095, "row", "row"),
@@ -68,11 +67,9 @@ def timed(torch, fn, sets) -> float:
 def breakdown(torch, gemm, sets, problem, gpu, row, built, kernels) -> dict:
     """Microseconds of the pack launches alone, the GEMM (and reduction) launches alone, the whole sequence, and
     the same configuration compiled for the aligned shape rounded up to multiples of 8 (no pack, TMA stores)."""
-    import gemmgen
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_kernel
     from gemmgen.runtime.launch import LaunchSequence
-    from gemmgen.tune.export import export_bundle
 
     bound = [gemm.bind(*s) for s in sets]
     npack = sum(l.function.name.endswith("_pack") for l in bound[0].launches)
@@ -88,10 +85,7 @@ def breakdown(torch, gemm, sets, problem, gpu, row, built, kernels) -> dict:
     aligned = Problem.create(m8, n8, k8, "bf16", problem.a_layout.value, problem.b_layout.value)
     config = next(k.config for k in kernels if k.config.tag == row["config"])
     kernel = Kernel(gpu.arch, aligned.operands, config)
-    import tempfile
-    folder = Path(tempfile.mkdtemp(prefix="gemmgen-aligned-"))
-    export_bundle(folder, kernel, aligned, compile_kernel(kernel), measured=None, verification=None, environment={})
-    g = gemmgen.load(folder)
+    g = load_compiled(kernel, aligned, compile_kernel(kernel), "gemmgen-aligned-")
     asets = []
     for _ in range(SETS):
         asets.append((operand(torch, m8, k8, problem.a_layout.value, torch.bfloat16),
@@ -137,7 +131,6 @@ def main(argv=None) -> int:
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.runtime.detect import detect_gpu
-    from gemmgen.tune.export import export_bundle
 
     torch.backends.cuda.matmul.allow_tf32 = False   # the reference accumulates in true fp32
     gpu = detect_gpu().gpu
@@ -178,9 +171,7 @@ def main(argv=None) -> int:
                 row.update(ok=False, error=f"compile: {str(result)[:200]}")
                 rows.append(row)
                 continue
-            folder = Path(tempfile.mkdtemp(prefix="gemmgen-misaligned-"))
-            export_bundle(folder, kernel, problem, result, measured=None, verification=None, environment={})
-            gemm = gemmgen.load(folder)
+            gemm = load_compiled(kernel, problem, result, "gemmgen-misaligned-")
             errors = []
             # The case's shape, then two others the bundle serves (same operand alignment class: odd dims stay odd).
             # Skinny cases keep M (a swapped kernel's tile bounds it: the manifest's serves.m_max).

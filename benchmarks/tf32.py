@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096)}
@@ -37,11 +36,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    import gemmgen
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.runtime.detect import detect_gpu
-    from gemmgen.tune.export import export_bundle
 
     gpu = detect_gpu().gpu
     device = torch.cuda.get_device_name()
@@ -82,9 +79,7 @@ def main(argv=None) -> int:
                 row.update(ok=False, error=f"compile: {str(result)[:200]}")
                 rows.append(row)
                 continue
-            folder = Path(tempfile.mkdtemp(prefix="gemmgen-tf32-"))
-            export_bundle(folder, kernel, problem, result, measured=None, verification=None, environment={})
-            gemm = gemmgen.load(folder)
+            gemm = load_compiled(kernel, problem, result, "gemmgen-tf32-")
             errors = []
             for mm, nn, kk in ((m, n, k), (m - 77, n + 52, k - 36)):
                 a, b = torch.randn(mm, kk, device="cuda"), torch.randn(nn, kk, device="cuda").t()
