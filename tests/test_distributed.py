@@ -126,10 +126,14 @@ def check_shared_study(result, victim, measured_log, storage):
     # Failed by another worker's heartbeat check and queued again, or, when the others ended within the grace
     # period, failed by the parent once every worker had exited.
     failed = [t for t in trials if t.state.name == "FAIL" and not t.user_attrs.get("measured")]
-    assert failed, "the killed worker's running trial must be failed"
+    if by_victim and by_victim[-1] not in finished:
+        # Killed mid-measurement (its last logged configuration never finished): that trial must be failed.
+        assert failed, "the killed worker's running trial must be failed"
     retried = [t for t in trials if t.system_attrs.get("retry_history")]
     assert all(t.system_attrs["retry_history"][-1] in {f.number for f in failed} for t in retried)
-    assert len({t.user_attrs.get("worker") for t in measured}) == WORKERS
+    # Several workers measured in the one study. (Not necessarily all four: on a loaded 2-core machine a worker
+    # may start after the others have spent the budget, CI run of 2026-11-25.)
+    assert len({t.user_attrs.get("worker") for t in measured}) >= 2
 
     # The record holds every finished trial, and the one finalist round.
     record = json.loads(Path(result.record_path).read_text())
