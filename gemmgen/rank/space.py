@@ -183,10 +183,10 @@ def check_target(gpu: Gpu, arch: Arch, dtype: "DType | None" = None, b_dtype: "D
             raise InvalidInput(f"dtype must be one the kernel families take on {gpu.key} ({arch.value}): "
                                f"{', '.join(taken)}", dtype.value)
         if b_dtype is not None and b_dtype is not dtype:
-            mixed = constraints.mixed_text({p for f in able for p in f.mixed_dtypes})
             if not any((dtype, b_dtype) in f.dtype_pairs() for f in able):
-                raise InvalidInput(f"A/B dtype pair must be one the kernel families take on {gpu.key} ({arch.value}): "
-                                   f"{mixed or 'matching A and B dtypes only'}",
+                mixed = constraints.mixed_text({p for f in able for p in f.mixed_dtypes})
+                raise InvalidInput(f"A/B dtype pair must be one the kernel families take on {gpu.key} "
+                                   f"({arch.value}): {mixed or 'matching A and B dtypes only'}",
                                    constraints.pair_text(dtype, b_dtype))
 
 

@@ -350,6 +350,7 @@ class GpuBenchmark:
 
 
 def _storage_key(problem: Problem) -> tuple:
-    """What decides the buffers' sizes (not alpha, beta's value or the activation)."""
-    return (problem.m, problem.n, problem.k, problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout, problem.b_layout,
-            problem.epilogue.beta != 0, problem.epilogue.bias)
+    """What decides the buffers' sizes and fill (not alpha, beta's value or the activation): B's dtype too, as
+    e4m3 and e5m2 operands are the same size but not the same values."""
+    return (problem.m, problem.n, problem.k, problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout,
+            problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias)
