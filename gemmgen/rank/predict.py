@@ -215,7 +215,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     cta = config.cta
     clock = gpu.boost_clock_mhz * 1e6
     # A mixed fp8 pair runs at the slower of its inputs' rates (the same fp8 rate in the catalogue).
-    peak = min(gpu.tensor_flop_per_clock_per_sm(problem.a_dtype), gpu.tensor_flop_per_clock_per_sm(problem.b_dtype))
+    peak = min(gpu.tensor_flop_per_clock_per_sm(dt) for dt in (problem.a_dtype, problem.b_dtype))
 
     # Work decomposition.
     tiles_m, tiles_n = math.ceil(m / cta.m), math.ceil(n / cta.n)
