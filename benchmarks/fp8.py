@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """fp8 (e4m3, e5m2) sm90_wgmma kernels against cuBLAS fp8 (torch._scaled_mm), with errors.
 
-    PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--out DIR] [--only NAME ...]
+    PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--b-dtype e5m2] [--out DIR] [--only NAME]
 
 For each shape, the model's top fp8 configurations are compiled, exported and loaded with gemmgen.load (public
 APIs only). Each is verified on fresh random inputs (per-tensor scales passed as GPU scalars) with D poisoned
 first, at the shape and at a shape that is not a tile multiple, against an fp32 reference of the same fp8
 values; cuBLAS's own error against that reference is printed beside it. Then the best are timed interleaved with
 torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. A is row-major and B column-major (the
-layouts both wgmma and cuBLAS fp8 take). Prints a summary table last.
+layouts both wgmma and cuBLAS fp8 take). --b-dtype gives B another fp8 type than A's (the gradient GEMMs:
+e4m3 x e5m2 or e5m2 x e4m3; cuBLAS takes those pairs too, but not e5m2 x e5m2). Prints a summary table last.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ SETS = 3
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=3)
-    parser.add_argument("--dtype", default="e4m3", choices=["e4m3", "e5m2"])
+    parser.add_argument("--dtype", default="e4m3", choices=["e4m3", "e5m2"], help="A's fp8 type (and B's by default)")
+    parser.add_argument("--b-dtype", default=None, choices=["e4m3", "e5m2"], help="B's fp8 type (default: --dtype)")
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--promote", type=int, default=0, metavar="N",
@@ -45,7 +47,10 @@ def main(argv=None) -> int:
     from gemmgen.runtime.detect import detect_gpu
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[args.dtype]
+    b_dtype = args.b_dtype or args.dtype
+    pair = args.dtype if b_dtype == args.dtype else f"{args.dtype}{b_dtype}"
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    fp8_a, fp8_b = fp8[args.dtype], fp8[b_dtype]
     gpu = detect_gpu().gpu
     device = torch.cuda.get_device_name()
 
@@ -53,7 +58,7 @@ def main(argv=None) -> int:
         # Values spread over fp8's range (scaled normals), quantized with per-tensor scales as a user would.
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
         sa, sb = a.abs().max() / 240.0, b.abs().max() / 240.0
-        A, Bt = (a / sa).to(fp8), (b / sb).to(fp8)
+        A, Bt = (a / sa).to(fp8_a), (b / sb).to(fp8_b)
         return A, Bt.t(), sa.float().reshape(()), sb.float().reshape(())
 
     def reference(A, B, sa, sb):
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     for name, (m, n, k) in SHAPES.items():
         if args.only and name not in args.only:
             continue
-        problem = Problem.create(m, n, k, args.dtype, "row", "col")
+        problem = Problem.create(m, n, k, args.dtype, "row", "col", b_dtype=b_dtype)
         ranked = candidates(problem, gpu, args.top)
         if args.promote:
             from gemmgen.rank.predict import predict
@@ -139,10 +144,10 @@ def main(argv=None) -> int:
         for _, g in loaded:
             g.close()
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dtype": args.dtype,
-              "rows": rows, "summary": summary}
+              "b_dtype": b_dtype, "rows": rows, "summary": summary}
     if args.out:
-        write_report(args.out, f"fp8-{args.dtype}.json", report)
-    print(f"\n{device}, {report['date']}, {args.dtype} x {args.dtype} -> bf16, per-tensor scales, TFLOP/s")
+        write_report(args.out, f"fp8-{pair}.json", report)
+    print(f"\n{device}, {report['date']}, {args.dtype} x {b_dtype} -> bf16, per-tensor scales, TFLOP/s")
     print(f"{'case':10} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} {'cuB err':>8}  best")
     for s in summary:
         if s["best"] is None:

@@ -100,7 +100,7 @@ VALUE_OF = {
     "format": valid("png", "svg", "gif"),
     "gpus": valid("0", "0,1", "all", "0,0"),
 }
-PROBLEM_FLAGS = [("--dtype", "dtype"), ("--a", "layout"), ("--b", "layout"), ("--alpha", "float"), ("--beta", "float"),
+PROBLEM_FLAGS = [("--dtype", "dtype"), ("--b-dtype", "dtype"), ("--a", "layout"), ("--b", "layout"), ("--alpha", "float"), ("--beta", "float"),
                  ("--bias", None), ("--activation", "activation"), ("--gpu", "gpu")]
 TUNE_FLAGS = [("--trials", "int"), ("--timeout", "float"), ("--patience", "int"), ("--storage", "storage"),
               ("--out", "out"), ("--sampler", "sampler"), ("--top-k", "int"), ("--jobs", "int"),
@@ -118,7 +118,7 @@ COMMANDS = {
     "compile": (3, PROBLEM_FLAGS + [("--arch", "arch"), ("--config", "file"), ("--out", "out"),
                                     ("--lineinfo", None)]),
     "render": (3, PROBLEM_FLAGS + [("--arch", "arch"), ("--config", "file")]),
-    "space": (0, [("--arch", "arch"), ("--dtype", "dtype"), ("--a", "layout"), ("--b", "layout"), ("--gpu", "gpu"),
+    "space": (0, [("--arch", "arch"), ("--dtype", "dtype"), ("--b-dtype", "dtype"), ("--a", "layout"), ("--b", "layout"), ("--gpu", "gpu"),
                   ("--compile", None), ("--jobs", "int"), ("--json", None)]),
     "intensity": (0, [("--warp", "tile"), ("--mma", "tile"), ("--cta", "tile"), ("--dtype", "dtype"),
                       ("--gpu", "gpu"), ("--peak-per-sm", "float"), ("--json", None)]),

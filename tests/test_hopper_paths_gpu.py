@@ -1,7 +1,8 @@
 """The Hopper paths added on 2026-11-25, run on the GPU at shapes that are not tile multiples, each against an fp32
 reference on fresh random inputs with D poisoned (NaN) first:
   - operands whose leading dimension is not a 16-byte multiple (the pack pass), all four layouts, the operand swap;
-  - fp8 (e4m3, e5m2) with per-tensor scales as device scalars, with and without fp32 promotion.
+  - fp8 (e4m3, e5m2) with per-tensor scales as device scalars, with and without fp32 promotion;
+  - mixed fp8 (e4m3 x e5m2 and e5m2 x e4m3, the gradient GEMMs), also through the operand swap.
 Tolerance: ||D - ref|| / ||ref|| < 1e-2 (bf16 output rounding is ~2e-3); NaN never passes.
 """
 from __future__ import annotations
@@ -93,6 +94,45 @@ def test_fp8_with_device_scales_matches_the_fp32_reference(dtype, promote):
         torch.cuda.synchronize()
         ref = (A.float() @ B.float()) * (sa * sb) + bias.float()
         assert rel_error(D, ref) < TOLERANCE
+
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+MIXED_SWAP = {"family": "sm90_wgmma", "cta": "128x32x128", "warp": "64x32x128", "mma": "64x32x32", "stages": 6,
+              "warp_specialized": True, "persistent": True, "swap_ab": True}
+
+
+# Mixed fp8 (wgmma .e4m3.e5m2 / .e5m2.e4m3): each operand quantized to its own type with its own device scale;
+# the reference is the fp32 product of the same fp8 values. The swapped kernel runs B^T (B's type) as its A.
+@pytest.mark.parametrize("a_dtype,b_dtype", [("e4m3", "e5m2"), ("e5m2", "e4m3")])
+@pytest.mark.parametrize("case", ["promote0", "promote1", "swap"])
+def test_mixed_fp8_with_device_scales_matches_the_fp32_reference(a_dtype, b_dtype, case):
+    config = MIXED_SWAP if case == "swap" else {
+        "family": "sm90_wgmma", "cta": "128x128x128", "warp": "64x128x128", "mma": "64x128x32", "stages": 4,
+        "warp_specialized": True, "persistent": True, "promote": int(case[-1])}
+    shapes = ((24, 3001, 1040), (7, 1000, 784)) if case == "swap" else ((1000, 1048, 784), (77, 3000, 1040))
+    m0, n0, k0 = shapes[0]
+    gemm = load(Problem.create(m0, n0, k0, a_dtype, "row", "col", bias=True, b_dtype=b_dtype), config)
+    for m, n, k in shapes:   # rows of 16-byte multiples, not tile multiples
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        sa, sb = (a.abs().max() / 200).reshape(()), (b.abs().max() / 200).reshape(())
+        A, B = (a / sa).to(FP8[a_dtype]), (b / sb).to(FP8[b_dtype]).t()
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, B, D, bias=bias, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        ref = (A.float() @ B.float()) * (sa * sb) + bias.float()
+        assert rel_error(D, ref) < TOLERANCE
+
+
+def test_mixed_fp8_kernel_refuses_b_of_a_s_type():
+    config = {"family": "sm90_wgmma", "cta": "128x128x128", "warp": "64x128x128", "mma": "64x128x32", "stages": 4,
+              "warp_specialized": True, "persistent": True}
+    gemm = load(Problem.create(256, 256, 256, "e4m3", "row", "col", b_dtype="e5m2"), config)
+    A = torch.randn(256, 256, device="cuda").to(torch.float8_e4m3fn)
+    B = torch.randn(256, 256, device="cuda").to(torch.float8_e4m3fn).t()
+    D = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(gemmgen.InvalidInput, match="B must have dtype e5m2"):
+        gemm(A, B, D)
 
 
 # fp32 D from 16-bit (and fp8) inputs: the staged epilogue stores fp32 (TMA stores stay 16-bit), through every

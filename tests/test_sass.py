@@ -67,17 +67,18 @@ def _sass_of_functions(cubin: bytes) -> "dict[str, dict]":
     return out
 
 
-# fp8 wgmma shows as QGMMA (e4m3/e5m2 in its name); the Hopper kernels load through TMA (UTMALDG).
-@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
-def test_fp8_default_config_sass_runs_qgmma_through_tma_with_no_local_memory(dtype):
-    problem = Problem.create(4096, 4096, 4096, dtype, "row", "col")
+# fp8 wgmma shows as QGMMA (e4m3/e5m2 in its name, A's type then B's); the Hopper kernels load through TMA
+# (UTMALDG). Mixed pairs (issue 22's gradient GEMMs) run QGMMA with the two types.
+@pytest.mark.parametrize("dtype,b_dtype", [("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e5m2", "e4m3")])
+def test_fp8_default_config_sass_runs_qgmma_through_tma_with_no_local_memory(dtype, b_dtype):
+    problem = Problem.create(4096, 4096, 4096, dtype, "row", "col", b_dtype=b_dtype)
     kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, H100, Arch.SM90A))
     compiled = compile_kernel(kernel, H100)
     text = dump_sass(compiled.cubin)
     counts = instruction_counts(text)
     # instruction_counts stops an opcode at its lower-case shape ("QGMMA.64"); the operand types follow it.
     shapes = set(re.findall(r"QGMMA\.64x\d+x32\.F32\.(\w+)\.(\w+)", text))
-    assert count_prefix(counts, "QGMMA") > 0 and shapes == {(dtype.upper(), dtype.upper())}, shapes
+    assert count_prefix(counts, "QGMMA") > 0 and shapes == {(dtype.upper(), b_dtype.upper())}, shapes
     assert count_prefix(counts, "HGMMA") == 0 and count_prefix(counts, "UTMALDG") > 0
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
     assert compiled.spill_bytes == 0

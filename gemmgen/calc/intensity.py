@@ -187,8 +187,10 @@ class Roofline:
 
 def roofline(problem: Problem, gpu: Gpu, prediction=None) -> Roofline:
     """The problem's minimum-traffic roofline on `gpu`; `prediction` (rank.predict's, for one configuration)
-    travels with it when given."""
-    return Roofline(problem, gpu, gpu.tensor_peak(problem.a_dtype), gpu.dram_bandwidth, problem.flops,
+    travels with it when given. A mixed fp8 pair runs at the slower of its two inputs' rates (the catalogue
+    gives e4m3 and e5m2 the same fp8 rate); min_bytes counts each operand at its own element size."""
+    peak = min(gpu.tensor_peak(problem.a_dtype), gpu.tensor_peak(problem.b_dtype))
+    return Roofline(problem, gpu, peak, gpu.dram_bandwidth, problem.flops,
                     problem.min_bytes, prediction)
 
 

@@ -50,7 +50,7 @@ def kernel_from_args(args) -> "tuple[Kernel, Problem, object]":
     problem, arch, config = check_inputs(args)
     gpu = resolve_gpu(args.gpu)
     arch = arch or gpu.arch
-    check_target(gpu, arch, problem.a_dtype)
+    check_target(gpu, arch, problem.a_dtype, problem.b_dtype)
     config = config or default_config(problem, gpu, arch)
     constraints.validate(config, gpu, arch, problem)
     return Kernel(arch, problem.operands, config), problem, gpu

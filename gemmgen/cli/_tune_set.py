@@ -59,7 +59,8 @@ def run_shape_set(args) -> int:
 
     buckets = buckets_from_args(args)
     base = Problem.create(buckets[0].m_max, buckets[0].n, buckets[0].k, args.dtype, args.a_layout, args.b_layout,
-                          None, args.alpha, args.beta, args.bias, args.activation)
+                          getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
+                          getattr(args, "b_dtype", None))
     options = options_from_args(args)
     if args.dry_run:
         return dry_run_shape_set(args, base, buckets, options)
@@ -104,7 +105,7 @@ def print_dispatch(result) -> None:
                          ",".join(str(m) for m in e["tuned_at"]), w.config.tag, f"{w.tflops:.1f}", vs,
                          note or "-"])
     secs = sum(r.result.elapsed_s for r in result.runs)
-    print(f"tuned {len(result.runs)} buckets of {result.base.a_dtype.value} "
+    print(f"tuned {len(result.runs)} buckets of {result.base.dtype_label} "
           f"{result.base.a_layout.letter}{result.base.b_layout.letter} on {result.gpu.key} in {secs:.1f}s; "
           f"{len(result.kernels)} distinct kernels")
     print(table(rows, ["M", "N x K", "tuned at M", "kernel (config)", "TFLOP/s", "vs cuBLAS", "merged"]))

@@ -73,7 +73,7 @@ def run(args) -> int:
         return 0
 
     p = problem
-    dt = p.a_dtype.value
+    dt = f"{p.a_dtype.value} x {p.b_dtype.value}" if p.mixed else p.a_dtype.value
     print(f"problem   {p.m}x{p.n}x{p.k} {dt}, A {p.a_layout.value}, B {p.b_layout.value}: "
           f"{p.flops / 1e9:.1f} GFLOP, minimum traffic {p.min_bytes / 1e6:.1f} MB")
     print(f"GPU       {gpu.key} ({gpu.name}): {roof.peak_flops / 1e12:.1f} TFLOP/s {dt} dense, "

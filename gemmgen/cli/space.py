@@ -17,6 +17,8 @@ def register(subparsers) -> None:
                         help="target: sm_80, sm_86, sm_89, sm_90a (default: the GPU's)")
     parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
                         help="bf16 (default); the error for another lists what the GPU's families take")
+    parser.add_argument("--b-dtype", default=None, type=text_arg("--b-dtype"),
+                        help="B's dtype when it differs from A's (--dtype, the default): fp8 pairs only")
     parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
                         help="layout of A: row (default) or col")
     parser.add_argument("--b", dest="b_layout", default="row", type=text_arg("--b"),
@@ -39,9 +41,11 @@ def run(args) -> int:
     if args.jobs is not None and not args.compile:
         raise InvalidInput("--jobs needs --compile (it is how many processes compile)", args.jobs)
     dtype = DType.parse(args.dtype)
-    check_target(gpu, arch, dtype)
+    b_dtype = DType.parse(args.b_dtype) if args.b_dtype is not None else dtype
     # The operands of a packed problem of this dtype: 16-byte vectors, and (as Problem.create) fp8 writes a 16-bit D.
-    probe = Problem.create(4096, 4096, 4096, dtype.value, args.a_layout, args.b_layout)
+    # Built first: it refuses a mixed pair that is not fp8 whatever the GPU.
+    probe = Problem.create(4096, 4096, 4096, dtype.value, args.a_layout, args.b_layout, b_dtype=b_dtype.value)
+    check_target(gpu, arch, dtype, b_dtype)
     operands = probe.operands
     kernels = [Kernel(arch, operands, c) for family in families_for(arch)
                for c in enumerate_space(family, gpu, arch, None, operands)]

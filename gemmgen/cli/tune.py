@@ -259,7 +259,7 @@ def run(args) -> int:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         options = options_from_args(args)
-        check_target(gpu, gpu.arch, problem.a_dtype)
+        check_target(gpu, gpu.arch, problem.a_dtype, problem.b_dtype)
         say_fallbacks(problem, gpu)
         say_calibration(gpu)
         result = dry_run(problem, gpu, top_k=max(1, options.top_k), out=args.out, jobs=options.jobs)
@@ -274,7 +274,7 @@ def run(args) -> int:
         return run_on_gpus(args, problem, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
     try:
-        check_target(gpu, gpu.arch, problem.a_dtype)
+        check_target(gpu, gpu.arch, problem.a_dtype, problem.b_dtype)
         say_fallbacks(problem, gpu)
     except InvalidInput:
         measurer.close()

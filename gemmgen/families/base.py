@@ -72,6 +72,9 @@ class KernelFamily:
     min_arch: ClassVar[Arch] = Arch.SM80
     needs_wgmma: ClassVar[bool] = False  # only sm_90a (not sm_90) has wgmma and setmaxnreg
     dtypes: ClassVar["frozenset[DType]"] = frozenset()
+    # (A's, B's) dtype pairs of different types the family also takes (an fp8 gradient GEMM: e4m3 x e5m2);
+    # none unless a family says so. dtype_pairs() is every pair: these and each of `dtypes` with itself.
+    mixed_dtypes: ClassVar["frozenset[tuple[DType, DType]]"] = frozenset()
     decompositions: ClassVar["frozenset[DecompKind]"] = frozenset({DecompKind.DATA_PARALLEL})
     # The width of the signed integers the kernel indexes with (its ABI passes M, N, K and the leading
     # dimensions as `int`): every dimension, leading dimension and element offset must fit (families/rules.py).
@@ -94,6 +97,10 @@ class KernelFamily:
     def available(self) -> bool:
         """The family's template and search space are present (an installed copy may lack a family's files)."""
         return (self.template_root / self.template).is_file() and self.space_file.is_file()
+
+    def dtype_pairs(self) -> "frozenset[tuple[DType, DType]]":
+        """Every (A dtype, B dtype) the family takes."""
+        return frozenset((d, d) for d in self.dtypes) | self.mixed_dtypes
 
     # --- rules and resources ---------------------------------------------------------------
     def check(self, config: TileConfig, gpu: Gpu, arch: Arch, problem: "Problem | None",
@@ -193,8 +200,8 @@ def scalar_params(problem: Problem) -> "list[dict]":
 
 def pointer_params(problem: Problem) -> "list[dict]":
     """(A, B, C, D, bias, workspace): the pointer head of the plain (non-TMA) ABI."""
-    t, c = problem.a_dtype.cuda_type, problem.c_dtype.cuda_type
-    return [tensor_param("A", f"const {t}*"), tensor_param("B", f"const {t}*"), tensor_param("C", f"const {c}*"),
+    a, b, c = problem.a_dtype.cuda_type, problem.b_dtype.cuda_type, problem.c_dtype.cuda_type
+    return [tensor_param("A", f"const {a}*"), tensor_param("B", f"const {b}*"), tensor_param("C", f"const {c}*"),
             tensor_param("D", f"{c}*"), tensor_param("bias", f"const {c}*"), workspace_param()]
 
 

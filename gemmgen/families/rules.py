@@ -61,6 +61,10 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
     if operands is not None:
         rule(operands.a_dtype in family.dtypes, f"family {family.name} supports dtypes", operands.a_dtype.value,
              sorted(d.value for d in family.dtypes))
+        if operands.b_dtype is not operands.a_dtype:
+            rule((operands.a_dtype, operands.b_dtype) in family.dtype_pairs(),
+                 f"family {family.name} supports A/B dtype pairs", pair_text(operands.a_dtype, operands.b_dtype),
+                 mixed_text(family.mixed_dtypes) or "matching A and B dtypes only")
 
     if problem is not None:
         _check_indexing(family, problem, rule)
@@ -106,6 +110,16 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
     rule(regs_allocated(config) <= gpu.regs_per_sm, "registers per block must fit the register file",
          regs_allocated(config), gpu.regs_per_sm)
     return out
+
+
+def pair_text(a, b) -> str:
+    """An (A, B) dtype pair as errors show it: 'e4m3 x e5m2'."""
+    return f"{a.value} x {b.value}"
+
+
+def mixed_text(pairs) -> str:
+    """Mixed (A, B) dtype pairs as errors list them: 'e4m3 x e5m2, e5m2 x e4m3' ('' for none)."""
+    return ", ".join(sorted(pair_text(a, b) for a, b in pairs))
 
 
 def _check_indexing(family, problem: Problem, rule) -> None:

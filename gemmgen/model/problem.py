@@ -129,17 +129,22 @@ class Problem:
         parse.real("beta", self.epilogue.beta)
         if self.acc_dtype is not DType.F32:
             raise InvalidInput("accumulator dtype must be f32 (the only one the kernel families use)", self.acc_dtype.value)
-        if self.a_dtype is not self.b_dtype:
-            raise InvalidInput("A and B must have the same dtype", f"{self.a_dtype.value}/{self.b_dtype.value}")
+        if self.a_dtype is not self.b_dtype and not (self.a_dtype.bytes == 1 and self.b_dtype.bytes == 1):
+            # Only fp8 tensor-core instructions take two input types (wgmma .e4m3.e5m2, for gradients in e5m2
+            # against e4m3 weights or activations); 16- and 32-bit products read one type for both.
+            raise InvalidInput("A and B must have the same dtype unless both are fp8 (e4m3, e5m2)",
+                               f"{self.a_dtype.value}/{self.b_dtype.value}")
 
     @classmethod
     def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
-               bias=False, activation=None) -> "Problem":
-        """Build a Problem from loose values (strings from a CLI or YAML), validating each."""
+               bias=False, activation=None, b_dtype=None) -> "Problem":
+        """Build a Problem from loose values (strings from a CLI or YAML), validating each. `dtype` is A's
+        (and B's unless `b_dtype` names another: fp8 pairs only)."""
         ab = DType.parse(dtype)
+        bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
         default_out = DType.BF16 if ab.bytes == 1 else ab
-        return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, ab,
+        return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, bb,
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
                    Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
                                              Activation.parse(activation)))
@@ -175,8 +180,18 @@ class Problem:
                 + self.m * self.n * self.c_dtype.bytes + c_reads + bias)
 
     @property
+    def mixed(self) -> bool:
+        """A and B have different dtypes (an fp8 pair: e4m3 x e5m2 or e5m2 x e4m3)."""
+        return self.a_dtype is not self.b_dtype
+
+    @property
+    def dtype_label(self) -> str:
+        """The input dtypes as names show them: 'bf16', or 'e4m3e5m2' for a mixed pair (as Operands.tag)."""
+        return self.a_dtype.value + (self.b_dtype.value if self.mixed else "")
+
+    @property
     def label(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}_{self.a_dtype.value}_{self.a_layout.letter}{self.b_layout.letter}"
+        return f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}"
 
     def swapped(self) -> "Problem":
         """The product a swapped kernel's main loop computes: D^T (N x M) = B^T @ A^T over the same memory.
@@ -199,7 +214,7 @@ class Problem:
     def from_dict(cls, d: dict) -> "Problem":
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
-                          d.get("bias", False), d.get("activation"))
+                          d.get("bias", False), d.get("activation"), d.get("b_dtype"))
 
 
 def parse_dim(axis: str, value) -> int:

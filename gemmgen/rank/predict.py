@@ -209,11 +209,13 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         # counted per column below, is a handful of bytes either way).
         problem = problem.swapped()
     ops = problem.operands
+    # One element size serves A and B: Problem lets their dtypes differ only as an fp8 pair, both 1 byte.
     elt, c_elt = problem.a_dtype.bytes, problem.c_dtype.bytes
     m, n, k = problem.m, problem.n, problem.k * prepass.k_factor   # 3xTF32 runs its main loop over 3K
     cta = config.cta
     clock = gpu.boost_clock_mhz * 1e6
-    peak = gpu.tensor_flop_per_clock_per_sm(problem.a_dtype)
+    # A mixed fp8 pair runs at the slower of its inputs' rates (the same fp8 rate in the catalogue).
+    peak = min(gpu.tensor_flop_per_clock_per_sm(dt) for dt in (problem.a_dtype, problem.b_dtype))
 
     # Work decomposition.
     tiles_m, tiles_n = math.ceil(m / cta.m), math.ceil(n / cta.n)

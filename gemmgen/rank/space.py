@@ -167,10 +167,11 @@ def families_for(arch: "Arch | str") -> "list[str]":
     return [f.name for f in families.for_arch(arch)]
 
 
-def check_target(gpu: Gpu, arch: Arch, dtype: "DType | None" = None) -> None:
+def check_target(gpu: Gpu, arch: Arch, dtype: "DType | None" = None, b_dtype: "DType | None" = None) -> None:
     """InvalidInput before any work when nothing could come of it: `arch` beyond what `gpu` runs, no family
-    compiling for it, or an input dtype none of those families takes (the registry says which they take, so a
-    family that adds a dtype widens this with no edit here)."""
+    compiling for it, or an input dtype (A's `dtype`, B's `b_dtype`, default A's) none of those families takes
+    (the registry says which dtypes and A/B pairs they take, so a family that adds one widens this with no edit
+    here)."""
     if arch.cc > gpu.arch.cc or (arch.has_wgmma and not gpu.arch.has_wgmma):
         raise InvalidInput(f"arch must not exceed the GPU's ({gpu.arch.value} on {gpu.key})", arch.value)
     able = families.for_arch(arch)
@@ -181,6 +182,12 @@ def check_target(gpu: Gpu, arch: Arch, dtype: "DType | None" = None) -> None:
         if dtype.value not in taken:
             raise InvalidInput(f"dtype must be one the kernel families take on {gpu.key} ({arch.value}): "
                                f"{', '.join(taken)}", dtype.value)
+        if b_dtype is not None and b_dtype is not dtype:
+            if not any((dtype, b_dtype) in f.dtype_pairs() for f in able):
+                mixed = constraints.mixed_text({p for f in able for p in f.mixed_dtypes})
+                raise InvalidInput(f"A/B dtype pair must be one the kernel families take on {gpu.key} "
+                                   f"({arch.value}): {mixed or 'matching A and B dtypes only'}",
+                                   constraints.pair_text(dtype, b_dtype))
 
 
 def heuristic_time(problem: Problem, config: TileConfig, gpu: Gpu, operands: "Operands | None" = None) -> float:

@@ -33,8 +33,8 @@ def check_match(kernel: Kernel, problem: Problem) -> None:
     """The problem must be one the kernel was compiled for: same dtypes, layouts and epilogue kind,
     and leading dimensions at least as aligned as the kernel's vector accesses assume."""
     have, need = problem.operands, kernel.operands
-    same = (have.a_dtype, have.c_dtype, have.a_layout, have.b_layout, have.bias, have.activation) == \
-           (need.a_dtype, need.c_dtype, need.a_layout, need.b_layout, need.bias, need.activation)
+    same = (have.a_dtype, have.b_dtype, have.c_dtype, have.a_layout, have.b_layout, have.bias, have.activation) == \
+           (need.a_dtype, need.b_dtype, need.c_dtype, need.a_layout, need.b_layout, need.bias, need.activation)
     if not same:
         raise InvalidInput("the problem's dtypes, layouts and epilogue must match the kernel's", problem.label,
                            kernel.name)

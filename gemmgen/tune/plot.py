@@ -55,7 +55,7 @@ def roofline_chart(roof: Roofline, path: "str | Path", points: "list[tuple[str, 
     ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
     ax.set_ylabel("TFLOP/s")
     p = roof.problem
-    ax.set_title(f"{p.m}x{p.n}x{p.k} {p.a_dtype.value} on {roof.gpu.name}", fontsize=10)
+    ax.set_title(f"{p.m}x{p.n}x{p.k} {p.dtype_label} on {roof.gpu.name}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

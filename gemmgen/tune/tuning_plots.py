@@ -69,7 +69,7 @@ def plot_tune(record: dict, out_dir: "str | Path", fmt: str = "png") -> "list[Pa
         raise InvalidInput("the record must hold measured trials to plot", str(record.get("study")))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{problem.m}x{problem.n}x{problem.k}_{problem.a_dtype.value}"
+    stem = f"{problem.m}x{problem.n}x{problem.k}_{problem.dtype_label}"
     roof = roofline(problem, gpu)
     written = []
 

@@ -38,6 +38,9 @@ class Sm90Wgmma(KernelFamily):
     # fp8 (e4m3, e5m2) runs wgmma m64nNk32 and fp32 inputs run as tf32 (m64nNk8), both on K-major operands into
     # the same fp32 accumulators.
     dtypes = frozenset({DType.BF16, DType.F16, DType.E4M3, DType.E5M2, DType.F32})
+    # wgmma's fp8 forms take A and B of either fp8 type (.e4m3.e5m2, .e5m2.e4m3): gradients in e5m2 against
+    # e4m3 weights or activations. Every other form reads one type for both (rules.py says so too).
+    mixed_dtypes = frozenset({(DType.E4M3, DType.E5M2), (DType.E5M2, DType.E4M3)})
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K})
     fused_splitk = True
     template_root = paths.TEMPLATES

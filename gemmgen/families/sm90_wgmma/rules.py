@@ -42,6 +42,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         if operands is not None:
             operands = operands.swapped()
 
+    if operands is not None and operands.a_dtype is not operands.b_dtype:
+        # wgmma names A's and B's types apart only in its fp8 forms (m64nNk32.f32.e4m3.e5m2 and the like).
+        rule(operands.a_dtype.bytes == 1 and operands.b_dtype.bytes == 1,
+             "sm90_wgmma mixes A and B dtypes only when both are fp8 (e4m3, e5m2)",
+             f"{operands.a_dtype.value} x {operands.b_dtype.value}", "e4m3/e5m2 x e4m3/e5m2")
     # One wgmma k-step reads 32 bytes of K per row: k16 for 16-bit inputs, k32 for fp8.
     elt = elt_bytes(operands)
     rule(mma.m == 64 and mma.k * elt == 32, f"wgmma shape for {8 * elt}-bit inputs must be m64nNk{32 // elt}",

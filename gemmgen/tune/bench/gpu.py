@@ -139,7 +139,8 @@ class GpuBenchmark:
         module = dev.load(cubin)
         try:
             workspace = self._workspace_for(int(manifest.get("workspace_bytes", 0) or 0))
-            limit = threshold(problem.c_dtype, problem.k, problem.a_dtype)
+            # A mixed fp8 pair is held to the looser of its two inputs' floors.
+            limit = max(threshold(problem.c_dtype, problem.k, dt) for dt in (problem.a_dtype, problem.b_dtype))
             rel, backend = None, ""
             if self.verify_first:
                 first = self._sets_for(problem, 1)[0]
@@ -349,6 +350,7 @@ class GpuBenchmark:
 
 
 def _storage_key(problem: Problem) -> tuple:
-    """What decides the buffers' sizes (not alpha, beta's value or the activation)."""
-    return (problem.m, problem.n, problem.k, problem.a_dtype, problem.c_dtype, problem.a_layout, problem.b_layout,
-            problem.epilogue.beta != 0, problem.epilogue.bias)
+    """What decides the buffers' sizes and fill (not alpha, beta's value or the activation): B's dtype too, as
+    e4m3 and e5m2 operands are the same size but not the same values."""
+    return (problem.m, problem.n, problem.k, problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout,
+            problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias)
