@@ -138,9 +138,13 @@ def check_shared_study(result, victim, measured_log, storage):
     # The record holds every finished trial, and the one finalist round.
     record = json.loads(Path(result.record_path).read_text())
     assert {t.number for t in trials if t.state.is_finished()} <= {t["number"] for t in record["trials"]}
-    rounds = [k for k in study.user_attrs if k.startswith("finalists/")]
-    assert rounds == ["finalists/0"] and result.winner is not None
-    assert record["winner"]["config_tag"] == study.user_attrs["finalists/0"]["winner"]
+    # Normally one round. A worker that measured something after a round was published (a slow worker on a
+    # loaded machine, seen under a full test run on 2 cores) holds a new round, since the finalists may have
+    # changed: rounds are numbered, each elected once, and the record follows the last.
+    rounds = sorted((k for k in study.user_attrs if k.startswith("finalists/")), key=lambda k: int(k.split("/")[1]))
+    assert rounds == [f"finalists/{i}" for i in range(len(rounds))] and 1 <= len(rounds) <= 2
+    assert result.winner is not None
+    assert record["winner"]["config_tag"] == study.user_attrs[rounds[-1]]["winner"]
     # Finalists measured on one GPU only: 3 finalists x 3 rounds, all by one worker, after the search.
     search_tags = set(tags)
     finals = measured_log[-9:]
