@@ -32,8 +32,10 @@ def test_lookup_and_dry_run_work_after_a_plain_pip_install_from_another_director
                                                               "__pycache__", ".pytest_cache", ".hypothesis", ".whl"))
     prefix = tmp_path / "prefix"
     # Only gemmgen itself is installed (from a wheel pip builds); its dependencies are the test environment's.
-    built = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(prefix),
-                            str(source)], capture_output=True, text=True, timeout=300)
+    # --ignore-installed: without it pip uninstalls the test environment's own gemmgen first (even with --prefix),
+    # which left the environment without its `gemmgen` command after a test run.
+    built = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
+                            "--prefix", str(prefix), str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
     (site,) = prefix.glob("lib/python*/site-packages")
     elsewhere = tmp_path / "elsewhere"
