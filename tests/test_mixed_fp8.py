@@ -17,6 +17,7 @@ from gemmgen.model.problem import Problem
 from gemmgen.model.tiles import Kernel, TileConfig
 from gemmgen.rank.predict import predict
 from gemmgen.rank.space import check_target, default_config, enumerate_space
+from test_inputs import refused  # the one CLI-refusal check (exit 2, one line, no traceback)
 
 H100 = lookup_gpu("h100")
 PAIRS = [("e4m3", "e5m2"), ("e5m2", "e4m3")]
@@ -31,15 +32,6 @@ def _isolated(tmp_path, monkeypatch):
 
 def mixed(m=4096, n=4096, k=4096, a="e4m3", b="e5m2", **kw) -> Problem:
     return Problem.create(m, n, k, a, "row", "col", b_dtype=b, **kw)
-
-
-def refused(capsys, *argv) -> str:
-    """Run the CLI in-process: exit 2, exactly one line on stderr, no traceback; that line."""
-    code = main(list(argv))
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return err.strip()
 
 
 # --- the model ---------------------------------------------------------------------------------------
