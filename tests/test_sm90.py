@@ -947,11 +947,12 @@ def test_space_offers_store_warp_variants_of_the_large_cooperative_tiles():
 
 
 # --- operand swap (D^T = B^T @ A^T for skinny M) ------------------------------------------------------------
-def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4) -> TileConfig:
-    """A swapped configuration: split-K over `splits` slices, data-parallel for splits=1."""
+def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4, fused=False) -> TileConfig:
+    """A swapped configuration: split-K over `splits` slices (summed in the launch when `fused`),
+    data-parallel for splits=1."""
     from gemmgen.model.tiles import DecompKind, Decomposition
     w = Shape3.parse(warp)
-    decomposition = Decomposition(DecompKind.SPLIT_K, splits) if splits > 1 else Decomposition()
+    decomposition = Decomposition(DecompKind.SPLIT_K, splits, fused=fused) if splits > 1 else Decomposition()
     return Sm90Config(Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
                       raster=Raster(RasterOrder.ROW, 8), decomposition=decomposition,
                       warp_specialized=True, persistent=True, swap_ab=True)
@@ -1010,7 +1011,6 @@ def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame(
 
 @pytest.mark.parametrize("changes,problem,rule", [
     ({"streamk": True}, None, "a swapped kernel writes D transposed"),
-    ({"fused": True}, None, "a swapped kernel writes D transposed"),
     ({"cluster": True}, None, "the operand swap is implemented without clusters"),
     ({}, Problem.create(64, 4096, 4096), "the operand swap serves skinny products"),
     ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles narrower than 64 columns need B K-major"),
@@ -1021,8 +1021,6 @@ def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rul
     config = swap_config()
     if changes.get("streamk"):
         config = replace(config, decomposition=Decomposition(DecompKind.STREAM_K, 1))
-    if changes.get("fused"):
-        config = replace(config, decomposition=Decomposition(DecompKind.SPLIT_K, 4, fused=True))
     if changes.get("cluster"):
         config = replace(config, cluster=Cluster(2, 1))
     problem = problem or Problem.create(16, 4096, 4096)
@@ -1079,12 +1077,27 @@ def test_swapped_kernel_compiles_to_narrow_hgmma_without_local_memory_and_reduce
     assert count(counts, "LDL") == 0 and count(counts, "STL") == 0
 
 
+@pytest.mark.parametrize("splits", [2, 4])
+def test_fused_swapped_split_k_sums_its_partials_transposed_in_one_launch(splits):
+    """The tile's last slice sums the partials in D^T's frame and stores D's rows: one launch, no spills."""
+    problem = Problem.create(16, 4096, 4095, "bf16", "row", "col", bias=True)
+    config = swap_config("64x16x64", "64x16x64", 10, splits, fused=True)
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    source = render(kernel)
+    assert "D[(size_t)col * ldd + row] = pack1(finish(v, col, row" in source and "_reduce(" not in source
+    compiled = compile_sm90(kernel)
+    counts = sass_counts(compiled.cubin)
+    assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0
+
+
 def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_first():
     from gemmgen.rank.predict import predict
     from gemmgen.rank.space import enumerate_space
     skinny = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(16, 4096, 4096))
               if c.swap_ab]
-    assert skinny and all(c.cta.n in (16, 32) for c in skinny)
+    assert skinny and all(c.cta.n in (16, 32, 64) for c in skinny)
     assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
                 if c.swap_ab]
     p = Problem.create(16, 4096, 4096)
@@ -1102,11 +1115,20 @@ def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_fir
     (Problem.create(32, 4104, 1032, "bf16", "row", "row", bias=True, activation="relu"), "64x32x64", 2),
     (Problem.create(1, 520, 4096, "f16", "row", "col", beta=1.0), "64x16x64", 4),
     (Problem.create(24, 777, 520, "bf16", "row", "col"), "128x32x64", 2),
+    (Problem.create(16, 4096, 4096, "bf16", "row", "col"), "64x16x64", -2),
+    (Problem.create(11, 1001, 3001, "f16", "row", "col", alpha=0.5, beta=1.0, bias=True, activation="gelu"),
+     "64x16x64", -4),
+    (Problem.create(27, 520, 4104, "bf16", "row", "row", bias=True), "128x32x64", -2),
+    (Problem.create(64, 4096, 4096, "bf16", "row", "col"), "64x64x64", -2),
+    (Problem.create(45, 1001, 2003, "f16", "row", "col", beta=1.0, bias=True, activation="relu"), "128x64x64", 1),
+    (Problem.create(61, 777, 1000, "bf16", "row", "row"), "64x64x64", 4),
 ])
 def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
-    """Fresh random operands, D poisoned, compared with the float64 / cuBLAS reference (GpuBenchmark.verify)."""
+    """Fresh random operands, D poisoned, compared with the float64 / cuBLAS reference (GpuBenchmark.verify).
+    Negative splits: split-K summed in the launch (fused), transposed by the last slice."""
     n = int(cta.split("x")[1])
-    result = verify_on_gpu(problem, swap_config(cta, f"64x{n}x64", 6, splits), seed=5)
+    config = swap_config(cta, f"64x{n}x64", 6, abs(splits), fused=splits < 0)
+    result = verify_on_gpu(problem, config, seed=5)
     assert result.ok, result.reason
 
 

@@ -21,11 +21,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     decomp = config.decomposition
 
     def staged_epilogue(who: str, why: str):
-        # What the staged (non-TMA-store) epilogue serves: data-parallel tiles or split-K with the reduction
-        # launch, stored by the consumers themselves.
-        rule(decomp.kind is DecompKind.DATA_PARALLEL or (decomp.kind is DecompKind.SPLIT_K and not decomp.fused),
-             f"{who} {why}: data-parallel tiles or split-K without the fused reduction only", decomp.tag,
-             "dp or splitk<S>")
+        # What the staged (non-TMA-store) epilogue serves: data-parallel tiles, or split-K whose partials the
+        # reduction launch or the tile's last slice (fused; fused_reduce_tile has a transposed form) sums.
+        # Stream-K's fix-up is not built for it.
+        rule(decomp.kind in (DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K),
+             f"{who} {why}: data-parallel tiles or split-K only", decomp.tag, "dp or splitk<S>[f]")
         rule(config.schedule is Schedule.COOPERATIVE and not config.store_warp,
              f"{who} {why}: cooperative schedule, no store warp",
              config.schedule.value + ("+sw" if config.store_warp else ""), Schedule.COOPERATIVE.value)
