@@ -94,6 +94,8 @@ def check_schema(manifest: dict) -> None:
         if block[0] * block[1] * block[2] > 1024:
             raise InvalidInput(f"manifest field {where}.block must hold at most 1024 threads", block)
         _dims3(launch.get("cluster", [1, 1, 1]), f"{where}.cluster", 16)
+        if not isinstance(launch.get("programmatic", False), bool):
+            raise InvalidInput(f"manifest field {where}.programmatic must be true or false", launch.get("programmatic"))
         smem = launch.get("dynamic_smem", 0)
         if not isinstance(smem, int) or not 0 <= smem <= 256 * 1024:
             raise InvalidInput(f"manifest field {where}.dynamic_smem must be 0..262144 bytes", smem)
@@ -149,8 +151,9 @@ def check_launches(manifest: dict) -> None:
                            f"expected {len(expected.launches)}")
     persistent = bool(getattr(config, "persistent", False))
     for i, (got, want) in enumerate(zip(manifest["launches"], expected.launches)):
-        for key in ("entry", "block", "cluster", "dynamic_smem"):
-            if got.get(key, [1, 1, 1] if key == "cluster" else None) != want[key]:
+        defaults = {"cluster": [1, 1, 1], "programmatic": False}
+        for key in ("entry", "block", "cluster", "dynamic_smem", "programmatic"):
+            if got.get(key, defaults.get(key)) != want.get(key, defaults.get(key)):
                 raise InvalidInput(f"manifest field launches[{i}].{key} must be what the kernel was built for",
                                    got.get(key), f"expected {want[key]}")
         if [(p.get("name"), p.get("kind")) for p in got["params"]] != [(p["name"], p["kind"]) for p in want["params"]]:

@@ -289,7 +289,8 @@ class Device:
                                  encode_tensormap, entry)
             prepared.append(PreparedLaunch(function, launch_dims(launch.get("grid"), "grid"),
                                             launch_dims(launch.get("block"), "block"),
-                                            launch_dims(launch.get("cluster"), "cluster"), smem, params))
+                                            launch_dims(launch.get("cluster"), "cluster"), smem, params,
+                                            programmatic=launch.get("programmatic") is True))
         from .manifest import workspace_zero
 
         driver = drv.driver_module()

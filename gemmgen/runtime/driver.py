@@ -120,6 +120,48 @@ def libcuda_launch():
     return fn
 
 
+# cuLaunchKernelEx's structures as cuda.h lays them out (CUDA 12 and 13): an attribute is a 4-byte id, 4 bytes of
+# padding and a 64-byte value union; the ids are CUlaunchAttributeID's.
+LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+def launch_ex_types():
+    """(CUlaunchConfig, CUlaunchAttribute) as ctypes structures."""
+    import ctypes
+
+    class Value(ctypes.Union):
+        _fields_ = [("pad", ctypes.c_char * 64), ("dims", ctypes.c_uint * 3), ("flag", ctypes.c_int)]
+
+    class Attribute(ctypes.Structure):
+        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", Value)]
+
+    uint = ctypes.c_uint
+
+    class Config(ctypes.Structure):
+        _fields_ = [("gridDimX", uint), ("gridDimY", uint), ("gridDimZ", uint), ("blockDimX", uint),
+                    ("blockDimY", uint), ("blockDimZ", uint), ("sharedMemBytes", uint), ("hStream", ctypes.c_void_p),
+                    ("attrs", ctypes.POINTER(Attribute)), ("numAttrs", uint)]
+
+    assert ctypes.sizeof(Attribute) == 72, "CUlaunchAttribute is 72 bytes in cuda.h"
+    return Config, Attribute
+
+
+@lru_cache(maxsize=1)
+def libcuda_launch_ex():
+    """libcuda's cuLaunchKernelEx through ctypes (configuration built once by the caller, see launch_ex_types),
+    or None where libcuda cannot be opened that way."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 @lru_cache(maxsize=1)
 def libcuda_set_current():
     """libcuda's cuCtxSetCurrent through ctypes (about 0.1 us, against about 1 us through cuda-python), or None

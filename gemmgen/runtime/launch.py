@@ -114,6 +114,9 @@ class PreparedLaunch:
     cluster: "tuple[int, int, int]"
     dynamic_smem: int
     params: PackedParams
+    # Programmatic dependent launch (the manifest's `programmatic`): the kernel may start while the previous
+    # kernel of the stream finishes; it waits for it (griddepcontrol.wait) before touching global memory.
+    programmatic: bool = False
 
 
 class LaunchSequence:
@@ -170,7 +173,8 @@ class LaunchSequence:
 
 def _describe(launch: PreparedLaunch) -> str:
     return (f"{launch.function.name} grid={list(launch.grid)} block={list(launch.block)} smem={launch.dynamic_smem}"
-            + (f" cluster={list(launch.cluster)}" if launch.cluster != (1, 1, 1) else ""))
+            + (f" cluster={list(launch.cluster)}" if launch.cluster != (1, 1, 1) else "")
+            + (" programmatic" if launch.programmatic else ""))
 
 
 def ready_call(launch: PreparedLaunch):
@@ -178,9 +182,9 @@ def ready_call(launch: PreparedLaunch):
     driver = drv.driver_module()
     gx, gy, gz = launch.grid
     bx, by, bz = launch.block
-    if launch.cluster == (1, 1, 1):
-        # Only beside the real cuda-python driver (a test's fake driver has no libcuda behind it).
-        direct = drv.libcuda_launch() if getattr(driver, "__name__", "") == "cuda.bindings.driver" else None
+    real = getattr(driver, "__name__", "") == "cuda.bindings.driver"   # a test's fake driver has no libcuda
+    if launch.cluster == (1, 1, 1) and not launch.programmatic:
+        direct = drv.libcuda_launch() if real else None
         if direct is not None:
             handle, smem, params = int(launch.function.handle), launch.dynamic_smem, launch.params.address
 
@@ -195,15 +199,26 @@ def ready_call(launch: PreparedLaunch):
                                                           launch.dynamic_smem, stream, launch.params.address, 0),
                   _describe(launch))
         return call
+    direct = drv.libcuda_launch_ex() if real else None
+    if direct is not None:
+        return _direct_ex_call(direct, launch, driver)
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
     config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
     config.sharedMemBytes = launch.dynamic_smem
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.cluster
-    config.attrs = [attr]
-    config.numAttrs = 1
+    attrs = []
+    if launch.cluster != (1, 1, 1):
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = launch.cluster
+        attrs.append(attr)
+    if launch.programmatic:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
     current = [None]
 
     def call(stream: int) -> None:
@@ -212,6 +227,38 @@ def ready_call(launch: PreparedLaunch):
             current[0] = stream
         check("cuLaunchKernelEx", driver.cuLaunchKernelEx(config, launch.function.handle, launch.params.address, 0),
               _describe(launch))
+    return call
+
+
+def _direct_ex_call(direct, launch: PreparedLaunch, driver):
+    """A ready call through libcuda's cuLaunchKernelEx by ctypes: the configuration and its attributes are built
+    once, and a call only sets the stream (cuda-python's wrapper would rebuild them, ~5 us a launch)."""
+    import ctypes
+
+    Config, Attribute = drv.launch_ex_types()
+    wanted = []
+    if launch.cluster != (1, 1, 1):
+        wanted.append((drv.LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, launch.cluster))
+    if launch.programmatic:
+        wanted.append((drv.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1))
+    attrs = (Attribute * max(1, len(wanted)))()
+    for attr, (ident, value) in zip(attrs, wanted):
+        attr.id = ident
+        if isinstance(value, tuple):
+            attr.value.dims[0], attr.value.dims[1], attr.value.dims[2] = value
+        else:
+            attr.value.flag = value
+    config = Config(*launch.grid, *launch.block, launch.dynamic_smem, None,
+                    ctypes.cast(attrs, ctypes.POINTER(Attribute)), len(wanted))
+    config_ptr = ctypes.addressof(config)
+    handle, params = int(launch.function.handle), launch.params.address
+
+    def call(stream: int) -> None:
+        config.hStream = stream
+        code = direct(config_ptr, handle, params, None)
+        if code:
+            check("cuLaunchKernelEx", (driver.CUresult(code),), _describe(launch))
+    call.keep = attrs   # the attribute array must live as long as the configuration pointing at it
     return call
 
 

@@ -308,9 +308,11 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},
                {"name": "beta", "ctype": "float", "kind": "scalar", "value": problem.epilogue.beta}]
+    # programmatic: launched with PDL. The kernel reads and writes global memory only after griddepcontrol.wait,
+    # so it may start (barriers, tensor-map and L2 prefetches) while the previous kernel of the stream finishes.
     return {"entry": kernel.name, "grid": [grid_size(kernel, problem, sm_count, max_clusters), 1, 1],
             "block": [cfg.threads, 1, 1], "cluster": [cfg.cluster.size, 1, 1],
-            "dynamic_smem": smem_bytes(cfg, ops), "params": params}
+            "dynamic_smem": smem_bytes(cfg, ops), "programmatic": True, "params": params}
 
 
 def launches(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
