@@ -55,7 +55,7 @@ def load_groups(dirs, gpu):
     return merge_groups(groups_from_records(records, gpu))
 
 
-def variants(train, gpu, ridge: float):
+def variants(train, gpu, ridge: float, physical: bool, prior: float):
     """name -> params, each fitted on `train` only."""
     from gemmgen.rank.predict import DEFAULT_PARAMS
     from gemmgen.tune.fit import fit, fit_with_terms
@@ -64,6 +64,11 @@ def variants(train, gpu, ridge: float):
     t0 = time.perf_counter()
     out["terms"] = fit_with_terms(train, DEFAULT_PARAMS, gpu, ridge)
     print(f"  terms fitted in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if physical:
+        t0 = time.perf_counter()
+        out["constants"] = fit(train, gpu, prior=prior)
+        out["constants+terms"] = fit_with_terms(train, out["constants"], gpu, ridge)
+        print(f"  constants fitted in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return out
 
 
@@ -102,6 +107,9 @@ def main() -> int:
     ap.add_argument("--records", nargs="+", default=list(DEFAULT_RECORDS), help="folders of tune records (repo-relative)")
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--ridge", type=float, default=None, help="L2 weight on the learned terms (default: fit's)")
+    ap.add_argument("--constants", action="store_true",
+                    help="also refit the physical constants (tune/fit.fit, coordinate descent) before the terms")
+    ap.add_argument("--prior", type=float, default=0.02, help="--constants' pull towards the default constants")
     ap.add_argument("--out", default=str(ROOT / "docs/lab-data/h100-sxm"))
     ap.add_argument("--write-calibration", default=None, help="write the 'terms' variant as a calibration file")
     args = ap.parse_args()
@@ -117,7 +125,7 @@ def main() -> int:
     train, held = split(groups, holdout)
     print(f"{len(train)} training problems ({sum(len(g.samples) for g in train)} configurations), {len(held)} held out "
           f"({sum(len(g.samples) for g in held)}): {', '.join(holdout)}", file=sys.stderr)
-    fitted = variants(train, gpu, ridge)
+    fitted = variants(train, gpu, ridge, args.constants, args.prior)
     report = {"gpu": gpu.key, "heldout": list(holdout), "records": args.records, "ridge": ridge,
               "train_problems": sorted(g.problem.label for g in train), "variants": {}}
     for name, params in fitted.items():

@@ -256,7 +256,12 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     fam_eff = min(1.0, traits.tensor_efficiency * p.scale_of(config.family))
     if traits.tma_loads and any(ld * elt % 128 and not packed
                                 for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
-        fam_eff /= p.tma_unaligned_slowdown
+        # The slowdown is per TMA request, and a cluster multicasts: its CTAs along N share A's tile and those
+        # along M share B's, so each CTA issues only its share of those requests (docs/perf-notes.md, odd3000:
+        # a 1x2 cluster gained more at unaligned rows than at aligned ones, "every operand byte read costs more").
+        cl = config.cluster
+        own = (cta.m / cl.n + cta.n / cl.m) / (cta.m + cta.n)
+        fam_eff /= 1.0 + (p.tma_unaligned_slowdown - 1.0) * own
     if traits.tma_loads:
         fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff, p)
     levels = config_levels(config, problem.a_dtype, peak, traits.smem_reads, p)

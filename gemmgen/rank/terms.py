@@ -44,6 +44,10 @@ def features(config: TileConfig, problem: Problem, wave_eff: float) -> "dict[str
     # on a small grid.
     out["pad_m"] = math.ceil(problem.m / cta.m) * cta.m / problem.m - 1.0
     out["pad_n"] = math.ceil(problem.n / cta.n) * cta.n / problem.n - 1.0
+    # Clusters launch whole: tiles past the problem's edge that a cluster still covers are CTAs that hold an SM
+    # and do nothing (a 2x1 cluster over one tile row launches twice the CTAs).
+    tiles_m, tiles_n = math.ceil(problem.m / cta.m), math.ceil(problem.n / cta.n)
+    out["cluster_pad"] = (math.ceil(tiles_m / cl.m) * cl.m * math.ceil(tiles_n / cl.n) * cl.n) / (tiles_m * tiles_n) - 1
     return out
 
 

@@ -12,6 +12,7 @@ How it is judged, before and after, on held-out shapes (both dtypes of a shape h
   top-16     whether the measured best configuration is among the model's top 16 (the tuner's diverse top-k)
              over the problem's whole current space
   zero-shot  measured best / measured time of the configuration the model ranks first among those measured
+             (a tie for first: the geometric mean of the tied configurations' times)
 Caveat: the stored trials are what earlier tunes chose to measure (the old model's picks and the sampler's), not
 a random sample of the space, and one to five dozen per problem.
 """
@@ -193,14 +194,18 @@ def judge(params: ModelParams, groups: "list[Group]", gpu: Gpu, top_k: int = TOP
         predicted = [predict(g.problem, c, gpu, params).time_s for c, _ in g.samples]
         measured = [t for _, t in g.samples]
         best_config = min(g.samples, key=lambda s: s[1])[0]
-        first = min(range(len(predicted)), key=predicted.__getitem__)
+        # The model's first pick; where several configurations tie for it (knobs the model does not price), the
+        # tie is worth the geometric mean over them: the records' order must not break it (it follows the tune).
+        fastest = min(predicted)
+        tied = [t for p, t in zip(predicted, measured) if p <= fastest * (1 + 1e-9)]
+        pick_time = math.exp(statistics.fmean(math.log(t) for t in tied))
         space = [c for family in families_for(gpu.arch)
                  for c in enumerate_space(family, gpu, gpu.arch, problem=g.problem, operands=g.problem.operands)]
         ranking = rank_configs(space, g.problem, gpu, lambda p, c, gg: predict(p, c, gg, params), heuristic_time)
         top = {r.config.tag for r in model_top(ranking, top_k)}
         hit = best_config.tag in top if any(c.tag == best_config.tag for c in space) else None
         out.append(Judged(g.problem.label, len(g.samples), spearman(predicted, measured), hit,
-                          min(measured) / measured[first]))
+                          min(measured) / pick_time))
     return out
 
 
@@ -219,7 +224,7 @@ def changed(params: ModelParams, gpu: Gpu) -> "dict[str, tuple[float, float]]":
     """Parameter -> (default, fitted) for each the fit moved."""
     out = {}
     for f in fields(ModelParams):
-        if f.name == "efficiency_scale":
+        if f.name in ("efficiency_scale", "terms"):
             continue
         before, after = _value(DEFAULT_PARAMS, f.name, gpu), _value(params, f.name, gpu)
         if before != after:
