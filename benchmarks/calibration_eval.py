@@ -55,6 +55,30 @@ def load_groups(dirs, gpu):
     return merge_groups(groups_from_records(records, gpu))
 
 
+def repeatability(dirs, gpu) -> "list[dict]":
+    """Spearman between two independent timings of the same configurations (records of one problem in two folders
+    whose times differ, i.e. re-measured, not copied): the ceiling any model's rho can reach on these records."""
+    from gemmgen.tune.calibrate import spearman
+    from gemmgen.tune.fit import groups_from_records
+
+    per_dir = []
+    for d in dirs:
+        by_label = {}
+        for f in sorted((ROOT / d).glob("*.json")):
+            for g in groups_from_records([json.loads(f.read_text())], gpu):
+                by_label[g.problem.label] = {c.tag: t for c, t in g.samples}
+        per_dir.append(by_label)
+    rows = []
+    for i, a in enumerate(per_dir):
+        for b in per_dir[i + 1:]:
+            for label in sorted(set(a) & set(b)):
+                common = sorted(set(a[label]) & set(b[label]))
+                if len(common) >= 5 and any(a[label][c] != b[label][c] for c in common):
+                    rows.append({"problem": label, "configs": len(common),
+                                 "spearman": spearman([a[label][c] for c in common], [b[label][c] for c in common])})
+    return rows
+
+
 def variants(train, gpu, ridge: float, physical: bool, prior: float):
     """name -> params, each fitted on `train` only."""
     from gemmgen.rank.predict import DEFAULT_PARAMS
@@ -148,6 +172,10 @@ def main() -> int:
                   f"{fmt(s['median_spearman_large'], '+.2f'):>9s} {fmt(s['min_spearman_large'], '+.2f'):>9s} "
                   f"{s['within_10pct']:>3d}/{s['problems']:<3d} {fmt(s['zero_shot_geomean'], '.3f'):>7s} "
                   f"{s['top16_hits']:>3d}/{s['top16_of']:<2d}")
+    report["repeatability"] = repeatability(args.records, gpu)
+    print("\n== repeatability: Spearman between two independent timings of the same configurations")
+    for r in report["repeatability"]:
+        print(f"{r['problem']:28s} {r['configs']:7d} {fmt(r['spearman'], '+.2f'):>6s}")
     stamp = time.strftime("%Y%m%d")
     path = write_report(args.out, f"calibration_eval-{stamp}.json", report)
     print(f"\nwritten: {path}", file=sys.stderr)
