@@ -35,14 +35,15 @@ def _row(name: str, s: dict) -> list:
 def run_fit(args, gpu, records) -> int:
     from ..rank.calibration import CALIBRATION_FORMAT, params_to_dict, user_calibration_path
     from ..rank.predict import DEFAULT_PARAMS
-    from ..tune.fit import PRIOR_WEIGHT, TOP_K, changed, fit, groups_from_records, judge, split, summary
+    from ..tune.fit import (PRIOR_WEIGHT, TOP_K, changed, fit, fit_with_terms, groups_from_records, judge,
+                            merge_groups, split, summary)
     from ..tune.results import gpu_dir, now, write_json_atomic
 
     prior = PRIOR_WEIGHT if args.prior is None else args.prior
     if not prior >= 0:
         raise InvalidInput("--prior must be a non-negative number", args.prior)
     holdout = _holdout(args.holdout)
-    groups = groups_from_records(records, gpu)
+    groups = merge_groups(groups_from_records(records, gpu))
     train, held = split(groups, holdout)
     if not train:
         raise InvalidInput(f"a fit needs measured tunes outside the held-out shapes in {gpu_dir(gpu) / 'tunes'}",
@@ -52,6 +53,8 @@ def run_fit(args, gpu, records) -> int:
               f"{len(held)} held out ({', '.join(holdout)})", file=sys.stderr)
     params = fit(train, gpu, prior=prior,
                  on_round=None if args.json else lambda r, v: print(f"  round {r}: loss {v:.5f}", file=sys.stderr))
+    # Then the learned terms (rank/terms.py) on what the constants leave unexplained, fitted on the same tunes.
+    params = fit_with_terms(train, params, gpu)
     report = {"train": {"before": summary(judge(DEFAULT_PARAMS, train, gpu)), "after": summary(judge(params, train, gpu))}}
     if held:
         report["held_out"] = {"before": summary(judge(DEFAULT_PARAMS, held, gpu)),
@@ -61,7 +64,8 @@ def run_fit(args, gpu, records) -> int:
                "fit": {"prior": prior, "top_k": TOP_K, "holdout": list(holdout),
                        "train_problems": sorted(g.problem.label for g in train),
                        "held_out_problems": sorted(g.problem.label for g in held),
-                       "changed": {k: {"default": a, "fitted": b} for k, (a, b) in moved.items()}, **report}}
+                       "changed": {k: {"default": a, "fitted": b} for k, (a, b) in moved.items()},
+                       "terms": len(params.terms), **report}}
     out = Path(args.out) if args.out else user_calibration_path(gpu)
     try:
         write_json_atomic(out, payload)

@@ -1,16 +1,19 @@
 """The calibration file: the performance model's free parameters refitted for one GPU (`gemmgen calibrate --fit`).
 
     {"format": "gemmgen-calibration/1", "gpu": "h100-sxm", "fitted": "<date>",
-     "params": {"tma_latency_clocks": 1600.0, ..., "efficiency_scale": {"<family>": 1.02}},
+     "params": {"tma_latency_clocks": 1600.0, ..., "efficiency_scale": {"<family>": 1.02},
+                "terms": {"tile:128x256": -0.031, "knob:store_warp=True": -0.012, ...}},
      "fit": {...what it was fitted on and how well it ranks held-out shapes...}}
 
-`params` holds any subset of ModelParams' fields (rank/predict.py); the others keep their defaults. Tuning and
+`params` holds any subset of ModelParams' fields (rank/predict.py); the others keep their defaults. `terms` are
+the learned corrections' weights in log time (rank/terms.py says what each feature is). Tuning and
 the dry run rank with the first file found, in this order: <per-user data dir>/calibration/<gpu>.json (where
 `--fit` writes), then results/<gpu>/calibration.json in each results folder (a checkout's, or one shipped).
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -36,6 +39,7 @@ def calibration_paths(gpu: "Gpu | str") -> "list[Path]":
 def params_to_dict(params: ModelParams) -> dict:
     out = asdict(params)
     out["efficiency_scale"] = dict(params.efficiency_scale)
+    out["terms"] = dict(params.terms)
     return out
 
 
@@ -52,6 +56,13 @@ def params_from_dict(data: dict, where: str = "params") -> ModelParams:
             if not isinstance(value, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in value.values()):
                 raise InvalidInput(f"calibration field {where}.efficiency_scale must map families to positive "
                                    "factors", value)
+            values[name] = tuple(sorted((str(k), float(v)) for k, v in value.items()))
+        elif name == "terms":
+            # weights in log time: any finite sign (a feature may speed up or slow down)
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in value.values()):
+                raise InvalidInput(f"calibration field {where}.terms must map feature names to finite weights", value)
             values[name] = tuple(sorted((str(k), float(v)) for k, v in value.items()))
         elif value is None and name == "l2_bytes_per_clock_per_sm":
             values[name] = None

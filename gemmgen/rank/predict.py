@@ -20,6 +20,7 @@ from ..model.arch import DType, Gpu
 from ..model.errors import InvalidConfig
 from ..model.problem import Problem
 from ..model.tiles import DecompKind, Kernel, RasterOrder, TileConfig, streamk_remainder
+from .terms import correction
 
 # --- Model constants --------------------------------------------------------------------------
 # A family's main-loop efficiency is its own (KernelFamily.traits); the constants below are shared.
@@ -92,6 +93,8 @@ class ModelParams:
     fused_arrive_s: float = FUSED_ARRIVE_S
     fused_reduce_bytes_per_s_per_sm: float = FUSED_REDUCE_BYTES_PER_S_PER_SM
     efficiency_scale: "tuple[tuple[str, float], ...]" = ()  # (family, factor on its efficiency(gpu))
+    # (feature, weight in log time) of rank/terms.py: learned corrections on the physical time; none by default.
+    terms: "tuple[tuple[str, float], ...]" = ()
 
     def l2_rate(self, gpu: Gpu) -> float:
         """L2 -> SM bytes per clock per SM."""
@@ -157,6 +160,7 @@ class Prediction:
     overhead_s: float
     dram_rate: float  # bytes/s the grid can pull
     levels: "tuple[Level, ...]" = field(default=())
+    correction: float = 1.0  # the learned terms' factor already in time_s (rank/terms.py); 1 without terms
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -190,7 +194,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     """Predicted time of `config` on `problem` and `gpu` (with the model's free parameters `params`, by default
     the constants above); raises InvalidConfig if it cannot run.
 
-    time = max(compute, memory) + overheads, where
+    time = (max(compute, memory) + overheads) x the learned terms' correction (rank/terms.py; 1 by default), where
       compute = executed FLOP / (SMs * peak/SM * family efficiency * feed efficiency) / wave efficiency,
       memory  = DRAM bytes after L2 reuse / min(0.9 * bandwidth, CTAs * bytes in flight / latency),
     and overheads are the launch(es), the split-K reduction pass and, for non-persistent kernels,
@@ -252,7 +256,12 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     fam_eff = min(1.0, traits.tensor_efficiency * p.scale_of(config.family))
     if traits.tma_loads and any(ld * elt % 128 and not packed
                                 for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
-        fam_eff /= p.tma_unaligned_slowdown
+        # The slowdown is per TMA request, and a cluster multicasts: its CTAs along N share A's tile and those
+        # along M share B's, so each CTA issues only its share of those requests (docs/perf-notes.md, odd3000:
+        # a 1x2 cluster gained more at unaligned rows than at aligned ones, "every operand byte read costs more").
+        cl = config.cluster
+        own = (cta.m / cl.n + cta.n / cl.m) / (cta.m + cta.n)
+        fam_eff /= 1.0 + (p.tma_unaligned_slowdown - 1.0) * own
     if traits.tma_loads:
         fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff, p)
     levels = config_levels(config, problem.a_dtype, peak, traits.smem_reads, p)
@@ -336,14 +345,16 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         limiter = "waves"
     else:
         limiter = slowest
-    time_s = main + overhead
+    corr = correction(p.terms, config, problem, wave_eff)
+    time_s = (main + overhead) * corr
     return Prediction(
         time_s=time_s, tflops=problem.flops / time_s / 1e12, bound=bound, limiter=limiter, flops=problem.flops,
         executed_flops=executed, dram_bytes=dram_bytes, tiled_bytes=tiled_bytes,
         l2_saved_bytes=tiled_bytes - dram_bytes, intensity=problem.flops / dram_bytes,
         tiled_intensity=problem.flops / tiled_bytes, tiles=tiles, units=units, waves=waves,
         wave_efficiency=wave_eff, ctas_per_sm=per_sm, occupancy=occupancy, tensor_efficiency=achieved,
-        compute_s=compute_s, memory_s=memory_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels)
+        compute_s=compute_s, memory_s=memory_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels,
+        correction=corr)
 
 
 

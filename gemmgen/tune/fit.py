@@ -12,20 +12,24 @@ How it is judged, before and after, on held-out shapes (both dtypes of a shape h
   top-16     whether the measured best configuration is among the model's top 16 (the tuner's diverse top-k)
              over the problem's whole current space
   zero-shot  measured best / measured time of the configuration the model ranks first among those measured
+             (a tie for first: the geometric mean of the tied configurations' times)
 Caveat: the stored trials are what earlier tunes chose to measure (the old model's picks and the sampler's), not
 a random sample of the space, and one to five dozen per problem.
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass, fields, replace
 
+from .. import families
 from ..model.arch import Gpu
 from ..model.errors import UserError
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
 from ..rank.predict import DEFAULT_PARAMS, ModelParams, predict
+from ..rank.terms import features, fit_terms
 from .calibrate import spearman
 
 # Shapes no fit sees, fixed before any fit was run (issue 20): a mid square, a skinny M, an odd size, a long K.
@@ -40,6 +44,7 @@ BOUNDS = (("tma_latency_clocks", 200.0, 8000.0), ("overlap_penalty", 0.01, 1.0),
           ("l2_usable_fraction", 0.1, 1.0), ("l2_skew_k_tiles", 1.0, 32.0), ("sk_fixup_s", 5e-7, 5e-5),
           ("sk_range_fixup_s", 1e-6, 6e-5), ("tma_unaligned_slowdown", 1.0, 3.0), ("fused_arrive_s", 5e-7, 2e-5))
 EFFICIENCY_BOUNDS = (0.5, 1.15)  # a main loop above ~100% of peak means nothing (predict caps it)
+TERMS_RIDGE = 1.0  # L2 weight on the learned terms, per unit of group weight (each problem weighs 1)
 STEPS = ((0.5, 0.7, 1.4, 2.0), (0.8, 0.9, 1.1, 1.25), (0.95, 1.05))
 
 
@@ -77,6 +82,39 @@ def groups_from_records(records: "list[dict]", gpu: Gpu) -> "list[Group]":
         if len(best) >= 3:
             out.append(Group(problem, tuple(best.values())))
     return out
+
+
+def merge_groups(groups: "list[Group]") -> "list[Group]":
+    """One group per problem: records of the same problem (a burst and a sustained tune, a re-run) pooled, each
+    configuration's time the geometric mean of its records' best times (independent timings of one kernel on the
+    H100 differ by 2-5%; their mean is the steadier figure)."""
+    pooled: "dict[str, dict[str, list]]" = {}
+    problems: "dict[str, Problem]" = {}
+    for g in groups:
+        key = json.dumps(g.problem.to_dict(), sort_keys=True)
+        problems.setdefault(key, g.problem)
+        for config, time_s in g.samples:
+            pooled.setdefault(key, {}).setdefault(config.tag, [config, []])[1].append(time_s)
+    return [Group(problems[key], tuple((config, math.exp(statistics.fmean(math.log(t) for t in times)))
+                                       for config, times in by_tag.values()))
+            for key, by_tag in pooled.items()]
+
+
+def term_rows(groups: "list[Group]", gpu: Gpu, params: ModelParams) -> "list[tuple[int, dict, float]]":
+    """(group index, features, log(measured / physical predicted)) of every sample: what fit_terms fits."""
+    physical = replace(params, terms=())
+    rows = []
+    for i, g in enumerate(groups):
+        for config, time_s in g.samples:
+            pred = predict(g.problem, config, gpu, physical)
+            problem = g.problem.swapped() if families.of(config).traits(config, gpu).swapped else g.problem
+            rows.append((i, features(config, problem, pred.wave_efficiency), math.log(time_s / pred.time_s)))
+    return rows
+
+
+def fit_with_terms(groups: "list[Group]", params: ModelParams, gpu: Gpu, ridge: float = TERMS_RIDGE) -> ModelParams:
+    """`params` with its learned terms refitted (rank/terms.py) on `groups`."""
+    return replace(params, terms=tuple(sorted(fit_terms(term_rows(groups, gpu, params), ridge).items())))
 
 
 def split(groups: "list[Group]", holdout=HOLDOUT_SHAPES) -> "tuple[list[Group], list[Group]]":
@@ -156,14 +194,18 @@ def judge(params: ModelParams, groups: "list[Group]", gpu: Gpu, top_k: int = TOP
         predicted = [predict(g.problem, c, gpu, params).time_s for c, _ in g.samples]
         measured = [t for _, t in g.samples]
         best_config = min(g.samples, key=lambda s: s[1])[0]
-        first = min(range(len(predicted)), key=predicted.__getitem__)
+        # The model's first pick; where several configurations tie for it (knobs the model does not price), the
+        # tie is worth the geometric mean over them: the records' order must not break it (it follows the tune).
+        fastest = min(predicted)
+        tied = [t for p, t in zip(predicted, measured) if p <= fastest * (1 + 1e-9)]
+        pick_time = math.exp(statistics.fmean(math.log(t) for t in tied))
         space = [c for family in families_for(gpu.arch)
                  for c in enumerate_space(family, gpu, gpu.arch, problem=g.problem, operands=g.problem.operands)]
         ranking = rank_configs(space, g.problem, gpu, lambda p, c, gg: predict(p, c, gg, params), heuristic_time)
         top = {r.config.tag for r in model_top(ranking, top_k)}
         hit = best_config.tag in top if any(c.tag == best_config.tag for c in space) else None
         out.append(Judged(g.problem.label, len(g.samples), spearman(predicted, measured), hit,
-                          min(measured) / measured[first]))
+                          min(measured) / pick_time))
     return out
 
 
@@ -182,7 +224,7 @@ def changed(params: ModelParams, gpu: Gpu) -> "dict[str, tuple[float, float]]":
     """Parameter -> (default, fitted) for each the fit moved."""
     out = {}
     for f in fields(ModelParams):
-        if f.name == "efficiency_scale":
+        if f.name in ("efficiency_scale", "terms"):
             continue
         before, after = _value(DEFAULT_PARAMS, f.name, gpu), _value(params, f.name, gpu)
         if before != after:
@@ -193,5 +235,5 @@ def changed(params: ModelParams, gpu: Gpu) -> "dict[str, tuple[float, float]]":
     return out
 
 
-__all__ = ["BOUNDS", "Group", "HOLDOUT_SHAPES", "Judged", "TOP_K", "changed", "fit", "groups_from_records", "judge",
-           "loss", "split", "summary"]
+__all__ = ["BOUNDS", "Group", "HOLDOUT_SHAPES", "Judged", "TERMS_RIDGE", "TOP_K", "changed", "fit", "fit_with_terms",
+           "groups_from_records", "judge", "loss", "merge_groups", "split", "summary", "term_rows"]
