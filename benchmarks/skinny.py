@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Few rows of D (decoding, skinny M): every sm80_skinny configuration against cuBLAS and the Hopper family.
+
+    PYTHONPATH=$PWD python3 benchmarks/skinny.py [--only NAME ...] [--top 3] [--out DIR]
+
+For each case (A row-major, B column-major as in a Linear layer's x @ W^T; aligned and unaligned rows), every
+configuration of the sm80_skinny space that its rules accept and the model's top --top of the other families are
+compiled, exported and loaded with gemmgen.load (public APIs only). Each is verified on fresh random inputs with D
+poisoned (NaN) first, against a float32 reference (TF32 off), at the case's shape and at another shape it claims
+to serve. Then each is timed as the tuner times it (GpuBenchmark: launches queued behind a stream-holding kernel,
+so host time is not counted; inputs rotated over sets larger than L2), and the best --finalists with cuBLAS
+(torch.matmul) in two more interleaved passes. Prints, per case, the best kernel of each family, its ratio to
+cuBLAS and the fraction of the HBM copy rate it reaches reading B (and A, D) once.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.misaligned import candidates, operand, rel_error  # noqa: E402
+
+CASES = {  # name: (M, N, K)
+    "m1": (1, 4096, 4096),
+    "m8": (8, 4096, 4096),
+    "m16": (16, 4096, 4096),
+    "m16_k4095": (16, 4096, 4095),
+    "m1_mis": (1, 4095, 4095),
+    "m13_up": (13, 11008, 4096),
+    "m32": (32, 4096, 4096),
+    "m64": (64, 4096, 4096),
+}
+HBM_COPY_BPS = 3.02e12   # measured on the H100 (brief): read + write bytes per second of a device copy
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="case names (default: all)")
+    parser.add_argument("--top", type=int, default=3, help="model picks of each other family (default 3)")
+    parser.add_argument("--out", default=None, help="write skinny.json here")
+    parser.add_argument("--finalists", type=int, default=6, help="kernels re-timed beside cuBLAS (default 6)")
+    args = parser.parse_args(argv)
+    import torch
+
+    import gemmgen
+    from gemmgen import Kernel, Problem
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.rank.space import enumerate_space
+    from gemmgen.runtime.detect import detect_gpu
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.tune.bench import GpuBenchmark
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = detect_gpu().gpu
+    device = torch.cuda.get_device_name()
+    skinny = gemmgen.families.get("sm80_skinny")
+    rows, summary = [], []
+    for name, (m, n, k) in CASES.items():
+        if args.only and name not in args.only:
+            continue
+        problem = Problem.create(m, n, k, "bf16", "row", "col")
+        configs = list(enumerate_space(skinny, gpu, problem=problem))
+        others = [r.config for r in candidates(problem, gpu, args.top) if r.config.family != skinny.name]
+        kernels = [Kernel(gpu.arch, problem.operands, c) for c in configs + others]
+        t0 = time.time()
+        built = compile_many(kernels)
+        print(f"{name}: {len(kernels)} kernels compiled in {time.time() - t0:.1f} s", flush=True)
+        loaded = []
+        for kernel, result in zip(kernels, built):
+            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": kernel.config.tag, "family": kernel.config.family}
+            if isinstance(result, Exception):
+                row.update(ok=False, error=f"compile: {str(result)[:200]}")
+                rows.append(row)
+                print(f"  FAIL compile {kernel.config.tag}: {str(result)[:200]}", flush=True)
+                continue
+            row["spill_bytes"] = result.spill_bytes
+            gemm = load_compiled(kernel, problem, result, "gemmgen-skinny-")
+            errors = []
+            for mm, nn, kk in [(m, n, k), (max(1, m - 1), n - 8 + (n % 2), k + 16 + (k % 2))]:
+                A, B = operand(torch, mm, kk, "row", torch.bfloat16), operand(torch, kk, nn, "col", torch.bfloat16)
+                D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+                try:
+                    gemm(A, B, D)
+                    torch.cuda.synchronize()
+                    errors.append(rel_error(torch, D, A.float() @ B.float()))
+                except gemmgen.UserError as exc:
+                    errors.append(f"refused: {exc}")
+            ok = all(isinstance(e, float) and e < 1e-2 for e in errors)   # NaN compares False: never passes
+            row.update(ok=ok, rel_errors=errors)
+            rows.append(row)
+            if not ok:
+                print(f"  FAIL {kernel.config.tag}: errors {errors}", flush=True)
+                gemm.close()
+                continue
+            row["_built"] = (kernel, result)
+            loaded.append((row, gemm))
+
+        bench = GpuBenchmark(seed=len(rows))
+        try:
+            cub = [bench.cublas_time(problem, fresh=True)]
+            first = {}
+            for row, _ in loaded:
+                kernel, result = row.pop("_built")
+                measured = bench.measure(make_manifest(kernel, problem, result), result.cubin, problem)
+                first[row["config"]] = (measured.time_s, kernel, result) if measured.ok else None
+                if not measured.ok:
+                    row.update(ok=False, error=f"measure: {measured.reason[:200]}")
+            ranked = sorted((v[0], key) for key, v in first.items() if v)
+            times = {key: [t] for t, key in ranked}
+            for _ in range(2):
+                cub.append(bench.cublas_time(problem, fresh=True))
+                for _, key in ranked[:args.finalists]:
+                    _, kernel, result = first[key]
+                    measured = bench.measure(make_manifest(kernel, problem, result), result.cubin, problem)
+                    if measured.ok:
+                        times[key].append(measured.time_s)
+        finally:
+            bench.close()
+        bytes_once = (m * k + k * n + m * n) * 2
+        cub = statistics.median(cub)
+        loaded = [(row, g) for row, g in loaded if row["config"] in times]
+        for row, _ in loaded:
+            t = statistics.median(times[row["config"]])
+            row.update(us=t * 1e6, vs_cublas=cub / t, hbm_fraction=bytes_once / t / HBM_COPY_BPS,
+                       passes=len(times[row["config"]]))
+        for family in sorted({row["family"] for row, _ in loaded}):
+            best = min((row for row, _ in loaded if row["family"] == family), key=lambda r: r["us"])
+            summary.append({"case": name, "shape": f"{m}x{n}x{k}", "family": family, "best": best["config"],
+                            "us": best["us"], "cublas_us": cub * 1e6, "vs_cublas": best["vs_cublas"],
+                            "hbm_fraction": best["hbm_fraction"], "rel_error": best["rel_errors"][0],
+                            "verified": sum(1 for r, _ in loaded if r["family"] == family)})
+        for _, g in loaded:
+            g.close()
+    report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows,
+              "summary": summary, "timing": "GpuBenchmark (burst policy, launches behind a stream hold, "
+                                            "rotating inputs); finalists and cuBLAS: median of 3 passes"}
+    if args.out:
+        write_report(args.out, "skinny.json", report)
+    failed = [r for r in rows if not r.get("ok")]
+    print(f"\n{device}, {report['date']}, bf16, A row / B col; {len(rows)} kernels, {len(failed)} failed")
+    print(f"{'case':10} {'shape':16} {'family':12} {'us':>7} {'cuBLAS':>7} {'x cuB':>6} {'HBM':>5} {'err':>8} "
+          f"{'n':>3}  best")
+    for s in summary:
+        print(f"{s['case']:10} {s['shape']:16} {s['family']:12} {s['us']:7.2f} {s['cublas_us']:7.2f} "
+              f"{s['vs_cublas']:6.2f} {s['hbm_fraction']:5.2f} {s['rel_error']:8.1e} {s['verified']:3}  "
+              f"{s['best'][:70]}")
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    run_main(main, __file__)

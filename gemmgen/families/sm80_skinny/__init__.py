@@ -1,0 +1,70 @@
+"""sm80_skinny: a B-streaming tensor-core GEMM for few rows of D (decoding, skinny M), sm_80 and newer.
+
+When M is a handful of rows, a GEMM is a read of B: 16 x 4096 x 4096 in bf16 moves 33.5 MB for 0.5 GFLOP.
+This kernel spends nothing on staging: each thread loads 8 contiguous elements along K of one column of B
+(16-byte loads; an unaligned column is read as two aligned vectors shifted into place, so any ldb runs at
+full width) and of two rows of A, and feeds them to mma.sync m16n8k16 with K permuted inside each 32-wide
+step (the sum over K does not care which K pairs with which, as long as A and B agree). Every CTA covers all
+M rows (M <= cta.m) of cta.n columns; warps split the columns and, with `k_warps`, the K range, meeting in
+shared memory; split-K over CTAs adds a reduction launch. Row-major A and column-major B (K contiguous in
+both: the forward of a Linear layer, x @ W^T), any M <= 64, N, K and alignment; bias, activation, alpha/beta.
+Templates: templates/sm80_skinny/. Search space: search_spaces/sm80_skinny.yaml.
+"""
+from __future__ import annotations
+
+from ...model import paths
+from ...model.arch import Arch, DType, Gpu
+from ...model.tiles import DecompKind, Kernel, TileConfig
+from .. import register
+from ..base import KernelFamily, Launches, ModelTraits
+from . import context as _context
+from . import launch as _launch
+from . import rules as _rules
+from .config import SkinnyConfig
+
+# mma.sync on Hopper sustains about 65% of the wgmma peak (sm80_mma's figure); this kernel is bound by
+# reading B long before that matters.
+EFFICIENCY_HOPPER = 0.65
+EFFICIENCY_OTHER = 0.80
+
+
+class Sm80Skinny(KernelFamily):
+    name = "sm80_skinny"
+    config_type = SkinnyConfig
+    min_arch = Arch.SM80
+    dtypes = frozenset({DType.BF16, DType.F16})
+    decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K})
+    template_root = paths.TEMPLATES
+    template = "sm80_skinny/kernel.cu.j2"
+    rules = _rules
+    space_file = paths.SEARCH_SPACES / "sm80_skinny.yaml"
+    examples = (
+        {"family": "sm80_skinny", "cta": "16x128x128", "warp": "16x32x128", "mma": "16x8x16", "stages": 1,
+         "k_warps": 2},
+        {"family": "sm80_skinny", "cta": "16x64x128", "warp": "16x16x128", "mma": "16x8x16", "stages": 1,
+         "decomposition": {"kind": "splitk", "splits": 4}},
+    )
+
+    def efficiency(self, gpu: Gpu) -> float:
+        return EFFICIENCY_HOPPER if gpu.arch.cc >= 90 else EFFICIENCY_OTHER
+
+    def traits(self, config: TileConfig, gpu: Gpu) -> ModelTraits:
+        return ModelTraits(tensor_efficiency=self.efficiency(gpu), smem_reads="fragments", tma_loads=False,
+                           persistent=False, epilogue_hidden=False, epilogue_exposed=1.0,
+                           consumer_tile=config.cta, stages_ahead=1)
+
+    def serves(self, kernel: Kernel) -> dict:
+        out = super().serves(kernel)
+        out["m_max"] = kernel.config.cta.m
+        return out
+
+    def context(self, kernel: Kernel) -> dict:
+        return _context.context(kernel)
+
+    def launches(self, kernel, problem, sm_count=None, max_clusters=None) -> Launches:
+        return _launch.launches(kernel, problem)
+
+
+FAMILY = register(Sm80Skinny())
+
+__all__ = ["FAMILY", "SkinnyConfig", "Sm80Skinny"]

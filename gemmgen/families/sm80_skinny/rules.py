@@ -1,0 +1,64 @@
+"""sm80_skinny's feasibility rules and resource estimates (streamed B, mma.sync, no operand staging)."""
+from __future__ import annotations
+
+from ...model.arch import Arch, Gpu
+from ...model.problem import Layout, Operands, Problem
+from ..base import Rule, pow2
+from .config import SkinnyConfig
+
+MMA_SHAPES = {(16, 8, 16)}
+K_STEP = 32  # K one warp covers per pair of m16n8k16 MMAs: 4 threads x 8 contiguous elements
+MAX_ROWS = 64  # m16 tiles held per thread: beyond four the A fragments crowd out the loads in flight
+
+
+def check(config: SkinnyConfig, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
+          rule: Rule) -> None:
+    cta, warp, mma = config.cta, config.warp, config.mma
+    rule((mma.m, mma.n, mma.k) in MMA_SHAPES, "mma.sync shape for 16-bit inputs must be", str(mma), "16x8x16")
+    rule(warp.m == cta.m, "sm80_skinny warps hold every row of the CTA tile: warp tile M must equal CTA tile M",
+         warp.m, cta.m)
+    rule(cta.m % 16 == 0 and cta.m <= MAX_ROWS, "sm80_skinny CTA tile M must be 16, 32, 48 or 64", cta.m,
+         f"16..{MAX_ROWS}")
+    rule(warp.n % 8 == 0 and warp.n <= 64, "sm80_skinny warp tile N must be a multiple of 8 up to 64", warp.n, "8..64")
+    rule(cta.k % K_STEP == 0 and cta.k <= 4 * K_STEP, "sm80_skinny CTA tile K must be 32, 64, 96 or 128", cta.k,
+         "32..128")
+    # Stages are register buffers of one iteration's loads: with 2, the next iteration's loads are in flight
+    # while this one's MMAs run.
+    rule(config.stages in (1, 2), "sm80_skinny stages (register buffers of loads) must be 1 or 2", config.stages,
+         "1,2")
+    rule(config.cluster.size == 1, "sm80_skinny runs without thread-block clusters", str(config.cluster), "1x1")
+    rule(pow2(config.k_warps) and config.k_warps <= 4, "k_warps must be 1, 2 or 4", config.k_warps, "1,2,4")
+    if operands is not None:
+        rule(operands.c_dtype is operands.a_dtype, "sm80_skinny writes D in the inputs' dtype",
+             operands.c_dtype.value, operands.a_dtype.value)
+        # Each thread streams 8 contiguous elements along K of one column of B and of two rows of A.
+        rule(operands.a_layout is Layout.ROW, "sm80_skinny reads A with K contiguous (row-major A)",
+             operands.a_layout.value, Layout.ROW.value)
+        rule(operands.b_layout is Layout.COL, "sm80_skinny reads B with K contiguous (column-major B)",
+             operands.b_layout.value, Layout.COL.value)
+    if problem is not None:
+        rule(problem.m <= cta.m, "sm80_skinny covers every row of D in one CTA tile: M must be at most CTA tile M",
+             problem.m, cta.m)
+
+
+def smem_bytes(config: SkinnyConfig, operands: "Operands | None" = None) -> int:
+    """Only the K-split warps' meeting place: each warp group beyond the first parks its accumulators there."""
+    if config.k_warps == 1:
+        return 0
+    return (config.k_warps - 1) * config.warps_n * 32 * accumulators(config) * 4
+
+
+def accumulators(config: SkinnyConfig) -> int:
+    """fp32 accumulators per thread: 4 per m16n8 tile."""
+    return (config.cta.m // 16) * (config.warp.n // 8) * 4
+
+
+def regs_estimate(config: SkinnyConfig) -> int:
+    """Accumulators, the iterations' loads held in flight (B: 4 words per n8 group, A: 8 per m16 tile, per
+    32-wide K step, per stage), ~40 for addresses and loop state."""
+    steps = config.cta.k // K_STEP
+    loads = config.stages * steps * ((config.warp.n // 8) * 4 + (config.cta.m // 16) * 8)
+    return accumulators(config) + loads + 40
+
+
+__all__ = ["K_STEP", "MAX_ROWS", "MMA_SHAPES", "accumulators", "check", "regs_estimate", "smem_bytes"]

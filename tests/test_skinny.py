@@ -1,0 +1,132 @@
+"""sm80_skinny: rules, rendering, SASS (mma.sync on 16-byte streamed loads, no shared-memory staging, no local
+memory), the launch description, and on the GPU correctness at shapes that are not tile multiples."""
+from __future__ import annotations
+
+import pytest
+
+import gemmgen
+from gemmgen.codegen.nvrtc import compile_kernel
+from gemmgen.codegen.sass import count_prefix, dump_sass, instruction_counts
+from gemmgen.families import rules as constraints
+from gemmgen.model.arch import Arch, lookup_gpu
+from gemmgen.model.problem import Problem
+from gemmgen.model.tiles import Kernel, TileConfig
+from gemmgen.runtime.manifest import make_manifest
+
+H100 = lookup_gpu("h100")
+FAMILY = gemmgen.families.get("sm80_skinny")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def skinny(cta="16x128x128", warp="16x32x128", k_warps=1, splits=1, stages=1) -> TileConfig:
+    d = {"family": "sm80_skinny", "cta": cta, "warp": warp, "mma": "16x8x16", "stages": stages, "k_warps": k_warps}
+    if splits > 1:
+        d["decomposition"] = {"kind": "splitk", "splits": splits}
+    return TileConfig.from_dict(d)
+
+
+def broken(config, problem):
+    return [v.rule for v in constraints.check(config, H100, Arch.SM90A, problem)]
+
+
+def test_skinny_takes_k_contiguous_operands_and_names_the_rule_for_others():
+    config = skinny()
+    assert broken(config, Problem.create(16, 4096, 4095, "bf16", "row", "col")) == []
+    rules = broken(config, Problem.create(16, 4096, 4096, "bf16", "row", "row"))
+    assert any("column-major B" in r for r in rules)
+    rules = broken(config, Problem.create(16, 4096, 4096, "bf16", "col", "col"))
+    assert any("row-major A" in r for r in rules)
+
+
+def test_every_row_of_d_must_fit_one_cta_tile():
+    assert broken(skinny(), Problem.create(17, 4096, 4096, "bf16", "row", "col")) == [
+        "sm80_skinny covers every row of D in one CTA tile: M must be at most CTA tile M"]
+    assert broken(skinny("32x128x128", "32x32x128"), Problem.create(17, 4096, 4096, "bf16", "row", "col")) == []
+
+
+def test_config_round_trips_and_names_its_k_warps():
+    config = skinny(k_warps=2, splits=4)
+    assert TileConfig.from_dict(config.to_dict()) == config
+    assert config.tag.endswith("_kw2") and config.threads == 4 * 2 * 32
+    with pytest.raises(gemmgen.UserError):
+        TileConfig.from_dict({**config.to_dict(), "k_warps": 3})
+
+
+def test_split_k_launches_partials_then_the_shared_reduction():
+    problem = Problem.create(16, 4096, 4096, "bf16", "row", "col")
+    kernel = Kernel(Arch.SM90A, problem.operands, skinny(k_warps=2, splits=4))
+    manifest = make_manifest(kernel, problem)
+    main, reduce = manifest["launches"]
+    assert main["grid"] == [4096 // 128, 1, 4] and main["block"] == [256, 1, 1]
+    assert main["dynamic_smem"] == FAMILY.smem_bytes(kernel.config, problem.operands) > 0
+    assert reduce["entry"] == kernel.name + "_reduce"
+    assert manifest["workspace_bytes"] == 4 * 16 * 4096 * 4
+    assert manifest["serves"]["m_max"] == 16
+
+
+@pytest.mark.parametrize("k,dtype", [(4096, "bf16"), (4095, "bf16"), (4093, "f16")])
+def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype):
+    """Aligned rows load 16 bytes at a time; unaligned ones too (shifted pairs), never element by element in
+    the main loop; no shared-memory staging beyond the K-split meeting; nothing in local memory."""
+    problem = Problem.create(16, 4096, k, dtype, "row", "col", bias=True, activation="gelu")
+    kernel = Kernel(Arch.SM90A, problem.operands, skinny(k_warps=2, splits=2))
+    compiled = compile_kernel(kernel, H100)
+    counts = instruction_counts(dump_sass(compiled.cubin))
+    assert count_prefix(counts, "HMMA.16816") > 0
+    assert sum(v for op, v in counts.items() if op.startswith("LDG") and ".128" in op) > 0
+    assert count_prefix(counts, "LDSM") == 0 and count_prefix(counts, "LDGSTS") == 0
+    assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
+    assert compiled.spill_bytes == 0
+
+
+@pytest.mark.slow
+def test_the_heaviest_configs_of_the_space_compile_without_spills():
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.rank.space import enumerate_space
+
+    problem = Problem.create(16, 4095, 4095, "bf16", "row", "col")
+    configs = list(enumerate_space(FAMILY, H100, problem=problem))
+    assert len(configs) > 50
+    # The space's register-heaviest configurations (one per CTA tile M and stage count): where a spill would show.
+    heaviest = {}
+    for c in sorted(configs, key=FAMILY.regs_estimate):
+        heaviest[(c.cta.m, c.stages)] = c
+    kernels = [Kernel(Arch.SM90A, problem.operands, c) for c in heaviest.values()]
+    for kernel, result in zip(kernels, compile_many(kernels)):
+        assert not isinstance(result, Exception), (kernel.name, result)
+        assert result.spill_bytes == 0 and result.resources.stack_bytes == 0, kernel.name
+
+
+GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config)
+    (1, 4096, 4096, False, "none", 1.0, 0.0, skinny()),
+    (7, 1001, 999, True, "gelu", 1.0, 0.0, skinny(k_warps=2)),
+    (16, 4095, 4095, False, "relu", 0.5, 1.5, skinny(splits=4)),
+    (13, 777, 4100, True, "none", 1.0, 0.0, skinny("16x64x64", "16x16x64", k_warps=4, splits=3)),
+    (33, 520, 333, False, "none", 2.0, 0.0, skinny("64x64x128", "64x16x128", k_warps=2)),
+    (16, 4096, 4096, True, "none", 1.0, 0.0, skinny(stages=2, k_warps=2, splits=2)),
+    (5, 3001, 2999, False, "gelu", 1.0, 0.0, skinny("16x64x128", "16x16x128", stages=2, k_warps=4)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}" for c in GPU_CASES])
+def test_skinny_matches_the_reference_on_the_gpu(case):
+    from gemmgen.tune.bench import GpuBenchmark
+
+    m, n, k, bias, activation, alpha, beta, config = case
+    problem = Problem.create(m, n, k, "bf16", "row", "col", alpha=alpha, beta=beta, bias=bias,
+                             activation=activation)
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    bench = GpuBenchmark(seed=m * 7 + n)
+    try:
+        result = bench.verify(make_manifest(kernel, problem), compile_kernel(kernel).cubin, problem)
+    finally:
+        bench.close()
+    assert result.ok, result
