@@ -6,7 +6,7 @@
 Each valid configuration on the GPU (the H100's catalogue entry unless --gpu) is compiled with gemmgen's own
 render and NVRTC options, then run through the tuner's measuring worker (benchmarks/harness.verify_all) on two odd
 problems, 1096x1000x200 and 640x2304x1544 (configurations whose rules bound M, such as a swapped kernel's tile,
-on the largest M they serve). Layouts and dtypes rotate over the space (a layout a configuration rules out passes
+or a skinny kernel's, on the largest M they serve). Layouts and dtypes rotate over the space (a layout a configuration rules out passes
 to the next); every fourth configuration also runs with beta != 0, a bias and GELU, so the general epilogue path
 runs, not only the short one. Prints failures and a summary line; writes space_check.json.
 """
@@ -41,7 +41,8 @@ def cases(gpu_name: str = "h100", family: str = "", limit: int = 0, match: str =
             for j, (m, n, k) in enumerate(SHAPES):
                 for shift in range(len(LAYOUTS)):
                     a, b = LAYOUTS[(i + j + shift) % len(LAYOUTS)]
-                    for rows in (m, cfg.cta.n, cfg.cta.n - 3):   # a swapped tile serves M up to its N
+                    # a swapped tile serves M up to its N; a skinny one up to its M
+                    for rows in (m, cfg.cta.n, cfg.cta.n - 3, cfg.cta.m, max(1, cfg.cta.m - 3)):
                         problem = Problem.create(rows, n, k, dtype, a, b, **extra)
                         if not check(cfg, gpu, gpu.arch, problem):
                             out.append((f"{name}/{i:03d}", problem, kernel_for(problem, cfg, gpu.arch)))

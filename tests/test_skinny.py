@@ -110,7 +110,7 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config)
     (13, 777, 4100, True, "none", 1.0, 0.0, skinny("16x64x64", "16x16x64", k_warps=4, splits=3)),
     (33, 520, 333, False, "none", 2.0, 0.0, skinny("64x64x128", "64x16x128", k_warps=2)),
     (16, 4096, 4096, True, "none", 1.0, 0.0, skinny(stages=2, k_warps=2, splits=2)),
-    (5, 3001, 2999, False, "gelu", 1.0, 0.0, skinny("16x64x128", "16x16x128", stages=2, k_warps=4)),
+    (5, 3001, 2999, False, "gelu", 1.0, 0.0, skinny("16x64x128", "16x16x128", stages=2, k_warps=2)),
 ]
 
 
