@@ -61,7 +61,7 @@ class TuneRecord:
                       "finalists_by": "this worker" if self.leading else self.adopted_from},
             "search": {"sampler": self.options.sampler, "trials": self.options.trials,
                        "timeout_s": self.options.timeout_s, "patience": self.options.patience,
-                       "top_k": self.options.top_k, "space_size": len(self.space), "space_version": self.space.version,
+                       "top_k": self.options.top_k, "transfer": self.options.transfer, "space_size": len(self.space), "space_version": self.space.version,
                        "finalist_timing": self.options.timing},
             "elapsed_s": round(self.elapsed(), 3), "stop_reason": self.stop_reason, "counts": self.counts,
             "model_top": [{"rank": r.rank, "config_tag": r.config.tag, "predicted_time_s": r.time_s,
