@@ -362,6 +362,12 @@ def main(argv=None) -> int:
         print_table(report)
         print(f"chart: {render(report, Path(args.plot).with_suffix('.png'))}")
         return 0
+    try:
+        import optuna  # noqa: F401  (the tuner's search)
+    except ImportError:
+        print("time_to_target.py: the fresh tunes need optuna (pip install optuna); --plot needs neither it nor a "
+              "GPU", file=sys.stderr)
+        return 2
     import torch
 
     import benchmarks.zero_shot as zs
