@@ -51,3 +51,41 @@ def test_the_chart_is_drawn_from_a_runs_json_without_a_gpu(tmp_path, capsys):
 def test_a_report_with_no_trajectory_still_draws_its_axes(tmp_path):
     report = dict(_report(), rows=[_report()["rows"][1]])
     assert render(report, tmp_path / "empty.png").stat().st_size > 200
+
+
+def test_a_shapes_row_compares_each_best_so_far_with_the_full_tune_re_timed(monkeypatch):
+    """run_shape's plumbing with the fresh tune and the GPU timing faked: which configurations are re-timed, and
+    the figures derived from their times."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import benchmarks.time_to_target as ttt
+    from gemmgen import Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+
+    gpu = lookup_gpu("h100")
+    problem = Problem.create(2048, 2048, 2048, "bf16")
+    full = default_config(problem, gpu)
+    early = replace(full, stages=full.stages - 1)
+    trials = [{"t_s": 3.0, "number": 0, "tag": early.tag, "tflops": 500.0, "source": "model top-10"},
+              {"t_s": 5.0, "number": 1, "tag": full.tag, "tflops": 600.0, "source": "transfer: the winner of 4096³"}]
+    fake_tune = {"trials": trials, "configs": {c.tag: c.to_dict() for c in (early, full)}, "winner": full.tag,
+                 "winner_config": full.to_dict(), "measured": 2, "search_end_s": 20.0, "transferred": 3}
+    monkeypatch.setattr(ttt, "fresh_tune", lambda *a: dict(fake_tune))
+    retimed = {}
+
+    def fake_retime(torch, problem, dtype, contenders, jobs):
+        retimed.update(contenders)
+        return {"reference": 1.0e-3, early.tag: 1.1e-3, full.tag: 1.0e-3, "cublas": 1.05e-3}, {}
+
+    monkeypatch.setattr(ttt, "retime", fake_retime)
+    args = SimpleNamespace(target=0.02, jobs=1)
+    row = ttt.run_shape(SimpleNamespace(bfloat16="bf16"), "sq2048", problem, "bf16", gpu,
+                        {"config": full.to_dict(), "record": "results/x.json", "median_time_s": 1e-3}, args)
+    assert set(retimed) == {"reference", early.tag, full.tag}
+    assert row["time_to_target_s"] == row["first_within_s"] == 5.0
+    assert row["first_within_source"].startswith("transfer:")
+    assert row["fresh_winner_vs_reference"] == 1.0 and abs(row["reference_vs_cublas"] - 1.05) < 1e-9
+    assert abs(row["steps"][0]["vs_reference"] - 1 / 1.1) < 1e-9
+    assert "error" in ttt.run_shape(None, "x", problem, "bf16", gpu, None, args)

@@ -112,6 +112,41 @@ def test_transfer_is_validated_like_the_other_counts():
         TuneOptions(transfer=-1).validate()
 
 
+def test_gemmgen_tune_transfers_by_default_and_says_from_which_shapes(tmp_path, capsys):
+    from test_cli_tune import replay_file
+
+    from gemmgen.cli import main
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.tune.search import default_engines, rank_configs
+
+    gpu, problem = lookup_gpu("h100"), Problem.create(256, 256, 256, "bf16")
+    engines = default_engines(0)
+    ranked = rank_configs(engines.enumerate(problem, gpu, gpu.arch), problem, gpu, engines.predict)
+    far_down = ranked[len(ranked) // 2].config.tag  # a configuration the model alone would not measure early
+    _store(tmp_path, Problem.create(256, 256, 512, "bf16"), far_down, (far_down,))
+    argv = ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay_file(tmp_path)), "--trials", "2",
+            "--top-k", "1", "--finalists", "1", "--rounds", "1", "--jobs", "2", "--no-progress",
+            "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
+    assert main(argv) == 0
+    record = json.loads(next((tmp_path / "results" / "h100-sxm" / "tunes-replay").glob("256x256x256*.json"))
+                        .read_text())
+    assert [t["source"] for t in record["trials"] if t["measured"]] == ["model top-1", "transfer: the winner of "
+                                                                       "256x256x512"]
+    assert record["trials"][1]["config_tag"] == far_down and record["search"]["transfer"] == 3
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["tune", "64", "64", "64", "--gpu", "h100", "--transfer", "-1", "--replay", "x"], "--transfer must be"),
+    (["tune", "64", "64", "64", "--gpu", "h100", "--dry-run", "--transfer", "2"],
+     "--dry-run and --transfer cannot be used together"),
+])
+def test_a_bad_transfer_flag_is_one_line(capsys, argv, words):
+    from test_cli_tune import one_line_error
+
+    assert words in one_line_error(capsys, argv)
+
+
 @pytest.fixture(autouse=True)
 def _results_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))

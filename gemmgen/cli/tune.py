@@ -93,7 +93,8 @@ def options_from_args(args, **override):
     jobs = args.jobs if args.jobs is not None else max(1, (os.cpu_count() or 2) - 1)
     fields = dict(trials=args.trials, timeout_s=args.timeout, patience=args.patience, top_k=args.top_k,
                   sampler=args.sampler, jobs=jobs, finalists=args.finalists, rounds=args.rounds,
-                  seed=args.seed, storage=args.storage, transfer=getattr(args, "transfer", 0), out=args.out, timing=getattr(args, "timing", "burst"),
+                  seed=args.seed, storage=args.storage, transfer=getattr(args, "transfer", 0), out=args.out,
+                  timing=getattr(args, "timing", "burst"),
                   heartbeat_s=getattr(args, "heartbeat", 10), grace_s=getattr(args, "grace", 60),
                   replay=str(args.replay) if getattr(args, "replay", None) else None)
     fields.update(override)
