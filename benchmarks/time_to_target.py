@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -135,10 +136,11 @@ def _render_svg(report: dict, rows: "list[dict]", path: Path) -> Path:
     step = 5 if x_max <= 40 else 10
     for x in range(0, int(x_max) + 1, step):
         out.append(f'<text x="{sx(x)}" y="{sy(y_lo) + 14}" text-anchor="middle">{x}</text>')
-    y = round(y_lo + 0.005, 2)
+    tick = 0.05 if y_hi - y_lo <= 0.5 else 0.1
+    y = math.ceil(y_lo / tick) * tick
     while y <= y_hi:
         out.append(f'<text x="{left - 4}" y="{sy(y) + 4}" text-anchor="end">{y:.2f}</text>')
-        y = round(y + (0.05 if y_hi - y_lo <= 0.5 else 0.1), 2)
+        y = round(y + tick, 2)
     target_y = sy(1.0 - report["target"])
     out.append(f'<line x1="{left}" y1="{target_y}" x2="{w - right}" y2="{target_y}" stroke="grey" '
                'stroke-dasharray="5,4"/>')
