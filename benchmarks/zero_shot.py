@@ -148,6 +148,17 @@ def geomean(xs):
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None
 
 
+def summary_line(label: str, s: dict) -> str:
+    """The issue's goals on one line: zero-shot within 10% of tuned on >= 85% of shapes, geomean >= 0.95."""
+    def num(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    share = s["within_10pct_of_tuned"] / s["with_tuned"] if s["with_tuned"] else None
+    return (f"{label}: zero-shot within 10% of tuned on {s['within_10pct_of_tuned']}/{s['with_tuned']} problems "
+            f"({'-' if share is None else f'{100 * share:.0f}%'}; goal >= 85%), geomean zero-shot/tuned "
+            f"{num(s['geomean_vs_tuned'])} (goal >= 0.95), geomean zero-shot/cuBLAS {num(s['geomean_vs_cublas'])}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=[str(ROOT / "results/shapes.yaml"),
@@ -259,6 +270,8 @@ def main(argv=None) -> int:
                         "interleaved passes", "rows": rows,
               "summary": {"all": summary(rows), "held_out": summary([r for r in rows if r["held_out"]])}}
     print(json.dumps(report["summary"], indent=1))
+    for scope, label in (("all", "suite + held-out"), ("held_out", "held-out (benchmarks/suites/heldout.yaml)")):
+        print(summary_line(label, report["summary"][scope]))
     print(f"wall {report['wall_s']:.0f} s")
     if args.out:
         path = write_report(args.out, f"zero_shot-{time.strftime('%Y%m%d-%H%M')}.json", report)

@@ -4,6 +4,7 @@ picked per shape on the CPU; on a GPU, a bucketed bundle computes every M it cov
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import zlib
@@ -231,8 +232,8 @@ def test_a_bucketed_bundle_for_m_1_to_8192_computes_20_random_m_as_torch_does(tm
     gpu = detect_gpu().gpu
     if gpu is None:
         pytest.skip("no GPU of the catalogue")
-    model_buckets(Problem.create(1, 4096, 4096, "bf16"), pow2_buckets(1, 8192, 4096, 4096), gpu, jobs=4,
-                  out=str(tmp_path))
+    model_buckets(Problem.create(1, 4096, 4096, "bf16"), pow2_buckets(1, 8192, 4096, 4096), gpu,
+                  jobs=max(4, os.cpu_count() or 4), out=str(tmp_path))  # 14 buckets x 4 candidates compiled
     gemm = gemmgen.load(tmp_path)
     rng = random.Random(20)
     ms = [1, 2, 3, 7, 13, 31, 127, 509, 1021, 4093, 8191, 8192] + [rng.randint(1, 8192) for _ in range(8)]
@@ -248,6 +249,44 @@ def test_a_bucketed_bundle_for_m_1_to_8192_computes_20_random_m_as_torch_does(tm
     with pytest.raises(InvalidInput, match="M must be within"):
         gemm(torch.empty(8193, 4096, device="cuda", dtype=torch.bfloat16), B,
              torch.empty(8193, 4096, device="cuda", dtype=torch.bfloat16))
+
+
+def test_a_bucketed_table_for_m_1_to_8192_serves_20_random_m_and_refuses_shapes_outside_it_on_the_cpu():
+    """The CPU half of the issue's acceptance test: the model's pick per power-of-two bucket of M in 1..8192 at
+    N = K = 4096 (manifests only, nothing compiled or launched), 20 M values (primes among them) each given the
+    kernel of its bucket, which serves that M by its own rules; M, N or K outside the table refused by rule."""
+    from gemmgen import Arch, Kernel, Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.runtime.dispatch import DispatchKernel
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.runtime.serve import check_serves
+
+    gpu = lookup_gpu("h100")
+    buckets = pow2_buckets(1, 8192, 4096, 4096)
+    bundles, names, kernels = {}, [], []
+    for b in buckets:
+        problem = Problem.create(b.m_max, 4096, 4096, "bf16")
+        kernels.append(Kernel(Arch.SM90A, problem.operands, default_config(problem, gpu)))
+        manifest = make_manifest(kernels[-1], problem)
+        bundles.setdefault(manifest["name"], (manifest, b"", "<test>"))
+        names.append(manifest["name"])
+    table = Table(4096, 4096, tuple(b.m_min for b in buckets), tuple(b.m_max for b in buckets), tuple(names))
+    gemm = DispatchKernel({}, {(4096, 4096): table}, bundles)
+    rng = random.Random(20)
+    ms = [1, 2, 3, 7, 13, 31, 127, 509, 1021, 4093, 8191, 8192] + [rng.randint(1, 8192) for _ in range(8)]
+    for m in ms:
+        bucket = next(i for i, b in enumerate(buckets) if b.m_min <= m <= b.m_max)
+        kernel = gemm.kernel_for(m, 4096, 4096)
+        assert kernel.name == names[bucket], m
+        check_serves(kernels[bucket], Problem.create(m, 4096, 4096, "bf16"))  # raises naming a broken rule
+    for m in (0, 8193, 100_000):
+        with pytest.raises(InvalidInput, match=r"M must be within the dispatch table's range 1..8192"):
+            gemm.kernel_for(m, 4096, 4096)
+    with pytest.raises(InvalidInput, match="N x K must be one the dispatch table covers"):
+        gemm.kernel_for(64, 4096, 4095)
+    with pytest.raises(InvalidInput, match="M must be within"):  # through the call path, before any launch
+        gemm(_Tensor(0x20000, (8193, 4096)), _Tensor(0x10000, (4096, 4096)), _Tensor(0x30000, (8193, 4096)))
 
 
 # --- the per-call path, with the launch faked -----------------------------------------------------

@@ -58,6 +58,9 @@ def add_search_args(p, top_k: int) -> None:
                    help="configurations re-measured interleaved (default 3)")
     p.add_argument("--rounds", type=int_arg("--rounds", 1, COUNT_MAX), default=5,
                    help="interleaved re-measurement rounds (default 5)")
+    p.add_argument("--transfer", type=int_arg("--transfer", 0, COUNT_MAX), default=3, metavar="N",
+                   help="measure the winners and finalists of the N nearest stored shapes (same GPU, dtypes, layouts; "
+                        "log-space distance of M, N, K) early, in turn with the model's top-k (default 3; 0: none)")
     add_timing_arg(p)
     p.add_argument("--watchdog", type=float_arg("--watchdog", 0, SECONDS_MAX, lo_open=True), default=60.0,
                    metavar="S",
@@ -90,7 +93,8 @@ def options_from_args(args, **override):
     jobs = args.jobs if args.jobs is not None else max(1, (os.cpu_count() or 2) - 1)
     fields = dict(trials=args.trials, timeout_s=args.timeout, patience=args.patience, top_k=args.top_k,
                   sampler=args.sampler, jobs=jobs, finalists=args.finalists, rounds=args.rounds,
-                  seed=args.seed, storage=args.storage, out=args.out, timing=getattr(args, "timing", "burst"),
+                  seed=args.seed, storage=args.storage, transfer=getattr(args, "transfer", 0), out=args.out,
+                  timing=getattr(args, "timing", "burst"),
                   heartbeat_s=getattr(args, "heartbeat", 10), grace_s=getattr(args, "grace", 60),
                   replay=str(args.replay) if getattr(args, "replay", None) else None)
     fields.update(override)
@@ -159,6 +163,10 @@ class Progress:
             resumed = f", resuming with {info['resumed']} measured" if info["resumed"] else ""
             print(f"{self.label}space {info['space']} valid configurations; study {info['study']}{resumed}",
                   file=sys.stderr)
+            if info.get("transferred"):
+                shapes = sorted({source.rpartition(" of ")[2] for source in info["transferred"].values()})
+                print(f"{self.label}transfer: {len(info['transferred'])} winners/finalists of the nearest stored "
+                      f"shapes ({', '.join(shapes)}) measured early, in turn with the model's picks", file=sys.stderr)
             if self.tty:
                 try:
                     from tqdm import tqdm
@@ -239,7 +247,7 @@ def say_fallbacks(problem, gpu) -> None:
 
 
 # What a dry run (ranking and compiling only) would silently ignore: each is refused beside --dry-run.
-MEASURING_FLAGS = ("--replay", "--storage", "--trials", "--timeout", "--patience", "--sampler", "--seed",
+MEASURING_FLAGS = ("--replay", "--storage", "--trials", "--timeout", "--patience", "--sampler", "--seed", "--transfer",
                    "--finalists", "--rounds", "--timing", "--watchdog", "--gpus", "--heartbeat", "--grace")
 
 

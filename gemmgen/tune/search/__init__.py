@@ -5,7 +5,8 @@ How one tune runs:
      configurations are never compiled. The model (rank/predict.py) ranks them all.
   2. The study lives in Optuna RDB storage (SQLite by default) under a name derived from the
      GPU, the problem and the space, so running the same command again resumes it.
-  3. The model's top-k are enqueued (study.enqueue_trial), then the sampler explores. A trial's
+  3. The model's top-k are enqueued (study.enqueue_trial), in turn with the winners and finalists of the nearest
+     stored shapes (--transfer; tune/transfer.py), then the sampler explores. A trial's
      parameters are categorical per axis (CTA tile, warp arrangement, stages, swizzle, raster,
      decomposition, cluster...), named '<family>.<axis>', so TPE can learn per axis. A sampled
      point that is infeasible is PRUNED with the broken rule, without compiling.

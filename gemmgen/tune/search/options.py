@@ -42,6 +42,9 @@ class TuneOptions:
     # Configuration tags measured first, before the model's picks (a neighbouring bucket's finalists when a
     # shape set is tuned); tags this problem's space does not hold are skipped.
     seeds: "tuple[str, ...]" = ()
+    # Stored records of the nearest other shapes (same GPU, dtypes, layouts, epilogue) whose winners and finalists
+    # are measured early, interleaved with the model's picks (tune/transfer.py); 0: none.
+    transfer: int = 0
     heartbeat_s: int = 10  # how often a worker tells the storage it is alive
     grace_s: int = 60  # a worker silent this long has its RUNNING trials failed and queued again
     worker: str = ""  # this worker's label in the study (host/gpuN), shown per trial and in plots
@@ -55,6 +58,7 @@ class TuneOptions:
         if self.patience is not None:
             parse.integer("--patience", self.patience, 1, parse.COUNT_MAX)
         parse.integer("--top-k", self.top_k, 0, parse.COUNT_MAX)
+        parse.integer("--transfer", self.transfer, 0, parse.COUNT_MAX)
         parse.integer("--finalists", self.finalists, 1, parse.COUNT_MAX)
         parse.integer("--rounds", self.rounds, 1, parse.COUNT_MAX)
         parse.integer("--jobs", self.jobs, 0, parse.JOBS_MAX)

@@ -43,8 +43,28 @@ class CandidateQueue:
         self.seeded = [self.by_tag[tag] for tag in dict.fromkeys(self.options.seeds)
                        if tag in self.by_tag and tag not in skip | again]
         again |= {r.config.tag for r in self.seeded}
-        self.pending = deque(self.remeasure + self.seeded +
-                             [r for r in self.model_picks() if r.config.tag not in skip | again])
+        model = [r for r in self.model_picks() if r.config.tag not in skip | again]
+        # A configuration both transfer and the model pick is measured where the model puts it, as the model's.
+        transferred = self._transfer_picks(skip | again | {r.config.tag for r in model})
+        self.pending = deque(self.remeasure + self.seeded + _interleave(model, transferred))
+
+    def _transfer_picks(self, skip: "set[str]") -> "list[Ranked]":
+        """The nearest stored shapes' winners and finalists (--transfer) that this problem's space holds, not in
+        `skip` nor quarantined, in transfer order; their trials' sources in self.transfer_sources."""
+        self.transfer_sources: "dict[str, str]" = {}
+        if not self.options.transfer:
+            return []
+        from ..transfer import transfer_seeds
+
+        picks: "list[Ranked]" = []
+        for seed in transfer_seeds(self.problem, self.gpu, self.options.transfer, simulated=bool(self.options.replay)):
+            r = self.by_tag.get(seed.tag)
+            if r is None or seed.tag in skip or self.quarantine.reason(
+                    Kernel(self.arch, self.problem.operands, r.config).name):
+                continue
+            picks.append(r)
+            self.transfer_sources[seed.tag] = seed.source
+        return picks
 
     def _new_model_picks_due(self, inflight) -> bool:
         """Model picks never measured (a grown search space, or a better model) are measured on a re-run even
@@ -62,7 +82,8 @@ class CandidateQueue:
             if r.config.tag in self.tried or r.config.tag in self.running_tags:
                 continue  # measured, or being measured, by this worker or another
             source = ("re-measure: timed as another kernel identity (the code changed)" if r in self.remeasure
-                      else "seed: a neighbouring bucket's finalist" if r in self.seeded else self.pick_source)
+                      else "seed: a neighbouring bucket's finalist" if r in self.seeded
+                      else self.transfer_sources.get(r.config.tag, self.pick_source))
             self.study.enqueue_trial(self.space.params(r.config), user_attrs={"source": source})
             self.waiting += 1
 
@@ -131,3 +152,14 @@ class CandidateQueue:
             trial.set_user_attr("source", self.options.sampler)
         trial.set_user_attr("phase", "compiling")
         return trial, config, kernel, self.engines.compiler.submit(kernel)
+
+
+def _interleave(model: "list[Ranked]", transferred: "list[Ranked]") -> "list[Ranked]":
+    """The model's picks and the transferred ones taken in turn, the model's first, each list in its order."""
+    out, seen = [], set()
+    for i in range(max(len(model), len(transferred))):
+        for source in (model, transferred):
+            if i < len(source) and source[i].config.tag not in seen:
+                seen.add(source[i].config.tag)
+                out.append(source[i])
+    return out

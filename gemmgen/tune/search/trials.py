@@ -31,7 +31,8 @@ class TrialLoop:
         inflight: deque = deque()
         self.search_t0 = time.monotonic()
         self.emit("start", {"study": self.name, "storage": safe_url(self.storage_url), "space": len(self.space),
-                            "resumed": self.counts["resumed"], "target": opts.trials, "best": self.best_tflops})
+                            "resumed": self.counts["resumed"], "target": opts.trials, "best": self.best_tflops,
+                            "transferred": dict(self.transfer_sources)})
         with storage_errors(self.storage_url):
             try:
                 self._loop(inflight, lookahead)
