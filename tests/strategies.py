@@ -14,17 +14,23 @@ from hypothesis import strategies as st
 
 from gemmgen import families
 from gemmgen.model.arch import catalogue
+from gemmgen.model.problem import Layout, Operands
 from gemmgen.model.tiles import Cluster, DecompKind, Decomposition, Raster, RasterOrder, Shape3, SmemLayout
 from gemmgen.rank.space import all_configs, enumerate_space
 
 GPUS = tuple(sorted(catalogue().values(), key=lambda g: g.key))
 
 
+LAYOUTS = tuple(Operands(a_layout=Layout(a), b_layout=Layout(b)) for a in ("row", "col") for b in ("row", "col"))
+
+
 @lru_cache(maxsize=None)
 def feasible_pairs(family: str) -> tuple:
-    """Every (config, gpu) of `family`'s space the check accepts, over the catalogue's GPUs."""
+    """Every (config, gpu) of `family`'s space the check accepts for some layout of A and B, over the catalogue's
+    GPUs (a family may take only some layouts: sm80_skinny reads K-contiguous operands)."""
     fam = families.get(family)
-    return tuple((c, g) for g in GPUS if fam.supports_arch(g.arch) for c in enumerate_space(family, g))
+    return tuple(dict.fromkeys((c, g) for g in GPUS if fam.supports_arch(g.arch) for ops in LAYOUTS
+                               for c in enumerate_space(family, g, operands=ops)))
 
 
 def family_names() -> "list[str]":

@@ -41,7 +41,9 @@ def test_accepted_configurations_have_consistent_derived_quantities(pair, ops):
     assert 32 <= config.threads <= 1024 and config.threads % 32 == 0
     elt = ops.a_dtype.bytes
     operand_ring = config.stages * (config.cta.m + config.cta.n) * config.cta.k * elt
-    assert operand_ring <= smem_bytes(config, ops) <= gpu.smem_per_block_optin
+    if config.family != "sm80_skinny":   # it streams operands through registers: no ring in shared memory
+        assert operand_ring <= smem_bytes(config, ops)
+    assert smem_bytes(config, ops) <= gpu.smem_per_block_optin
     assert regs_estimate(config) <= 255
     assert regs_allocated(config) <= gpu.regs_per_sm
     assert regs_allocated(config) >= config.math_threads * regs_estimate(config)

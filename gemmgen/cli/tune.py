@@ -235,7 +235,8 @@ def say_calibration(gpu) -> None:
 
 def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
-    such problems fall back to the sm80 family)."""
+    such problems fall back to the sm80 family). Specialist families (few rows of D, ...) go unannounced."""
+    from .. import families
     from ..rank.space import excluded_families, families_for
 
     excluded = excluded_families(problem, gpu)
@@ -243,6 +244,8 @@ def say_fallbacks(problem, gpu) -> None:
         raise InvalidInput("no kernel family can run this problem", problem.label,
                            "; ".join(f"{family}: {rule}" for family, rule in excluded))
     for family, rule in excluded:
+        if families.get(family).specialist:
+            continue
         print(f"note: family {family} cannot run this problem ({rule}); searching the others", file=sys.stderr)
 
 

@@ -84,6 +84,9 @@ class KernelFamily:
     template_root: ClassVar[Path] = Path()
     template: ClassVar[str] = ""
     space_file: ClassVar[Path] = Path()
+    # A family built for one class of problems (few rows of D, say): that it cannot run the others is expected,
+    # so the CLI does not announce it (a general family's refusal is news: a fallback to something slower).
+    specialist: ClassVar[bool] = False
     # Hand-picked configurations (dict form) that illustrate the family in `gemmgen roofline`; not its space.
     examples: ClassVar["tuple[dict, ...]"] = ()
     # A module with check(config, gpu, arch, problem, operands, rule), smem_bytes(config, operands) and

@@ -38,6 +38,7 @@ class Sm80Skinny(KernelFamily):
     template = "sm80_skinny/kernel.cu.j2"
     rules = _rules
     space_file = paths.SEARCH_SPACES / "sm80_skinny.yaml"
+    specialist = True
     examples = (
         {"family": "sm80_skinny", "cta": "16x128x128", "warp": "16x32x128", "mma": "16x8x16", "stages": 1,
          "k_warps": 2},

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...model.errors import InvalidInput
 from ...model.tiles import TileConfig, parse_int
 
 
@@ -33,10 +32,8 @@ class SkinnyConfig(TileConfig, family="sm80_skinny"):
 
     @classmethod
     def parse_knobs(cls, raw: dict) -> dict:
-        k_warps = parse_int("k_warps", raw["k_warps"])
-        if k_warps not in (1, 2, 4):
-            raise InvalidInput("k_warps must be 1, 2 or 4", k_warps)
-        return {"k_warps": k_warps}
+        # Parsed here, judged by the family's rules (k_warps must be 1, 2 or 4), like every other field.
+        return {"k_warps": parse_int("k_warps", raw["k_warps"])}
 
 
 __all__ = ["SkinnyConfig"]
