@@ -25,8 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, operand, rel_error  # noqa: E402
 
-CASES = {  # name: (M, N, K)
+CASES = {  # name: (M, N, K[, B layout]); B column-major unless named (A always row-major)
     "m1": (1, 4096, 4096),
+    "m1_rr": (1, 4096, 4096, "row"),
+    "m16_rr": (16, 4096, 4096, "row"),
+    "m16_rr_mis": (16, 4095, 4095, "row"),
     "m8": (8, 4096, 4096),
     "m16": (16, 4096, 4096),
     "m16_k4095": (16, 4096, 4095),
@@ -88,10 +91,11 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name()
     skinny = gemmgen.families.get("sm80_skinny")
     rows, summary = [], []
-    for name, (m, n, k) in CASES.items():
+    for name, (m, n, k, *layout) in CASES.items():
         if args.only and name not in args.only:
             continue
-        problem = Problem.create(m, n, k, "bf16", "row", "col")
+        lb = layout[0] if layout else "col"
+        problem = Problem.create(m, n, k, "bf16", "row", lb)
         configs = list(enumerate_space(skinny, gpu, problem=problem))
         others = [r.config for r in candidates(problem, gpu, args.top) if r.config.family != skinny.name]
         kernels = [Kernel(gpu.arch, problem.operands, c) for c in configs + others]
@@ -110,7 +114,7 @@ def main(argv=None) -> int:
             gemm = load_compiled(kernel, problem, result, "gemmgen-skinny-")
             errors = []
             for mm, nn, kk in [(m, n, k), (max(1, m - 1), n - 8 + (n % 2), k + 16 + (k % 2))]:
-                A, B = operand(torch, mm, kk, "row", torch.bfloat16), operand(torch, kk, nn, "col", torch.bfloat16)
+                A, B = operand(torch, mm, kk, "row", torch.bfloat16), operand(torch, kk, nn, lb, torch.bfloat16)
                 D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
                 try:
                     gemm(A, B, D)
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
             bench.close()
         bytes_once = (m * k + k * n + m * n) * 2
         cub = statistics.median(cub)
-        floor = read_floor_s(torch, n, k)
+        floor = read_floor_s(torch, n if lb == "col" else k, k if lb == "col" else n)
         loaded = [(row, g) for row, g in loaded if row["config"] in times]
         for row, _ in loaded:
             t = statistics.median(times[row["config"]])
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
                        passes=len(times[row["config"]]))
         for family in sorted({row["family"] for row, _ in loaded}):
             best = min((row for row, _ in loaded if row["family"] == family), key=lambda r: r["us"])
-            summary.append({"case": name, "shape": f"{m}x{n}x{k}", "family": family, "best": best["config"],
+            summary.append({"case": name, "shape": f"{m}x{n}x{k}{'' if lb == 'col' else ' rr'}", "family": family, "best": best["config"],
                             "us": best["us"], "cublas_us": cub * 1e6, "vs_cublas": best["vs_cublas"],
                             "hbm_fraction": best["hbm_fraction"], "rel_error": best["rel_errors"][0],
                             "verified": sum(1 for r, _ in loaded if r["family"] == family),
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
     if args.out:
         write_report(args.out, "skinny.json", report)
     failed = [r for r in rows if not r.get("ok")]
-    print(f"\n{device}, {report['date']}, bf16, A row / B col; {len(rows)} kernels, {len(failed)} failed")
+    print(f"\n{device}, {report['date']}, bf16, A row / B col (rr: B row); {len(rows)} kernels, {len(failed)} failed")
     print("read B: torch.sum over B's bytes, CUDA-graph timed (the bandwidth floor); HBM: bytes once / time / 3.02 TB/s")
     print(f"{'case':10} {'shape':16} {'family':12} {'us':>7} {'cuBLAS':>7} {'read B':>7} {'x cuB':>6} {'HBM':>5} "
           f"{'err':>8} {'n':>3}  best")

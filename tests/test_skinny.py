@@ -35,13 +35,24 @@ def broken(config, problem):
     return [v.rule for v in constraints.check(config, H100, Arch.SM90A, problem)]
 
 
-def test_skinny_takes_k_contiguous_operands_and_names_the_rule_for_others():
+def test_skinny_takes_row_major_a_and_either_b_and_names_the_rule_for_others():
     config = skinny()
     assert broken(config, Problem.create(16, 4096, 4095, "bf16", "row", "col")) == []
-    rules = broken(config, Problem.create(16, 4096, 4096, "bf16", "row", "row"))
-    assert any("column-major B" in r for r in rules)
+    # Row-major B goes through 128-byte rows per warp: warp tile N 64.
+    assert broken(config, Problem.create(16, 4096, 4096, "bf16", "row", "row")) == [
+        "sm80_skinny with row-major B needs warp tile N 64 (128-byte rows of B)"]
+    assert broken(skinny("16x128x64", "16x64x64"), Problem.create(16, 4095, 4093, "bf16", "row", "row")) == []
     rules = broken(config, Problem.create(16, 4096, 4096, "bf16", "col", "col"))
     assert any("row-major A" in r for r in rules)
+
+
+def test_row_major_b_stages_a_tile_per_warp_in_shared_memory():
+    config = skinny("16x128x64", "16x64x64", k_warps=2)
+    rr = Problem.create(16, 4096, 4096, "bf16", "row", "row").operands
+    rc = Problem.create(16, 4096, 4096, "bf16", "row", "col").operands
+    park = 1 * 2 * 32 * (8 * 4) * 4               # one K-split group parks 2 warps' 32 accumulators each
+    assert FAMILY.smem_bytes(config, rc) == park
+    assert FAMILY.smem_bytes(config, rr) == park + 4 * 2 * 32 * 128   # 4 warps x 2 K steps x 32 rows of 128 B
 
 
 def test_every_row_of_d_must_fit_one_cta_tile():
@@ -70,17 +81,20 @@ def test_split_k_launches_partials_then_the_shared_reduction():
     assert manifest["serves"]["m_max"] == 16
 
 
-@pytest.mark.parametrize("k,dtype", [(4096, "bf16"), (4095, "bf16"), (4093, "f16")])
-def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype):
+@pytest.mark.parametrize("k,dtype,b", [(4096, "bf16", "col"), (4095, "bf16", "col"), (4093, "f16", "col"),
+                                       (4096, "bf16", "row"), (4095, "f16", "row")])
+def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype, b):
     """Aligned rows load 16 bytes at a time; unaligned ones too (shifted pairs), never element by element in
-    the main loop; no shared-memory staging beyond the K-split meeting; nothing in local memory."""
-    problem = Problem.create(16, 4096, k, dtype, "row", "col", bias=True, activation="gelu")
-    kernel = Kernel(Arch.SM90A, problem.operands, skinny(k_warps=2, splits=2))
-    compiled = compile_kernel(kernel, H100)
+    the main loop; column-major B goes straight to the MMAs, row-major B through ldmatrix.trans; nothing in
+    local memory."""
+    problem = Problem.create(16, 4096, k, dtype, "row", b, bias=True, activation="gelu")
+    config = skinny(k_warps=2, splits=2) if b == "col" else skinny("16x128x64", "16x64x64", k_warps=2, splits=2,
+                                                                    stages=2)
+    compiled = compile_kernel(Kernel(Arch.SM90A, problem.operands, config), H100)
     counts = instruction_counts(dump_sass(compiled.cubin))
     assert count_prefix(counts, "HMMA.16816") > 0
     assert sum(v for op, v in counts.items() if op.startswith("LDG") and ".128" in op) > 0
-    assert count_prefix(counts, "LDSM") == 0 and count_prefix(counts, "LDGSTS") == 0
+    assert (count_prefix(counts, "LDSM") > 0) == (b == "row") and count_prefix(counts, "LDGSTS") == 0
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
     assert compiled.spill_bytes == 0
 
@@ -103,8 +117,13 @@ def test_the_heaviest_configs_of_the_space_compile_without_spills():
         assert result.spill_bytes == 0 and result.resources.stack_bytes == 0, kernel.name
 
 
-GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config)
+ROW_B = skinny("16x128x64", "16x64x64")
+GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, B layout])
     (1, 4096, 4096, False, "none", 1.0, 0.0, skinny()),
+    (16, 4096, 4096, True, "none", 1.0, 0.0, ROW_B, "row"),
+    (9, 4095, 4093, False, "gelu", 1.0, 0.5, skinny("16x128x64", "16x64x64", k_warps=2, stages=2, splits=3), "row"),
+    (1, 130, 77, False, "none", 1.0, 0.0, ROW_B, "row"),
+    (40, 1000, 999, True, "relu", 1.0, 0.0, skinny("48x64x64", "48x64x64", k_warps=2), "row"),
     (7, 1001, 999, True, "gelu", 1.0, 0.0, skinny(k_warps=2)),
     (16, 4095, 4095, False, "relu", 0.5, 1.5, skinny(splits=4)),
     (13, 777, 4100, True, "none", 1.0, 0.0, skinny("16x64x64", "16x16x64", k_warps=4, splits=3)),
@@ -115,12 +134,12 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}" for c in GPU_CASES])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}_{(c[8:] or ['col'])[0]}" for c in GPU_CASES])
 def test_skinny_matches_the_reference_on_the_gpu(case):
     from gemmgen.tune.bench import GpuBenchmark
 
-    m, n, k, bias, activation, alpha, beta, config = case
-    problem = Problem.create(m, n, k, "bf16", "row", "col", alpha=alpha, beta=beta, bias=bias,
+    m, n, k, bias, activation, alpha, beta, config, *layout = case
+    problem = Problem.create(m, n, k, "bf16", "row", layout[0] if layout else "col", alpha=alpha, beta=beta, bias=bias,
                              activation=activation)
     assert constraints.check(config, H100, Arch.SM90A, problem) == []
     kernel = Kernel(Arch.SM90A, problem.operands, config)

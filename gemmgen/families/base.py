@@ -143,6 +143,11 @@ class KernelFamily:
         """Launches before the main loop on `problem` (none unless the family packs operands)."""
         return Prepass()
 
+    def load_efficiency(self, config: TileConfig, problem: Problem) -> float:
+        """Fraction of the memory rate the model assumes that this kernel's loads reach on `problem` (1 unless a
+        family's way of reading some operands, e.g. unaligned rows read as shifted pairs, measurably costs more)."""
+        return 1.0
+
     def context(self, kernel: Kernel) -> dict:
         """Every value the family's templates read, derived from the Kernel alone."""
         raise NotImplementedError

@@ -305,6 +305,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     stage = (min(cta.m, m) * cta.k + cta.k * min(cta.n, n)) * elt
     in_flight = max(1, config.stages - 1) * stage
     dram_rate = min(gpu.dram_bandwidth * p.dram_efficiency, active_ctas * in_flight / p.dram_latency_s)
+    dram_rate *= families.of(config).load_efficiency(config, problem)
     memory_s = (dram_bytes - (partials / 2 if splits > 1 else 0)) / dram_rate
 
     # Fixed costs: launches, the reduction pass's read of the partials, and each tile's epilogue where

@@ -21,6 +21,11 @@ from .config import Sm80Config
 # (about 65% reported); on sm_80/86/89 about 80%.
 EFFICIENCY_HOPPER = 0.65
 EFFICIENCY_OTHER = 0.80
+# Rows that are not 16-byte aligned are copied by narrower cp.async (down to 2-byte copies through registers):
+# on the H100 the best configurations ran 16x4096x4095 (rc) in 55.3 us, 16x4095x4095 (rr) in 61.0 and 1x4095x4095
+# in 54.3, against 21.6-22.3 at the aligned shapes (docs/lab-data/h100-sxm/skinny-*-20261125-*.json): ~0.4 of the
+# memory rate. Measured on skinny shapes only; refit when large unaligned shapes are measured.
+UNALIGNED_LOAD_EFFICIENCY = 0.40
 
 
 class Sm80Mma(KernelFamily):
@@ -53,6 +58,10 @@ class Sm80Mma(KernelFamily):
         return ModelTraits(tensor_efficiency=self.efficiency(gpu),
                            smem_reads="fragments", tma_loads=False, persistent=False, epilogue_hidden=False,
                            epilogue_exposed=1.0, consumer_tile=config.cta, stages_ahead=config.stages - 1)
+
+    def load_efficiency(self, config: TileConfig, problem) -> float:
+        aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
+        return 1.0 if aligned else UNALIGNED_LOAD_EFFICIENCY
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)

@@ -6,8 +6,10 @@ This kernel spends nothing on staging: each thread loads 8 contiguous elements a
 full width) and of two rows of A, and feeds them to mma.sync m16n8k16 with K permuted inside each 32-wide
 step (the sum over K does not care which K pairs with which, as long as A and B agree). Every CTA covers all
 M rows (M <= cta.m) of cta.n columns; warps split the columns and, with `k_warps`, the K range, meeting in
-shared memory; split-K over CTAs adds a reduction launch. Row-major A and column-major B (K contiguous in
-both: the forward of a Linear layer, x @ W^T), any M <= 64, N, K and alignment; bias, activation, alpha/beta.
+shared memory; split-K over CTAs adds a reduction launch. Row-major A; column-major B (K contiguous: the
+forward of a Linear layer, x @ W^T) straight into the fragments, or row-major B through a per-warp swizzled
+shared-memory tile and ldmatrix.trans (warp tile N 64); any M <= 64, N, K and alignment; bias, activation,
+alpha/beta.
 Templates: templates/sm80_skinny/. Search space: search_spaces/sm80_skinny.yaml.
 """
 from __future__ import annotations
@@ -26,6 +28,11 @@ from .config import SkinnyConfig
 # reading B long before that matters.
 EFFICIENCY_HOPPER = 0.65
 EFFICIENCY_OTHER = 0.80
+# Fraction of the aligned column-major-B memory rate the other ways of reading reach, from the best configurations
+# measured on the H100 (docs/perf-notes.md, "sm80_skinny"; one shape each, 2026-11-25): 16x4096x4095 with unaligned
+# rows (shifted pairs) 29.1 us against 19.4 aligned; row-major B through shared memory 21.4 us aligned, 60.5 us at
+# 16x4095x4095. Refit when more shapes are measured.
+LOAD_EFFICIENCY = {("col", True): 1.0, ("col", False): 0.67, ("row", True): 0.91, ("row", False): 0.32}
 
 
 class Sm80Skinny(KernelFamily):
@@ -53,6 +60,10 @@ class Sm80Skinny(KernelFamily):
         return ModelTraits(tensor_efficiency=self.efficiency(gpu), smem_reads="fragments", tma_loads=False,
                            persistent=False, epilogue_hidden=False, epilogue_exposed=1.0,
                            consumer_tile=config.cta, stages_ahead=1)
+
+    def load_efficiency(self, config: TileConfig, problem) -> float:
+        aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
+        return LOAD_EFFICIENCY[(problem.b_layout.value, aligned)]
 
     def serves(self, kernel: Kernel) -> dict:
         out = super().serves(kernel)

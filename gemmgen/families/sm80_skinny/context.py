@@ -1,6 +1,7 @@
 """Template values of templates/sm80_skinny/ (and the shared common headers), from a Kernel alone."""
 from __future__ import annotations
 
+from ...model.problem import Layout
 from ...model.tiles import DecompKind, Kernel
 from .launch import REDUCE_THREADS
 from .rules import K_STEP, smem_bytes
@@ -15,6 +16,7 @@ def context(kernel: Kernel) -> dict:
         "config_yaml": cfg.to_yaml().rstrip("\n").splitlines(),
         "dtype": ops.a_dtype.ptx,
         "elem_ctype": ops.a_dtype.cuda_type,
+        "b_kmajor": ops.b_layout is Layout.COL,
         "align_a": ops.align_a,
         "align_b": ops.align_b,
         "align_c": ops.align_c,

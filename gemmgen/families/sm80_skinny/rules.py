@@ -31,21 +31,24 @@ def check(config: SkinnyConfig, gpu: Gpu, arch: Arch, problem: "Problem | None",
     if operands is not None:
         rule(operands.c_dtype is operands.a_dtype, "sm80_skinny writes D in the inputs' dtype",
              operands.c_dtype.value, operands.a_dtype.value)
-        # Each thread streams 8 contiguous elements along K of one column of B and of two rows of A.
+        # Each thread streams 8 contiguous elements along K of two rows of A, and of one column of B (column-major)
+        # or along N of one row of B (row-major: a warp reads 64 columns, 128-byte rows, through shared memory).
         rule(operands.a_layout is Layout.ROW, "sm80_skinny reads A with K contiguous (row-major A)",
              operands.a_layout.value, Layout.ROW.value)
-        rule(operands.b_layout is Layout.COL, "sm80_skinny reads B with K contiguous (column-major B)",
-             operands.b_layout.value, Layout.COL.value)
+        if operands.b_layout is Layout.ROW:
+            rule(config.warp.n == 64, "sm80_skinny with row-major B needs warp tile N 64 (128-byte rows of B)",
+                 config.warp.n, 64)
     if problem is not None:
         rule(problem.m <= cta.m, "sm80_skinny covers every row of D in one CTA tile: M must be at most CTA tile M",
              problem.m, cta.m)
 
 
 def smem_bytes(config: SkinnyConfig, operands: "Operands | None" = None) -> int:
-    """Only the K-split warps' meeting place: each warp group beyond the first parks its accumulators there."""
-    if config.k_warps == 1:
-        return 0
-    return (config.k_warps - 1) * config.warps_n * 32 * accumulators(config) * 4
+    """The K-split warps' meeting place (each warp group beyond the first parks its accumulators there) and, for
+    row-major B, every warp's staging tile (32 rows of 128 bytes per 32-wide K step)."""
+    park = (config.k_warps - 1) * config.warps_n * 32 * accumulators(config) * 4
+    staged = operands is not None and operands.b_layout is Layout.ROW
+    return park + (config.threads // 32 * (config.cta.k // K_STEP) * 32 * 128 if staged else 0)
 
 
 def accumulators(config: SkinnyConfig) -> int:
@@ -58,7 +61,9 @@ def regs_estimate(config: SkinnyConfig) -> int:
     32-wide K step, per stage), ~40 for addresses and loop state."""
     steps = config.cta.k // K_STEP
     loads = config.stages * steps * ((config.warp.n // 8) * 4 + (config.cta.m // 16) * 8)
-    return accumulators(config) + loads + 40
+    # 64-column warps (row-major B's) add staging addresses and fragment temporaries per K step: 16x128x128 with
+    # 16x64 warps (4 steps) was estimated at 232 and spilled 152 bytes; 16x128x64 at 2 stages (2 steps) fit in 254.
+    return accumulators(config) + loads + 40 + (8 * steps if config.warp.n == 64 else 0)
 
 
 __all__ = ["K_STEP", "MAX_ROWS", "MMA_SHAPES", "accumulators", "check", "regs_estimate", "smem_bytes"]
