@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..model.arch import DType
 from ..model.errors import InvalidInput
-from ..model.problem import Layout, Problem
+from ..model.problem import Layout, Problem, Scaling
 from .bundle import runs_on, verify
 from .serve import kernel_of, manifest_for, problem_from_shapes
 
@@ -154,16 +154,34 @@ def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple
         out["C"] = ((m, n), (n, 1))
     if problem.epilogue.bias:
         out["bias"] = ((n,), (1,))
-    for name in SCALES:
-        out[name] = ((1,), (1,))
+    for name, length in zip(SCALES, problem.scale_lengths):
+        out[name] = ((length,), (1,))
     return out
+
+
+def _scale_view(name: str, info: ArrayInfo, problem: Problem) -> ArrayInfo:
+    """A scale as the flat float32 vector the kernel reads: a 0-d or one-element tensor for per-tensor scales;
+    for rowcol, scale_a as (M,) or (M, 1) and scale_b as (N,) or (1, N) (torch._scaled_mm's rowwise shapes).
+    InvalidInput naming the length the scaling needs otherwise."""
+    length = problem.scale_lengths[SCALES.index(name)]
+    shapes = {(length,), (length, 1) if name == "scale_a" else (1, length)}
+    if length == 1:
+        shapes |= {(), (1, 1)}
+    if tuple(info.shape) not in shapes:
+        what = {"scale_a": "one per row of A (M)", "scale_b": "one per column of B (N)"}[name]
+        rule = (f"{name} must hold {length} float32 values, {what}, for rowcol scaling" if length > 1 or
+                problem.scaling is Scaling.ROWCOL else f"{name} must be one float32 value for per-tensor scaling")
+        raise InvalidInput(rule, tuple(info.shape), f"shapes {sorted(shapes, key=len)}")
+    # The stride of the axis that holds the values (none for a single value).
+    stride = next((s for e, s in zip(info.shape, info.strides) if e > 1), 1)
+    return ArrayInfo(info.ptr, (length,), (stride,), info.dtype, info.device, info.stream)
 
 
 def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
     """InvalidInput unless `info` has the manifest problem's shape, layout and dtype for operand `name`."""
     shape, strides = expected_layout(problem)[name]
-    if name in SCALES and info.shape in ((), (1,)):
-        info = ArrayInfo(info.ptr, (1,), (1,), info.dtype, info.device, info.stream)   # a 0-d scalar is fine too
+    if name in SCALES:
+        info = _scale_view(name, info, problem)
     if info.shape != shape:
         raise InvalidInput(f"{name} must have shape {shape} for this kernel", info.shape)
     # A stride along an axis of extent 1 is never used, and libraries report anything there.
