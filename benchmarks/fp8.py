@@ -2,7 +2,7 @@
 """fp8 (e4m3, e5m2) sm90_wgmma kernels against cuBLAS fp8 (torch._scaled_mm), with errors.
 
     PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--b-dtype e5m2] [--out DIR] [--only NAME]
-                                              [--scaling tensor,rowcol]
+                                              [--scaling tensor,rowcol,block]
 
 For each shape, the model's top fp8 configurations are compiled, exported and loaded with gemmgen.load (public
 APIs only). Each is verified on fresh random inputs (per-tensor scales passed as GPU scalars) with D poisoned
@@ -13,7 +13,10 @@ layouts both wgmma and cuBLAS fp8 take). --b-dtype gives B another fp8 type than
 e4m3 x e5m2 or e5m2 x e4m3; cuBLAS takes those pairs too, but not e5m2 x e5m2). --scaling lists the scalings to
 run, each in the same run: tensor (per-tensor scales, against _scaled_mm's per-tensor scaling) and rowcol (a scale
 per row of A and per column of B, quantized row by row, against _scaled_mm's rowwise scaling: scale_a (M, 1),
-scale_b (1, N)). Prints a summary table last.
+scale_b (1, N)), and block (DeepGEMM's: A per row and 128 of K, B per 128 x 128 block; verified against a float64
+reference of the same values and scales; cuBLAS is timed with its rowwise scaling on the same fp8 values and unit
+scales, the nearest fp8 product torch._scaled_mm runs everywhere, and its error is that product's against float64).
+Prints a summary table last.
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ def main(argv=None) -> int:
     parser.add_argument("--b-dtype", default=None, choices=["e4m3", "e5m2"], help="B's fp8 type (default: --dtype)")
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--scaling", default="tensor", help="comma-separated scalings to run: tensor, rowcol")
+    parser.add_argument("--scaling", default="tensor",
+                        help="comma-separated scalings to run in the same run: tensor, rowcol, block")
     parser.add_argument("--promote", type=int, default=0, metavar="N",
                         help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
@@ -61,8 +65,21 @@ def main(argv=None) -> int:
 
     scalings = [x for x in args.scaling.split(",") if x]
     for scaling in scalings:
-        if scaling not in ("tensor", "rowcol"):
-            parser.error(f"--scaling must list tensor and/or rowcol, but got {scaling!r}")
+        if scaling not in ("tensor", "rowcol", "block"):
+            parser.error(f"--scaling must list tensor, rowcol or block, but got {scaling!r}")
+
+    def blockwise(x, rows_per_block, fp8):
+        """x (rows x K) quantized per rows_per_block rows x 128 of K: fp8 values and float32 scales."""
+        rows, k = x.shape
+        kb, rb = -(-k // 128), -(-rows // rows_per_block)
+        padded = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, rb * rows_per_block - rows))
+        scale = (padded.reshape(rb, rows_per_block, kb, 128).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 240.0).float()
+        expand = scale.repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)[:rows, :k]
+        return (x / expand).to(fp8).contiguous(), scale.contiguous()
+
+    def dequantized(q, scale, rows_per_block):
+        expand = scale.double().repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)
+        return q.double() * expand[:q.shape[0], :q.shape[1]]
 
     def operands(m, n, k, scaling):
         # Values spread over fp8's range (scaled normals), quantized as a user would: one scale per tensor, or
@@ -74,6 +91,9 @@ def main(argv=None) -> int:
             return A, Bt.t(), sa.float().reshape(()), sb.float().reshape(())
         a = a * torch.rand(m, 1, device="cuda").mul(8).exp2()
         b = b * torch.rand(n, 1, device="cuda").mul(8).exp2()
+        if scaling == "block":
+            (A, sa), (Bt, sb) = blockwise(a, 1, fp8_a), blockwise(b, 128, fp8_b)
+            return A, Bt.t(), sa, sb
         sa, sb = a.abs().amax(dim=1) / 240.0, b.abs().amax(dim=1) / 240.0
         A, Bt = (a / sa[:, None]).to(fp8_a), (b / sb[:, None]).to(fp8_b)
         return A, Bt.t(), sa.float().contiguous(), sb.float().contiguous()
@@ -81,10 +101,15 @@ def main(argv=None) -> int:
     def reference(A, B, sa, sb):
         if sa.dim() == 0:
             return (A.float() @ B.float()) * (sa * sb)
+        if sa.dim() == 2:   # block scales
+            return dequantized(A, sa, 1) @ dequantized(B.t(), sb, 128).t()
         return (A.double() @ B.double()) * sa.double()[:, None] * sb.double()[None, :]
 
-    def cublas_scales(sa, sb):
-        """_scaled_mm's scale arguments: the scalars, or the rowwise shapes (M, 1) and (1, N)."""
+    def cublas_scales(A, B, sa, sb):
+        """_scaled_mm's scale arguments: the scalars, the rowwise shapes (M, 1) and (1, N), or for block scales
+        unit rowwise ones (cuBLAS's stand-in)."""
+        if sa.dim() == 2:
+            return (torch.ones(A.shape[0], 1, device="cuda"), torch.ones(1, B.shape[1], device="cuda"))
         return (sa, sb) if sa.dim() == 0 else (sa[:, None], sb[None, :])
 
     rows, summary = [], []
@@ -105,14 +130,16 @@ def main(argv=None) -> int:
         sets = []
         for _ in range(SETS):
             A, B, sa, sb = operands(m, n, k, scaling)
-            sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb))
-        # cuBLAS's own error on the first set, against the same reference (fp32; float64 for rowcol).
+            sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb, len(sets)))
+        # cuBLAS's own error on the first set, against the same reference (fp32; float64 for rowcol and block,
+        # where cuBLAS's unit-scaled product is held to the unscaled float64 product of the same fp8 values).
         A, B, _, sa, sb = sets[0]
-        ref = reference(A, B, sa, sb)
-        cublas_err = rel_error(torch, torch._scaled_mm(A, B, *cublas_scales(sa, sb), out_dtype=torch.bfloat16), ref)
+        scales = [cublas_scales(*s[:2], *s[3:]) for s in sets]
+        ref = reference(A, B, sa, sb) if scaling != "block" else A.double() @ B.double()
+        cublas_err = rel_error(torch, torch._scaled_mm(A, B, *scales[0], out_dtype=torch.bfloat16), ref)
 
         def cublas(s):
-            torch._scaled_mm(s[0], s[1], *cublas_scales(s[3], s[4]), out_dtype=torch.bfloat16, out=s[2])
+            torch._scaled_mm(s[0], s[1], *scales[s[5]], out_dtype=torch.bfloat16, out=s[2])
 
         loaded = []
         for r, kernel, result in zip(ranked, kernels, built):

@@ -61,13 +61,13 @@ PATHS = {
 
 def test_rowcol_is_part_of_the_problem_its_names_and_its_round_trip():
     problem = rowcol(bias=True)
-    assert problem.scaling is Scaling.ROWCOL and problem.scale_lengths == (1000, 777)
+    assert problem.scaling is Scaling.ROWCOL and problem.scale_shapes == ((1000,), (777,))
     assert Problem.from_dict(json.loads(json.dumps(problem.to_dict()))) == problem
     assert problem.to_dict()["scaling"] == "rowcol" and problem.label.endswith("_rc_rowcol")
     assert problem.operands.tag.endswith("_bias_rowcol")
     # Per-tensor scaling keeps every name and record it had before the field.
     tensor = Problem.create(1000, 777, 1104, "e4m3", "row", "col")
-    assert "scaling" not in tensor.to_dict() and tensor.scale_lengths == (1, 1)
+    assert "scaling" not in tensor.to_dict() and tensor.scale_shapes == ((1,), (1,))
     assert tensor.label == "1000x777x1104_e4m3_rc" and not tensor.operands.tag.endswith("tensor")
     # The swapped product keeps the caller's scaling (its kernel exchanges the vectors itself).
     assert problem.swapped().scaling is Scaling.ROWCOL
@@ -277,3 +277,106 @@ def test_the_cli_refuses_rowcol_for_bf16_and_an_unknown_scaling(capsys):
     assert "scaling 'rowcol' needs fp8 inputs" in line and "'bf16/bf16'" in line
     line = refused(capsys, "roofline", "64", "64", "64", "--gpu", "h100", "--dtype", "e4m3", "--scaling", "rows")
     assert "scaling must be one of tensor, rowcol" in line and "'rows'" in line
+
+
+# --- block scaling (DeepGEMM's 1x128 for A, 128x128 for B) ---------------------------------------------------------
+
+def block(m=1000, n=1048, k=1104, **kw) -> Problem:
+    return Problem.create(m, n, k, "e4m3", "row", "col", scaling="block", **kw)
+
+
+BLOCK_SQUARE = dict(SQUARE, persistent=True, promote=1)
+BLOCK_PATHS = {
+    "tma_store": BLOCK_SQUARE,                                                # N = 1048: TMA stores
+    "n64": dict(cta="128x64x128", warp="64x64x128", mma="64x64x32", stages=6, persistent=True, promote=1),
+    "n16": dict(cta="128x16x128", warp="64x16x128", mma="64x16x32", stages=6, persistent=True, promote=1),
+    "pingpong": dict(cta="64x128x128", warp="64x128x128", mma="64x128x32", stages=6, persistent=True,
+                     schedule="pingpong", promote=1),
+    "cluster": dict(BLOCK_SQUARE, cluster="2x1"),
+    "splitk": dict(BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3}),
+    "splitk_fused": dict(BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3, "fused": True}),
+}
+
+
+def test_block_scales_have_deepgemm_s_shapes_and_name_the_kernel():
+    problem = block(1000, 1048, 1104)
+    assert problem.scale_shapes == ((1000, 9), (9, 9))   # ceil(1104 / 128) = 9 K blocks, ceil(1048 / 128) = 9
+    assert block(256, 128, 128).scale_shapes == ((256, 1), (1, 1))
+    assert Problem.from_dict(json.loads(json.dumps(problem.to_dict()))) == problem
+    assert problem.label.endswith("_rc_block") and problem.operands.tag.endswith("_linear_block")
+
+
+@pytest.mark.parametrize("path", sorted(BLOCK_PATHS))
+def test_the_hopper_family_takes_block_scaling_on_promoting_tiles(path):
+    assert not rules.check(sm90(**BLOCK_PATHS[path]), H100, problem=block())
+
+
+@pytest.mark.parametrize("fields,rule", [
+    (dict(SQUARE, persistent=True), "block scaling applies each 128-K block's scales as its partial sums are "
+                                    "promoted: promote must be 1"),
+    (dict(SQUARE, persistent=True, promote=2), "block scaling applies each 128-K block's scales as its partial "
+                                               "sums are promoted: promote must be 1"),
+    (dict(cta="128x192x128", warp="64x192x128", mma="64x192x32", stages=4, persistent=True, promote=1),
+     "block scaling needs warpgroup tile N a multiple or a divisor of 128 (whole 128-column scale blocks)"),
+    (dict(BLOCK_SQUARE, decomposition={"kind": "streamk"}),
+     "block scaling is implemented for data-parallel and split-K tiles (not Stream-K)"),
+    (dict(SWAP, persistent=True, promote=1), "block scaling is implemented without the operand swap"),
+])
+def test_block_scaling_refuses_the_tiles_it_is_not_built_for_by_named_rules(fields, rule):
+    problem = block(24, 3001, 1040) if fields.get("swap_ab") else block()
+    assert rule in [v.rule for v in rules.check(sm90(**fields), H100, problem=problem)]
+
+
+def test_the_model_s_pick_for_a_block_scaled_problem_promotes_every_k_tile():
+    config = default_config(block(4096, 4096, 4096), H100)
+    assert config.promote == 1 and not rules.check(config, H100, problem=block(4096, 4096, 4096))
+
+
+def test_block_scaling_renders_the_scales_into_the_promotion_and_nothing_else():
+    source = render(Kernel(Arch.SM90A, block().operands, sm90(**BLOCK_SQUARE)), H100)
+    assert "load_block_scales(blk_a, blk_b, scale_a, scale_b, w.kt0 + kt, k_tiles_all," in source
+    assert "fmaf(part[mi][i], scale, acc[mi][i])" in source
+    assert "apply_scales" not in source and "scale_rows_cols" not in source
+
+
+@pytest.mark.parametrize("path", ["tma_store", "n16", "pingpong", "splitk_fused"])
+def test_block_scaled_sass_runs_qgmma_with_no_local_memory(path):
+    problem = block(bias=True, activation="gelu")
+    compiled = compile_kernel(Kernel(Arch.SM90A, problem.operands, sm90(**BLOCK_PATHS[path])), H100)
+    counts = instruction_counts(dump_sass(compiled.cubin))
+    assert count_prefix(counts, "QGMMA") > 0 and count_prefix(counts, "UTMALDG") > 0
+    assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
+    assert compiled.spill_bytes == 0
+
+
+def test_block_manifests_name_both_scale_matrices_and_the_loader_checks_them():
+    from gemmgen.runtime.loader import check_operand
+
+    problem = block()
+    manifest = _manifest(problem, sm90(**dict(BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3})))
+    assert manifest["operands"]["scaling"] == "block"
+    assert _scale_params(manifest) == {"scale_a": [1000, 9], "scale_b": [9, 9]}
+    check_operand("scale_a", _info((1000, 9), (9, 1)), problem)
+    check_operand("scale_b", _info((9, 9), (9, 1)), problem)
+    with pytest.raises(InvalidInput, match=r"scale_a must have shape \(M, ceil\(K/128\)\): one per row of A and "
+                                           r"128 of K for block scaling, but got \(1000, 8\) \(\(1000, 9\) for "):
+        check_operand("scale_a", _info((1000, 8), (8, 1)), problem)
+    with pytest.raises(InvalidInput, match=r"scale_b must have shape \(ceil\(N/128\), ceil\(K/128\)\)"):
+        check_operand("scale_b", _info((1048, 9), (9, 1)), problem)
+    with pytest.raises(InvalidInput, match="scale_b must be row-major"):
+        check_operand("scale_b", _info((9, 9), (1, 9)), problem)
+
+
+def test_the_reference_dequantizes_by_blocks_as_the_definition_says():
+    torch = pytest.importorskip("torch")
+    from gemmgen.tune.reference import dequantize_blocks
+
+    m, n, k = 300, 200, 260
+    a, b = torch.randn(m, k, dtype=torch.float64), torch.randn(k, n, dtype=torch.float64)
+    sa, sb = torch.rand(m, 3, dtype=torch.float64) + 0.5, torch.rand(2, 3, dtype=torch.float64) + 0.5
+    got = torch.matmul(*dequantize_blocks(torch, a, b, sa, sb)).double()
+    want = torch.zeros(m, n, dtype=torch.float64)
+    for kb in range(3):
+        ks = slice(kb * 128, min(k, kb * 128 + 128))
+        want += (a[:, ks] @ b[ks, :]) * sa[:, kb, None] * sb[torch.arange(n) // 128, kb][None, :]
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)

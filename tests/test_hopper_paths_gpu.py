@@ -3,7 +3,8 @@ reference on fresh random inputs with D poisoned (NaN) first:
   - operands whose leading dimension is not a 16-byte multiple (the pack pass), all four layouts, the operand swap;
   - fp8 (e4m3, e5m2) with per-tensor scales as device scalars, with and without fp32 promotion;
   - mixed fp8 (e4m3 x e5m2 and e5m2 x e4m3, the gradient GEMMs), also through the operand swap;
-  - fp8 with per-row and per-column scales (rowcol) through every epilogue path, against a float64 reference.
+  - fp8 with per-row and per-column scales (rowcol) through every epilogue path, against a float64 reference;
+  - fp8 with DeepGEMM's block scales (A per row and 128 of K, B per 128 x 128), against a float64 reference.
 Tolerance: ||D - ref|| / ||ref|| < 1e-2 (bf16 output rounding is ~2e-3); NaN never passes.
 """
 from __future__ import annotations
@@ -327,3 +328,59 @@ def test_fp8_rowcol_follows_cublas_rowwise_convention():
         pytest.skip(f"torch._scaled_mm has no rowwise scaling here: {exc}")
     print(f"rowcol vs fp64: gemmgen {rel_error(D, ref):.2e}, cuBLAS {rel_error(cublas, ref):.2e}")
     assert rel_error(cublas, ref) < TOLERANCE and rel_error(D, cublas.double()) < TOLERANCE
+
+
+# fp8 with block scales (DeepGEMM's): A quantized per row and 128-wide K block, B per 128 x 128 block of N x K, over
+# values whose magnitude changes across rows and K blocks (so a scale applied to the wrong block shows). The
+# reference dequantizes the same fp8 values by the same scales in float64. Tolerance 1e-2 (bf16 D).
+_BLOCK_SQUARE = dict(_SQUARE, promote=1)
+BLOCK_CASES = {
+    "tma_store": (_BLOCK_SQUARE, ((1000, 1048, 1104), (77, 3000, 1040))),
+    "staged": (_BLOCK_SQUARE, ((1000, 777, 1104), (333, 1001, 528))),
+    "n64": ({"cta": "128x64x128", "warp": "64x64x128", "mma": "64x64x32", "stages": 6, "promote": 1},
+            ((1000, 777, 1104), (77, 3000, 1040))),
+    "pingpong": ({"cta": "64x128x128", "warp": "64x128x128", "mma": "64x128x32", "stages": 6, "promote": 1,
+                  "schedule": "pingpong"}, ((1000, 1048, 1104), (77, 3000, 1040))),
+    "cluster": (dict(_BLOCK_SQUARE, cluster="2x1"), ((1000, 1048, 1104), (77, 3000, 1040))),
+    "splitk": (dict(_BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3}),
+               ((1000, 777, 1104), (300, 500, 4112))),
+    "splitk_fused": (dict(_BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3, "fused": True}),
+                     ((1000, 777, 1104), (300, 500, 4112))),
+}
+
+
+def blockwise_fp8(rows, k, rows_per_block, fp8=torch.float8_e4m3fn):
+    """A rows x k fp8 matrix (K contiguous) quantized per block of rows_per_block rows x 128 of K, and its
+    float32 scales [ceil(rows / rows_per_block), ceil(k / 128)]."""
+    kb, rb = -(-k // 128), -(-rows // rows_per_block)
+    x = torch.randn(rows, k, device="cuda") * torch.rand(rows, 1, device="cuda").mul(6).exp2()
+    x = x * torch.rand(1, kb, device="cuda").mul(6).exp2().repeat_interleave(128, dim=1)[:, :k]
+    padded = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, rb * rows_per_block - rows))
+    amax = padded.reshape(rb, rows_per_block, kb, 128).abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    scale = (amax / 200).float().contiguous()
+    expand = scale.repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)[:rows, :k]
+    return (x / expand).to(fp8).contiguous(), scale
+
+
+def dequantized(q, scale, rows_per_block):
+    expand = scale.double().repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)
+    return q.double() * expand[:q.shape[0], :q.shape[1]]
+
+
+@pytest.mark.parametrize("case", sorted(BLOCK_CASES))
+def test_fp8_block_scales_match_the_fp64_reference(case):
+    knobs, shapes = BLOCK_CASES[case]
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
+    m0, n0, k0 = shapes[0]
+    gemm = load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling="block"), config)
+    for m, n, k in shapes:   # the second a shape the bundle serves
+        A, sa = blockwise_fp8(m, k, 1)       # [M, ceil(K/128)]
+        Bt, sb = blockwise_fp8(n, k, 128)    # [ceil(N/128), ceil(K/128)]
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, Bt.t(), D, bias=bias, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        ref = dequantized(A, sa, 1) @ dequantized(Bt, sb, 128).t() + bias.double()
+        err = rel_error(D, ref)
+        print(f"block {case} {m}x{n}x{k}: {err:.2e}")
+        assert err < TOLERANCE

@@ -74,8 +74,9 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
                         help="B's dtype when it differs from A's (--dtype, the default): fp8 pairs only, e.g. "
                              "--dtype e4m3 --b-dtype e5m2")
     parser.add_argument("--scaling", default=None, type=text_arg("--scaling"),
-                        help="fp8 dequantization scales: tensor (default; one float32 per operand) or rowcol "
-                             "(one per row of A and one per column of B)")
+                        help="fp8 dequantization scales: tensor (default; one float32 per operand), rowcol "
+                             "(one per row of A and one per column of B) or block (A per row and 128 of K, B per "
+                             "128x128 block, as DeepGEMM)")
     parser.add_argument("--out-dtype", default=None, type=text_arg("--out-dtype"),
                         help="C/D/bias dtype: the inputs' (default; bf16 for fp8), or f32")
     parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),

@@ -46,16 +46,23 @@ class Activation(str, Enum):
         return cls(parse.name("activation", text, [a.value for a in cls]))
 
 
+SCALE_BLOCK = 128   # the block scales' extent along K (A and B) and along N (B): DeepGEMM's 1x128 and 128x128
+
+
 class Scaling(str, Enum):
     """How fp8 operands are dequantized: D = alpha * sa * sb * (A @ B) + ...
 
     tensor: one float32 scale per operand (scale_a, scale_b: device scalars, null meaning 1).
     rowcol: a scale per row of A (scale_a: M float32) and per column of B (scale_b: N float32), as
     torch._scaled_mm's rowwise scaling: D[m, n] = alpha * scale_a[m] * scale_b[n] * (A @ B)[m, n] + ...
+    block: DeepGEMM's fine-grained scales: A's per row and 128-wide block of K (scale_a: [M, ceil(K/128)]), B's per
+    128 x 128 block of N x K (scale_b: [ceil(N/128), ceil(K/128)]), both float32 row-major:
+    D[m, n] = alpha * sum_kb scale_a[m, kb] * scale_b[n // 128, kb] * (A[m, kb] @ B[kb, n]) + ...
     """
 
     TENSOR = "tensor"
     ROWCOL = "rowcol"
+    BLOCK = "block"
 
     @classmethod
     def parse(cls, text: "str | Scaling | None") -> "Scaling":
@@ -210,10 +217,15 @@ class Problem:
                 + self.m * self.n * self.c_dtype.bytes + c_reads + bias)
 
     @property
-    def scale_lengths(self) -> "tuple[int, int]":
-        """float32 values in scale_a and scale_b: one each per tensor; with rowcol scaling one per row of A (M)
-        and one per column of B (N)."""
-        return (self.m, self.n) if self.scaling is Scaling.ROWCOL else (1, 1)
+    def scale_shapes(self) -> "tuple[tuple[int, ...], tuple[int, ...]]":
+        """The shapes of scale_a and scale_b (float32, row-major): (1,) each per tensor; (M,) and (N,) for rowcol;
+        (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)) for block scaling."""
+        if self.scaling is Scaling.ROWCOL:
+            return (self.m,), (self.n,)
+        if self.scaling is Scaling.BLOCK:
+            kb = -(-self.k // SCALE_BLOCK)
+            return (self.m, kb), (-(-self.n // SCALE_BLOCK), kb)
+        return (1,), (1,)
 
     @property
     def mixed(self) -> bool:

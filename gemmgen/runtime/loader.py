@@ -154,23 +154,32 @@ def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple
         out["C"] = ((m, n), (n, 1))
     if problem.epilogue.bias:
         out["bias"] = ((n,), (1,))
-    for name, length in zip(SCALES, problem.scale_lengths):
-        out[name] = ((length,), (1,))
+    for name, shape in zip(SCALES, problem.scale_shapes):
+        out[name] = (shape, (shape[1], 1) if len(shape) == 2 else (1,))
     return out
 
 
 def _scale_view(name: str, info: ArrayInfo, problem: Problem) -> ArrayInfo:
-    """A scale as the flat float32 vector the kernel reads: a 0-d or one-element tensor for per-tensor scales;
-    for rowcol, scale_a as (M,) or (M, 1) and scale_b as (N,) or (1, N) (torch._scaled_mm's rowwise shapes).
-    InvalidInput naming the length the scaling needs otherwise."""
-    length = problem.scale_lengths[SCALES.index(name)]
+    """A scale as the kernel reads it. Per tensor: a 0-d or one-element tensor. rowcol: scale_a as (M,) or (M, 1),
+    scale_b as (N,) or (1, N) (torch._scaled_mm's rowwise shapes), read as flat vectors. block: scale_a
+    (M, ceil(K/128)) and scale_b (ceil(N/128), ceil(K/128)) exactly. InvalidInput naming what the scaling needs."""
+    shape = problem.scale_shapes[SCALES.index(name)]
+    scaling = problem.scaling
+    if scaling is Scaling.BLOCK:
+        if tuple(info.shape) != shape:
+            what = {"scale_a": "(M, ceil(K/128)): one per row of A and 128 of K",
+                    "scale_b": "(ceil(N/128), ceil(K/128)): one per 128 x 128 block of B"}[name]
+            raise InvalidInput(f"{name} must have shape {what} for block scaling", tuple(info.shape),
+                               f"{shape} for {problem.m}x{problem.n}x{problem.k}")
+        return info
+    length = shape[0]
     shapes = {(length,), (length, 1) if name == "scale_a" else (1, length)}
-    if length == 1:
+    if scaling is Scaling.TENSOR:
         shapes |= {(), (1, 1)}
     if tuple(info.shape) not in shapes:
         what = {"scale_a": "one per row of A (M)", "scale_b": "one per column of B (N)"}[name]
-        rule = (f"{name} must hold {length} float32 values, {what}, for rowcol scaling" if length > 1 or
-                problem.scaling is Scaling.ROWCOL else f"{name} must be one float32 value for per-tensor scaling")
+        rule = (f"{name} must hold {length} float32 values, {what}, for rowcol scaling" if scaling is Scaling.ROWCOL
+                else f"{name} must be one float32 value for per-tensor scaling")
         raise InvalidInput(rule, tuple(info.shape), f"shapes {sorted(shapes, key=len)}")
     # The stride of the axis that holds the values (none for a single value).
     stride = next((s for e, s in zip(info.shape, info.strides) if e > 1), 1)

@@ -7,8 +7,9 @@ Backends, best first:
           256 sampled entries that also checks the reference kernel itself
 
 All compute ref = act(alpha * A@B + beta*C + bias) in fp32 from the same bf16/f16 inputs the kernel read,
-and compare D with it by the relative Frobenius error ||D - ref|| / ||ref||. fp8 products with rowcol scaling
-(torch only) scale A@B's row m by scale_a[m] and column n by scale_b[n] before the epilogue.
+and compare D with it by the relative Frobenius error ||D - ref|| / ||ref||. fp8 products (torch only) with rowcol
+scaling scale A@B's row m by scale_a[m] and column n by scale_b[n]; with block scaling A and B are dequantized by
+their 128-wide block scales first.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from ..model.arch import DType
 from ..model.errors import InvalidInput
-from ..model.problem import Activation, Layout, Problem, Scaling
+from ..model.problem import SCALE_BLOCK, Activation, Layout, Problem, Scaling
 
 BACKENDS = ("torch", "cupy", "kernel")
 SAMPLES = 256
@@ -33,7 +34,7 @@ class GemmPointers:
     d: int
     c: int = 0
     bias: int = 0
-    scale_a: int = 0   # fp8 rowcol scaling's float32 vectors (M and N long); 0 elsewhere (the kernel reads 1)
+    scale_a: int = 0   # fp8 rowcol or block scaling's float32 scales (Problem.scale_shapes); 0 for per-tensor (1)
     scale_b: int = 0
 
     def as_dict(self) -> "dict[str, int]":
@@ -78,8 +79,8 @@ def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
         shapes["C"] = (m, n)
     if problem.epilogue.bias:
         shapes["bias"] = (n,)
-    if problem.scaling is Scaling.ROWCOL:
-        shapes["scale_a"], shapes["scale_b"] = (m,), (n,)
+    if problem.scaling is not Scaling.TENSOR:
+        shapes["scale_a"], shapes["scale_b"] = problem.scale_shapes
     return shapes
 
 
@@ -153,7 +154,10 @@ def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would put 1e-3 of error in the reference itself
     try:
-        ref = torch.matmul(ops["A"].float(), ops["B"].float())
+        a, b = ops["A"].float(), ops["B"].float()
+        if problem.scaling is Scaling.BLOCK:
+            a, b = dequantize_blocks(torch, a, b, ops["scale_a"], ops["scale_b"])
+        ref = torch.matmul(a, b)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     if problem.scaling is Scaling.ROWCOL:
@@ -168,6 +172,14 @@ def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
     torch.cuda.synchronize()
     return Comparison(math.inf if nonfinite else rel, nonfinite, "torch", None,
                       f"finite-part error {rel:.3e}" if nonfinite else "")
+
+
+def dequantize_blocks(torch, a, b, scale_a, scale_b):
+    """A (M x K) and B (K x N) times their block scales: scale_a[m, k // 128] and scale_b[n // 128, k // 128]."""
+    (m, k), n = a.shape, b.shape[1]
+    sa = scale_a.float().repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
+    sb = scale_b.float().repeat_interleave(SCALE_BLOCK, dim=0).repeat_interleave(SCALE_BLOCK, dim=1)[:n, :k]
+    return a * sa, b * sb.t()
 
 
 def _epilogue_torch(torch, acc, ops, problem: Problem):

@@ -303,11 +303,11 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
               {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
               {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"}]
     if has_scales(kernel):   # the caller's A and B scales, whichever operand the swapped main loop reads as A
-        len_a, len_b = problem.scale_lengths   # the manifest names each scale vector's length
+        shape_a, shape_b = problem.scale_shapes   # the manifest names each scale tensor's shape
         params += [{"name": "scale_a", "ctype": "const float*", "kind": "tensor", "tensor": "scale_a",
-                    "shape": [len_a]},
+                    "shape": list(shape_a)},
                    {"name": "scale_b", "ctype": "const float*", "kind": "tensor", "tensor": "scale_b",
-                    "shape": [len_b]}]
+                    "shape": list(shape_b)}]
     params += [{"name": "workspace", "ctype": "float*", "kind": "workspace"}]
     params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},

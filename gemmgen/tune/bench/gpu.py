@@ -286,12 +286,16 @@ class GpuBenchmark:
             # A row-major and B column-major only, the layouts the fp8 kernels run.
             one = torch.ones((), device="cuda", dtype=torch.float32)
             out_dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[problem.c_dtype.value]
-            rowwise = problem.scaling is Scaling.ROWCOL
+            rowwise = problem.scaling is not Scaling.TENSOR
+            # Block scaling: cuBLAS's rowwise scaling stands in (torch._scaled_mm's Hopper block scaling is not in
+            # every torch), the nearest fp8 product it runs, with unit scales of the rowwise shapes.
+            ones = (torch.ones(problem.m, 1, device="cuda"), torch.ones(1, problem.n, device="cuda"))
 
             def run_one(i: int) -> None:
                 o = ops[i % len(ops)]
                 # rowcol: cuBLAS's rowwise scaling, scale_a (M, 1) and scale_b (1, N).
-                sa, sb = (o["scale_a"][:, None], o["scale_b"][None, :]) if rowwise else (one, one)
+                sa, sb = (one, one) if not rowwise else ones if problem.scaling is Scaling.BLOCK else (
+                    o["scale_a"][:, None], o["scale_b"][None, :])
                 torch._scaled_mm(o["A"], o["B"], sa, sb, bias=o["bias"] if ep.bias else None, out_dtype=out_dtype,
                                  out=o["D"])
 
