@@ -380,3 +380,9 @@ def test_the_reference_dequantizes_by_blocks_as_the_definition_says():
         ks = slice(kb * 128, min(k, kb * 128 + 128))
         want += (a[:, ks] @ b[ks, :]) * sa[:, kb, None] * sb[torch.arange(n) // 128, kb][None, :]
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_compulsory_traffic_counts_the_scales():
+    tensor = Problem.create(4096, 4096, 4096, "e4m3", "row", "col")
+    assert rowcol(4096, 4096, 4096).min_bytes == tensor.min_bytes + 4 * (4096 + 4096)
+    assert block(4096, 4096, 4096).min_bytes == tensor.min_bytes + 4 * (4096 * 32 + 32 * 32)
