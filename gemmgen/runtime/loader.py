@@ -29,7 +29,7 @@ BOUND_SEQUENCES = 16  # launch sequences kept bound to recently seen arrays (wei
 DTYPE_NAMES = {"bf16": {"bfloat16", "uint16", "int16"}, "f16": {"float16"}, "f32": {"float32"},
                # fp8: torch's float8 types, or their bytes as uint8/int8 (cupy has no fp8 dtype)
                "e4m3": {"float8_e4m3fn", "uint8", "int8"}, "e5m2": {"float8_e5m2", "uint8", "int8"}}
-SCALES = ("scale_a", "scale_b")   # fp8 kernels' per-tensor scales: one float32 on the GPU each, or None (1)
+SCALES = ("scale_a", "scale_b")   # fp8 kernels' scales: float32 on the GPU (Problem.scale_shapes), or None (1)
 
 
 def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
@@ -232,8 +232,10 @@ class LoadedKernel:
         return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
 
     def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, scale_a=None, scale_b=None):
-        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D. fp8 kernels take per-tensor
-        scales as one-element float32 GPU arrays (D = alpha * scale_a * scale_b * A @ B ...); None means 1."""
+        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D. fp8 kernels take scales as
+        float32 GPU arrays, shaped by the kernel's scaling: one element each per tensor (D = alpha * scale_a *
+        scale_b * A @ B ...), (M,)/(N,) per row and column (rowcol), or DeepGEMM's blocks (block:
+        docs/fp8-scaling.md); None means 1."""
         sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b)
         sequence.run(default_stream() if stream is None else int(stream))
         return D
