@@ -384,3 +384,26 @@ def test_fp8_block_scales_match_the_fp64_reference(case):
         err = rel_error(D, ref)
         print(f"block {case} {m}x{n}x{k}: {err:.2e}")
         assert err < TOLERANCE
+
+
+@pytest.mark.parametrize("scaling,knobs", [("rowcol", _SQUARE), ("block", _BLOCK_SQUARE)])
+def test_the_tuner_s_worker_fills_verifies_and_times_scaled_fp8(scaling, knobs):
+    """The measuring worker (tune/bench) allocates and fills the scale vectors or blocks, verifies against its
+    scaled torch reference and times the kernel; cuBLAS is timed with rowwise _scaled_mm where torch has it."""
+    from gemmgen.codegen.nvrtc import compile_kernel
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.tune.bench import GpuBenchmark
+
+    problem = Problem.create(1000, 777, 1104, "e4m3", "row", "col", bias=True, scaling=scaling)
+    kernel = Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict(
+        {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}))
+    compiled = compile_kernel(kernel)
+    bench = GpuBenchmark()
+    try:
+        m = bench.measure(make_manifest(kernel, problem, compiled), compiled.cubin, problem)
+        assert m.ok and m.backend == "torch" and m.rel_error < m.threshold, m.reason
+        cublas = bench.cublas_time(problem)
+        print(f"worker {scaling}: error {m.rel_error:.2e}, {m.time_s * 1e6:.1f} us; cuBLAS {cublas}")
+        assert cublas is None or cublas > 0
+    finally:
+        bench.close()
