@@ -71,7 +71,8 @@ class Scaling(str, Enum):
             return cls.TENSOR
         if isinstance(text, Scaling):
             return text
-        return cls(parse.name("scaling", text, [s.value for s in cls], {"rowwise": "rowcol", "per-tensor": "tensor"}))
+        return cls(parse.name("scaling", text, [s.value for s in cls], {"rowwise": "rowcol", "blockwise": "block",
+                                                                            "per-tensor": "tensor"}))
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,12 @@ class Operands:
     align_c: int = 8
     bias: bool = False
     activation: Activation = Activation.NONE
-    scaling: Scaling = Scaling.TENSOR   # fp8 dequantization scales: per tensor, or per row of A and column of B
+    scaling: Scaling = Scaling.TENSOR   # fp8 dequantization scales: per tensor, per row/column, or in blocks
 
     @property
     def tag(self) -> str:
-        """'bf16bf16_bf16_f32_rr_a8x8x8' style: dtypes, layouts and alignments (and '_rowcol' for fp8 kernels
-        with per-row and per-column scales; per-tensor scaling is not named, so older names stay)."""
+        """'bf16bf16_bf16_f32_rr_a8x8x8' style: dtypes, layouts and alignments (and '_rowcol' or '_block' for fp8
+        kernels with those scales; per-tensor scaling is not named, so older names stay)."""
         dts = f"{self.a_dtype.value}{self.b_dtype.value}_{self.c_dtype.value}_{self.acc_dtype.value}"
         epi = Epilogue(bias=self.bias, activation=self.activation).tag
         scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"

@@ -176,7 +176,7 @@ def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
 
 def dequantize_blocks(torch, a, b, scale_a, scale_b):
     """A (M x K) and B (K x N) times their block scales: scale_a[m, k // 128] and scale_b[n // 128, k // 128]."""
-    (m, k), n = a.shape, b.shape[1]
+    k, n = a.shape[1], b.shape[1]
     sa = scale_a.float().repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
     sb = scale_b.float().repeat_interleave(SCALE_BLOCK, dim=0).repeat_interleave(SCALE_BLOCK, dim=1)[:n, :k]
     return a * sa, b * sb.t()
