@@ -2,6 +2,7 @@
 """fp8 (e4m3, e5m2) sm90_wgmma kernels against cuBLAS fp8 (torch._scaled_mm), with errors.
 
     PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--b-dtype e5m2] [--out DIR] [--only NAME]
+                                              [--scaling tensor,rowcol,block]
 
 For each shape, the model's top fp8 configurations are compiled, exported and loaded with gemmgen.load (public
 APIs only). Each is verified on fresh random inputs (per-tensor scales passed as GPU scalars) with D poisoned
@@ -9,7 +10,13 @@ first, at the shape and at a shape that is not a tile multiple, against an fp32 
 values; cuBLAS's own error against that reference is printed beside it. Then the best are timed interleaved with
 torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. A is row-major and B column-major (the
 layouts both wgmma and cuBLAS fp8 take). --b-dtype gives B another fp8 type than A's (the gradient GEMMs:
-e4m3 x e5m2 or e5m2 x e4m3; cuBLAS takes those pairs too, but not e5m2 x e5m2). Prints a summary table last.
+e4m3 x e5m2 or e5m2 x e4m3; cuBLAS takes those pairs too, but not e5m2 x e5m2). --scaling lists the scalings to
+run, each in the same run: tensor (per-tensor scales, against _scaled_mm's per-tensor scaling) and rowcol (a scale
+per row of A and per column of B, quantized row by row, against _scaled_mm's rowwise scaling: scale_a (M, 1),
+scale_b (1, N)), and block (DeepGEMM's: A per row and 128 of K, B per 128 x 128 block; verified against a float64
+reference of the same values and scales; cuBLAS is timed with its rowwise scaling on the same fp8 values and unit
+scales, the nearest fp8 product torch._scaled_mm runs everywhere, and its error is that product's against float64).
+Prints a summary table last.
 """
 from __future__ import annotations
 
@@ -36,6 +43,8 @@ def main(argv=None) -> int:
     parser.add_argument("--b-dtype", default=None, choices=["e4m3", "e5m2"], help="B's fp8 type (default: --dtype)")
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--scaling", default="tensor",
+                        help="comma-separated scalings to run in the same run: tensor, rowcol, block")
     parser.add_argument("--promote", type=int, default=0, metavar="N",
                         help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
@@ -54,21 +63,60 @@ def main(argv=None) -> int:
     gpu = detect_gpu().gpu
     device = torch.cuda.get_device_name()
 
-    def operands(m, n, k):
-        # Values spread over fp8's range (scaled normals), quantized with per-tensor scales as a user would.
+    scalings = [x for x in args.scaling.split(",") if x]
+    for scaling in scalings:
+        if scaling not in ("tensor", "rowcol", "block"):
+            parser.error(f"--scaling must list tensor, rowcol or block, but got {scaling!r}")
+
+    def blockwise(x, rows_per_block, fp8):
+        """x (rows x K) quantized per rows_per_block rows x 128 of K: fp8 values and float32 scales."""
+        rows, k = x.shape
+        kb, rb = -(-k // 128), -(-rows // rows_per_block)
+        padded = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, rb * rows_per_block - rows))
+        scale = (padded.reshape(rb, rows_per_block, kb, 128).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 240.0).float()
+        expand = scale.repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)[:rows, :k]
+        return (x / expand).to(fp8).contiguous(), scale.contiguous()
+
+    def dequantized(q, scale, rows_per_block):
+        expand = scale.double().repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)
+        return q.double() * expand[:q.shape[0], :q.shape[1]]
+
+    def operands(m, n, k, scaling):
+        # Values spread over fp8's range (scaled normals), quantized as a user would: one scale per tensor, or
+        # (rowcol) one per row of A and per column of B, over rows of unlike magnitude so the scales matter.
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
-        sa, sb = a.abs().max() / 240.0, b.abs().max() / 240.0
-        A, Bt = (a / sa).to(fp8_a), (b / sb).to(fp8_b)
-        return A, Bt.t(), sa.float().reshape(()), sb.float().reshape(())
+        if scaling == "tensor":
+            sa, sb = a.abs().max() / 240.0, b.abs().max() / 240.0
+            A, Bt = (a / sa).to(fp8_a), (b / sb).to(fp8_b)
+            return A, Bt.t(), sa.float().reshape(()), sb.float().reshape(())
+        a = a * torch.rand(m, 1, device="cuda").mul(8).exp2()
+        b = b * torch.rand(n, 1, device="cuda").mul(8).exp2()
+        if scaling == "block":
+            (A, sa), (Bt, sb) = blockwise(a, 1, fp8_a), blockwise(b, 128, fp8_b)
+            return A, Bt.t(), sa, sb
+        sa, sb = a.abs().amax(dim=1) / 240.0, b.abs().amax(dim=1) / 240.0
+        A, Bt = (a / sa[:, None]).to(fp8_a), (b / sb[:, None]).to(fp8_b)
+        return A, Bt.t(), sa.float().contiguous(), sb.float().contiguous()
 
     def reference(A, B, sa, sb):
-        return (A.float() @ B.float()) * (sa * sb)
+        if sa.dim() == 0:
+            return (A.float() @ B.float()) * (sa * sb)
+        if sa.dim() == 2:   # block scales
+            return dequantized(A, sa, 1) @ dequantized(B.t(), sb, 128).t()
+        return (A.double() @ B.double()) * sa.double()[:, None] * sb.double()[None, :]
+
+    def cublas_scales(A, B, sa, sb):
+        """_scaled_mm's scale arguments: the scalars, the rowwise shapes (M, 1) and (1, N), or for block scales
+        unit rowwise ones (cuBLAS's stand-in)."""
+        if sa.dim() == 2:
+            return (torch.ones(A.shape[0], 1, device="cuda"), torch.ones(1, B.shape[1], device="cuda"))
+        return (sa, sb) if sa.dim() == 0 else (sa[:, None], sb[None, :])
 
     rows, summary = [], []
-    for name, (m, n, k) in SHAPES.items():
-        if args.only and name not in args.only:
-            continue
-        problem = Problem.create(m, n, k, args.dtype, "row", "col", b_dtype=b_dtype)
+    cases = [(name, shape, scaling) for name, shape in SHAPES.items() for scaling in scalings
+             if not args.only or name in args.only]
+    for name, (m, n, k), scaling in cases:
+        problem = Problem.create(m, n, k, args.dtype, "row", "col", b_dtype=b_dtype, scaling=scaling)
         ranked = candidates(problem, gpu, args.top)
         if args.promote:
             from gemmgen.rank.predict import predict
@@ -81,19 +129,22 @@ def main(argv=None) -> int:
         built = compile_many(kernels)
         sets = []
         for _ in range(SETS):
-            A, B, sa, sb = operands(m, n, k)
-            sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb))
-        # cuBLAS's own error on the first set, against the same fp32 reference.
+            A, B, sa, sb = operands(m, n, k, scaling)
+            sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb, len(sets)))
+        # cuBLAS's own error on the first set, against the same reference (fp32; float64 for rowcol and block,
+        # where cuBLAS's unit-scaled product is held to the unscaled float64 product of the same fp8 values).
         A, B, _, sa, sb = sets[0]
-        ref = reference(A, B, sa, sb)
-        cublas_err = rel_error(torch, torch._scaled_mm(A, B, sa, sb, out_dtype=torch.bfloat16), ref)
+        scales = [cublas_scales(*s[:2], *s[3:]) for s in sets]
+        ref = reference(A, B, sa, sb) if scaling != "block" else A.double() @ B.double()
+        cublas_err = rel_error(torch, torch._scaled_mm(A, B, *scales[0], out_dtype=torch.bfloat16), ref)
 
         def cublas(s):
-            torch._scaled_mm(s[0], s[1], s[3], s[4], out_dtype=torch.bfloat16, out=s[2])
+            torch._scaled_mm(s[0], s[1], *scales[s[5]], out_dtype=torch.bfloat16, out=s[2])
 
         loaded = []
         for r, kernel, result in zip(ranked, kernels, built):
-            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": r.config.tag, "model_tflops": r.tflops}
+            row = {"case": name, "scaling": scaling, "shape": f"{m}x{n}x{k}", "config": r.config.tag,
+                   "model_tflops": r.tflops}
             if isinstance(result, Exception):
                 row.update(ok=False, error=f"compile: {str(result)[:200]}")
                 rows.append(row)
@@ -102,7 +153,7 @@ def main(argv=None) -> int:
             gemm = load_compiled(kernel, problem, result, "gemmgen-fp8-")
             errors = []
             for mm, nn, kk in ((m, n, k), (m - 77, n + 48, k - 144)):   # a shape that is not a tile multiple
-                A, B, sa, sb = operands(mm, nn, kk)
+                A, B, sa, sb = operands(mm, nn, kk, scaling)
                 D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
                 try:
                     gemm(A, B, D, scale_a=sa, scale_b=sb)
@@ -117,7 +168,7 @@ def main(argv=None) -> int:
             if ok:
                 loaded.append((row, gemm))
         if not loaded:
-            summary.append({"case": name, "best": None})
+            summary.append({"case": name, "scaling": scaling, "best": None})
             continue
         call = lambda g: (lambda s: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]))  # noqa: E731
         for fn in [cublas] + [call(g) for _, g in loaded]:
@@ -136,7 +187,7 @@ def main(argv=None) -> int:
         best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
         promoted = [row for row, _ in loaded if "_pr" in row["config"]]
         best_promoted = max(promoted, key=lambda r: r["tflops"]) if promoted else None
-        summary.append({"case": name, "shape": best["shape"], "best": best["config"], "tflops": best["tflops"],
+        summary.append({"case": name, "scaling": scaling, "shape": best["shape"], "best": best["config"], "tflops": best["tflops"],
                         "promoted": best_promoted and {k: best_promoted[k] for k in ("config", "tflops", "vs_cublas",
                                                                                       "rel_errors")},
                         "cublas_tflops": tf["cublas"], "vs_cublas": best["vs_cublas"],
@@ -144,20 +195,22 @@ def main(argv=None) -> int:
         for _, g in loaded:
             g.close()
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dtype": args.dtype,
-              "b_dtype": b_dtype, "rows": rows, "summary": summary}
+              "b_dtype": b_dtype, "scalings": scalings, "rows": rows, "summary": summary}
     if args.out:
         write_report(args.out, f"fp8-{pair}.json", report)
-    print(f"\n{device}, {report['date']}, {args.dtype} x {b_dtype} -> bf16, per-tensor scales, TFLOP/s")
-    print(f"{'case':10} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} {'cuB err':>8}  best")
+    print(f"\n{device}, {report['date']}, {args.dtype} x {b_dtype} -> bf16, TFLOP/s (cuBLAS: torch._scaled_mm with "
+          "the same scaling: per-tensor, or rowwise for rowcol)")
+    print(f"{'case':10} {'scaling':7} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} "
+          f"{'cuB err':>8}  best")
     for s in summary:
         if s["best"] is None:
-            print(f"{s['case']:10} no verified kernel")
+            print(f"{s['case']:10} {s['scaling']:7} no verified kernel")
             continue
-        print(f"{s['case']:10} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
+        print(f"{s['case']:10} {s['scaling']:7} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
               f"{s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  {s['best'][:70]}")
         if s.get("promoted"):
             p = s["promoted"]
-            print(f"{'  promoted':10} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} {p['rel_errors'][0]:8.1e} "
+            print(f"{'  promoted':10} {'':7} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} {p['rel_errors'][0]:8.1e} "
                   f"{'':8}  {p['config'][:70]}")
     return 0 if all(r.get("ok") for r in rows) else 1
 

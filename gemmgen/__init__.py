@@ -7,7 +7,7 @@ import time; only the runtime's launches need cuda-bindings (and numpy), and onl
 from .model.arch import Arch, DType, Gpu, catalogue, lookup_gpu
 from .model.errors import (CompileError, CudaError, GemmgenError, InvalidConfig, InvalidInput, NoGpu, UserError,
                      VerificationError, Violation)
-from .model.problem import Activation, Epilogue, Layout, Operands, Problem
+from .model.problem import Activation, Epilogue, Layout, Operands, Problem, Scaling
 from . import families  # registers the built-in kernel families, so any configuration parses
 from .model.tiles import Cluster, Decomposition, DecompKind, Kernel, Raster, RasterOrder, Shape3, SmemLayout, TileConfig
 
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Activation", "Arch", "Cluster", "CompileError", "CudaError", "DType", "DecompKind", "Decomposition", "Epilogue",
     "GemmgenError", "Gpu", "InvalidConfig", "InvalidInput", "Kernel", "Layout", "NoGpu", "Operands",
-    "Problem", "Raster", "RasterOrder", "Shape3", "SmemLayout", "TileConfig", "UserError", "VerificationError",
+    "Problem", "Raster", "RasterOrder", "Scaling", "Shape3", "SmemLayout", "TileConfig", "UserError", "VerificationError",
     "Violation", "catalogue", "lookup_gpu", "load", "reset_stats", "stats",
 ]
 

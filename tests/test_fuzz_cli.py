@@ -87,6 +87,7 @@ VALUE_OF = {
     "dtypes": valid("bf16", "f16", "bf16,f16", "f32", "bf16,,f16"),
     "layout": valid("row", "col", "r", "t"),
     "activation": valid("none", "relu", "gelu"),
+    "scaling": valid("tensor", "rowcol", "rowwise"),
     "sampler": valid("tpe", "random", "grid", "cmaes"),
     "timing": valid("burst", "sustained"),
     "reference": valid("auto", "torch", "kernel"),
@@ -100,7 +101,7 @@ VALUE_OF = {
     "format": valid("png", "svg", "gif"),
     "gpus": valid("0", "0,1", "all", "0,0"),
 }
-PROBLEM_FLAGS = [("--dtype", "dtype"), ("--b-dtype", "dtype"), ("--a", "layout"), ("--b", "layout"), ("--alpha", "float"), ("--beta", "float"),
+PROBLEM_FLAGS = [("--dtype", "dtype"), ("--b-dtype", "dtype"), ("--scaling", "scaling"), ("--a", "layout"), ("--b", "layout"), ("--alpha", "float"), ("--beta", "float"),
                  ("--bias", None), ("--activation", "activation"), ("--gpu", "gpu")]
 TUNE_FLAGS = [("--trials", "int"), ("--timeout", "float"), ("--patience", "int"), ("--storage", "storage"),
               ("--out", "out"), ("--sampler", "sampler"), ("--top-k", "int"), ("--jobs", "int"),

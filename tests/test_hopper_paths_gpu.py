@@ -2,7 +2,9 @@
 reference on fresh random inputs with D poisoned (NaN) first:
   - operands whose leading dimension is not a 16-byte multiple (the pack pass), all four layouts, the operand swap;
   - fp8 (e4m3, e5m2) with per-tensor scales as device scalars, with and without fp32 promotion;
-  - mixed fp8 (e4m3 x e5m2 and e5m2 x e4m3, the gradient GEMMs), also through the operand swap.
+  - mixed fp8 (e4m3 x e5m2 and e5m2 x e4m3, the gradient GEMMs), also through the operand swap;
+  - fp8 with per-row and per-column scales (rowcol) through every epilogue path, against a float64 reference;
+  - fp8 with DeepGEMM's block scales (A per row and 128 of K, B per 128 x 128), against a float64 reference.
 Tolerance: ||D - ref|| / ||ref|| < 1e-2 (bf16 output rounding is ~2e-3); NaN never passes.
 """
 from __future__ import annotations
@@ -250,3 +252,158 @@ def test_programmatic_launches_read_what_the_previous_kernel_wrote(m, config):
         ref = (ref.float() @ B.float()).to(torch.bfloat16)
     assert torch.equal(back_to_back, synced)
     assert rel_error(back_to_back, ref) < 5e-2, rel_error(back_to_back, ref)
+
+
+# fp8 with per-row and per-column scales (rowcol): each row of A and each column of B quantized with its own scale
+# (amax / 200, as a rowwise-quantizing user would), D = sa[m] * sb[n] * (A @ B) + bias. One configuration per
+# epilogue path, at shapes that are not tile multiples (rows stay 16-byte multiples, fp8's TMA rule); the reference
+# is float64 over the same fp8 values and scales. Tolerance 1e-2 (bf16 D, fp8 wgmma accumulation).
+_SQUARE = {"cta": "128x128x128", "warp": "64x128x128", "mma": "64x128x32", "stages": 4}
+_SWAP = {"cta": "128x32x128", "warp": "64x32x128", "mma": "64x32x32", "stages": 6, "swap_ab": True}
+ROWCOL_CASES = {
+    # D's rows 16-byte aligned (N = 1048): the TMA-store epilogue; N = 777: the staged one.
+    "tma_store": ({"cta": "128x256x128", "warp": "64x256x128", "mma": "64x256x32", "stages": 4},
+                  ((1000, 1048, 1104), (77, 3000, 1040))),
+    "staged": ({"cta": "128x256x128", "warp": "64x256x128", "mma": "64x256x32", "stages": 4},
+               ((1000, 777, 1104), (333, 1001, 528))),
+    "pingpong": ({"cta": "128x128x128", "warp": "128x128x128", "mma": "64x128x32", "stages": 6,
+                  "schedule": "pingpong"}, ((1000, 1048, 1104), (77, 3000, 1040))),
+    "promote": (dict(_SQUARE, promote=1), ((1000, 777, 1104), (77, 3000, 1040))),
+    "splitk": (dict(_SQUARE, decomposition={"kind": "splitk", "splits": 3}), ((1000, 777, 1104), (300, 500, 4112))),
+    "splitk_fused": (dict(_SQUARE, decomposition={"kind": "splitk", "splits": 3, "fused": True}),
+                     ((1000, 777, 1104), (300, 500, 4112))),
+    "streamk": (dict(_SQUARE, decomposition={"kind": "streamk"}), ((1000, 777, 1104), (1000, 1000, 4112))),
+    # The operand swap: a skinny M; its rows are D's columns, so scale_b scales them.
+    "swap": (_SWAP, ((24, 3001, 1040), (7, 1000, 784))),
+    "swap_splitk": (dict(_SWAP, decomposition={"kind": "splitk", "splits": 2}), ((24, 3001, 1040), (9, 777, 4112))),
+    "swap_fused": (dict(_SWAP, decomposition={"kind": "splitk", "splits": 2, "fused": True}),
+                   ((24, 3001, 1040), (9, 777, 4112))),
+}
+
+
+def rowwise_fp8(rows, k, fp8=torch.float8_e4m3fn):
+    """A rows x k fp8 matrix quantized row by row (K contiguous), and its float32 scale per row."""
+    x = torch.randn(rows, k, device="cuda") * torch.rand(rows, 1, device="cuda").mul(8).exp2()   # rows of unlike size
+    scale = x.abs().amax(dim=1) / 200
+    return (x / scale[:, None]).to(fp8), scale.float().contiguous()
+
+
+@pytest.mark.parametrize("case", sorted(ROWCOL_CASES))
+def test_fp8_rowcol_scales_match_the_fp64_reference_on_every_epilogue_path(case):
+    knobs, shapes = ROWCOL_CASES[case]
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
+    m0, n0, k0 = shapes[0]
+    gemm = load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling="rowcol"), config)
+    for i, (m, n, k) in enumerate(shapes):   # the second a shape the bundle serves
+        A, sa = rowwise_fp8(m, k)
+        Bt, sb = rowwise_fp8(n, k)
+        B = Bt.t()   # column-major K x N: B's columns are Bt's rows, each with its scale
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        # Flat vectors, or torch._scaled_mm's rowwise shapes (M, 1) and (1, N).
+        gemm(A, B, D, bias=bias, scale_a=sa if i == 0 else sa[:, None], scale_b=sb if i == 0 else sb[None, :])
+        torch.cuda.synchronize()
+        ref = (A.double() @ B.double()) * sa.double()[:, None] * sb.double()[None, :] + bias.double()
+        err = rel_error(D, ref)
+        print(f"rowcol {case} {m}x{n}x{k}: {err:.2e}")
+        assert err < TOLERANCE
+
+
+def test_fp8_rowcol_follows_cublas_rowwise_convention():
+    """The kernel's D = sa[m] * sb[n] * (A @ B) is torch._scaled_mm's rowwise scaling: both land within the
+    tolerance of the float64 reference, and of each other."""
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **_SQUARE}
+    m, n, k = 1000, 1048, 1104
+    gemm = load(Problem.create(m, n, k, "e4m3", "row", "col", scaling="rowcol"), config)
+    A, sa = rowwise_fp8(m, k)
+    Bt, sb = rowwise_fp8(n, k)
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(A, Bt.t(), D, scale_a=sa, scale_b=sb)
+    torch.cuda.synchronize()
+    ref = (A.double() @ Bt.t().double()) * sa.double()[:, None] * sb.double()[None, :]
+    assert rel_error(D, ref) < TOLERANCE
+    try:
+        cublas = torch._scaled_mm(A, Bt.t(), sa[:, None], sb[None, :], out_dtype=torch.bfloat16)
+    except RuntimeError as exc:   # a torch/cuBLAS without rowwise scaling
+        pytest.skip(f"torch._scaled_mm has no rowwise scaling here: {exc}")
+    print(f"rowcol vs fp64: gemmgen {rel_error(D, ref):.2e}, cuBLAS {rel_error(cublas, ref):.2e}")
+    assert rel_error(cublas, ref) < TOLERANCE and rel_error(D, cublas.double()) < TOLERANCE
+
+
+# fp8 with block scales (DeepGEMM's): A quantized per row and 128-wide K block, B per 128 x 128 block of N x K, over
+# values whose magnitude changes across rows and K blocks (so a scale applied to the wrong block shows). The
+# reference dequantizes the same fp8 values by the same scales in float64. Tolerance 1e-2 (bf16 D).
+_BLOCK_SQUARE = dict(_SQUARE, promote=1)
+BLOCK_CASES = {
+    "tma_store": (_BLOCK_SQUARE, ((1000, 1048, 1104), (77, 3000, 1040))),
+    "staged": (_BLOCK_SQUARE, ((1000, 777, 1104), (333, 1001, 528))),
+    "n64": ({"cta": "128x64x128", "warp": "64x64x128", "mma": "64x64x32", "stages": 6, "promote": 1},
+            ((1000, 777, 1104), (77, 3000, 1040))),
+    "pingpong": ({"cta": "64x128x128", "warp": "64x128x128", "mma": "64x128x32", "stages": 6, "promote": 1,
+                  "schedule": "pingpong"}, ((1000, 1048, 1104), (77, 3000, 1040))),
+    "cluster": (dict(_BLOCK_SQUARE, cluster="2x1"), ((1000, 1048, 1104), (77, 3000, 1040))),
+    "splitk": (dict(_BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3}),
+               ((1000, 777, 1104), (300, 500, 4112))),
+    "splitk_fused": (dict(_BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3, "fused": True}),
+                     ((1000, 777, 1104), (300, 500, 4112))),
+}
+
+
+def blockwise_fp8(rows, k, rows_per_block, fp8=torch.float8_e4m3fn):
+    """A rows x k fp8 matrix (K contiguous) quantized per block of rows_per_block rows x 128 of K, and its
+    float32 scales [ceil(rows / rows_per_block), ceil(k / 128)]."""
+    kb, rb = -(-k // 128), -(-rows // rows_per_block)
+    x = torch.randn(rows, k, device="cuda") * torch.rand(rows, 1, device="cuda").mul(6).exp2()
+    x = x * torch.rand(1, kb, device="cuda").mul(6).exp2().repeat_interleave(128, dim=1)[:, :k]
+    padded = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, rb * rows_per_block - rows))
+    amax = padded.reshape(rb, rows_per_block, kb, 128).abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    scale = (amax / 200).float().contiguous()
+    expand = scale.repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)[:rows, :k]
+    return (x / expand).to(fp8).contiguous(), scale
+
+
+def dequantized(q, scale, rows_per_block):
+    expand = scale.double().repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)
+    return q.double() * expand[:q.shape[0], :q.shape[1]]
+
+
+@pytest.mark.parametrize("case", sorted(BLOCK_CASES))
+def test_fp8_block_scales_match_the_fp64_reference(case):
+    knobs, shapes = BLOCK_CASES[case]
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
+    m0, n0, k0 = shapes[0]
+    gemm = load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling="block"), config)
+    for m, n, k in shapes:   # the second a shape the bundle serves
+        A, sa = blockwise_fp8(m, k, 1)       # [M, ceil(K/128)]
+        Bt, sb = blockwise_fp8(n, k, 128)    # [ceil(N/128), ceil(K/128)]
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, Bt.t(), D, bias=bias, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        ref = dequantized(A, sa, 1) @ dequantized(Bt, sb, 128).t() + bias.double()
+        err = rel_error(D, ref)
+        print(f"block {case} {m}x{n}x{k}: {err:.2e}")
+        assert err < TOLERANCE
+
+
+@pytest.mark.parametrize("scaling,knobs", [("rowcol", _SQUARE), ("block", _BLOCK_SQUARE)])
+def test_the_tuner_s_worker_fills_verifies_and_times_scaled_fp8(scaling, knobs):
+    """The measuring worker (tune/bench) allocates and fills the scale vectors or blocks, verifies against its
+    scaled torch reference and times the kernel; cuBLAS is timed with rowwise _scaled_mm where torch has it."""
+    from gemmgen.codegen.nvrtc import compile_kernel
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.tune.bench import GpuBenchmark
+
+    problem = Problem.create(1000, 777, 1104, "e4m3", "row", "col", bias=True, scaling=scaling)
+    kernel = Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict(
+        {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}))
+    compiled = compile_kernel(kernel)
+    bench = GpuBenchmark()
+    try:
+        m = bench.measure(make_manifest(kernel, problem, compiled), compiled.cubin, problem)
+        assert m.ok and m.backend == "torch" and m.rel_error < m.threshold, m.reason
+        cublas = bench.cublas_time(problem)
+        print(f"worker {scaling}: error {m.rel_error:.2e}, {m.time_s * 1e6:.1f} us; cuBLAS {cublas}")
+        assert cublas is None or cublas > 0
+    finally:
+        bench.close()

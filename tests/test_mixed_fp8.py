@@ -138,7 +138,7 @@ def test_a_mixed_kernel_does_not_serve_a_matched_pair():
     problem = mixed()
     kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, H100))
     check_match(kernel, problem)
-    with pytest.raises(InvalidInput, match="dtypes, layouts and epilogue must match"):
+    with pytest.raises(InvalidInput, match="dtypes, layouts, scaling and epilogue must match"):
         check_match(kernel, Problem.create(4096, 4096, 4096, "e4m3", "row", "col"))
 
 

@@ -73,6 +73,10 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
     parser.add_argument("--b-dtype", default=None, type=text_arg("--b-dtype"),
                         help="B's dtype when it differs from A's (--dtype, the default): fp8 pairs only, e.g. "
                              "--dtype e4m3 --b-dtype e5m2")
+    parser.add_argument("--scaling", default=None, type=text_arg("--scaling"),
+                        help="fp8 dequantization scales: tensor (default; one float32 per operand), rowcol "
+                             "(one per row of A and one per column of B) or block (A per row and 128 of K, B per "
+                             "128x128 block, as DeepGEMM)")
     parser.add_argument("--out-dtype", default=None, type=text_arg("--out-dtype"),
                         help="C/D/bias dtype: the inputs' (default; bf16 for fp8), or f32")
     parser.add_argument("--a", dest="a_layout", default="row", type=text_arg("--a"),
@@ -89,7 +93,7 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
 def problem_from_args(args) -> Problem:
     return Problem.create(args.M, args.N, args.K, args.dtype, args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
-                          getattr(args, "b_dtype", None))
+                          getattr(args, "b_dtype", None), getattr(args, "scaling", None))
 
 
 def add_gpu_arg(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, ClassVar
 
 from ..model.arch import Arch, DType, Gpu
 from ..model.errors import InvalidInput
-from ..model.problem import Operands, Problem
+from ..model.problem import Operands, Problem, Scaling
 from ..model.tiles import DecompKind, Kernel, Shape3, TileConfig
 
 REG_LIMIT = 255
@@ -76,6 +76,8 @@ class KernelFamily:
     # none unless a family says so. dtype_pairs() is every pair: these and each of `dtypes` with itself.
     mixed_dtypes: ClassVar["frozenset[tuple[DType, DType]]"] = frozenset()
     decompositions: ClassVar["frozenset[DecompKind]"] = frozenset({DecompKind.DATA_PARALLEL})
+    # fp8 dequantization scalings the family's kernels apply (model/problem.Scaling); per tensor unless it says more.
+    scalings: ClassVar["frozenset[Scaling]"] = frozenset({Scaling.TENSOR})
     # The width of the signed integers the kernel indexes with (its ABI passes M, N, K and the leading
     # dimensions as `int`): every dimension, leading dimension and element offset must fit (families/rules.py).
     # A family whose templates compute offsets in 64 bits says 64 here.

@@ -65,6 +65,8 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
             rule((operands.a_dtype, operands.b_dtype) in family.dtype_pairs(),
                  f"family {family.name} supports A/B dtype pairs", pair_text(operands.a_dtype, operands.b_dtype),
                  mixed_text(family.mixed_dtypes) or "matching A and B dtypes only")
+        rule(operands.scaling in family.scalings, f"family {family.name} supports fp8 scalings",
+             operands.scaling.value, sorted(s.value for s in family.scalings))
 
     if problem is not None:
         _check_indexing(family, problem, rule)

@@ -1,6 +1,7 @@
 """The matrix product a user asks for: D = act(alpha * op(A) @ op(B) + beta * C + bias)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -46,6 +47,34 @@ class Activation(str, Enum):
         return cls(parse.name("activation", text, [a.value for a in cls]))
 
 
+SCALE_BLOCK = 128   # the block scales' extent along K (A and B) and along N (B): DeepGEMM's 1x128 and 128x128
+
+
+class Scaling(str, Enum):
+    """How fp8 operands are dequantized: D = alpha * sa * sb * (A @ B) + ...
+
+    tensor: one float32 scale per operand (scale_a, scale_b: device scalars, null meaning 1).
+    rowcol: a scale per row of A (scale_a: M float32) and per column of B (scale_b: N float32), as
+    torch._scaled_mm's rowwise scaling: D[m, n] = alpha * scale_a[m] * scale_b[n] * (A @ B)[m, n] + ...
+    block: DeepGEMM's fine-grained scales: A's per row and 128-wide block of K (scale_a: [M, ceil(K/128)]), B's per
+    128 x 128 block of N x K (scale_b: [ceil(N/128), ceil(K/128)]), both float32 row-major:
+    D[m, n] = alpha * sum_kb scale_a[m, kb] * scale_b[n // 128, kb] * (A[m, kb] @ B[kb, n]) + ...
+    """
+
+    TENSOR = "tensor"
+    ROWCOL = "rowcol"
+    BLOCK = "block"
+
+    @classmethod
+    def parse(cls, text: "str | Scaling | None") -> "Scaling":
+        if text is None:
+            return cls.TENSOR
+        if isinstance(text, Scaling):
+            return text
+        return cls(parse.name("scaling", text, [s.value for s in cls], {"rowwise": "rowcol", "blockwise": "block",
+                                                                            "per-tensor": "tensor"}))
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """What happens to the fp32 accumulator before it is stored."""
@@ -88,13 +117,17 @@ class Operands:
     align_c: int = 8
     bias: bool = False
     activation: Activation = Activation.NONE
+    scaling: Scaling = Scaling.TENSOR   # fp8 dequantization scales: per tensor, per row/column, or in blocks
 
     @property
     def tag(self) -> str:
-        """'bf16bf16_bf16_f32_rr_a8x8x8' style: dtypes, layouts and alignments."""
+        """'bf16bf16_bf16_f32_rr_a8x8x8' style: dtypes, layouts and alignments (and '_rowcol' or '_block' for fp8
+        kernels with those scales; per-tensor scaling is not named, so older names stay)."""
         dts = f"{self.a_dtype.value}{self.b_dtype.value}_{self.c_dtype.value}_{self.acc_dtype.value}"
         epi = Epilogue(bias=self.bias, activation=self.activation).tag
-        return f"{dts}_{self.a_layout.letter}{self.b_layout.letter}_a{self.align_a}x{self.align_b}x{self.align_c}_{epi}"
+        scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"
+        return (f"{dts}_{self.a_layout.letter}{self.b_layout.letter}_a{self.align_a}x{self.align_b}x{self.align_c}_"
+                f"{epi}{scaled}")
 
     def swapped(self) -> "Operands":
         """The operands of D^T = B^T @ A^T as a swapped kernel's main loop sees them: A' = B^T and B' = A^T
@@ -118,6 +151,7 @@ class Problem:
     a_layout: Layout = Layout.ROW
     b_layout: Layout = Layout.ROW
     epilogue: Epilogue = field(default_factory=Epilogue)
+    scaling: Scaling = Scaling.TENSOR
 
     def __post_init__(self):
         for axis in ("m", "n", "k"):
@@ -134,12 +168,16 @@ class Problem:
             # against e4m3 weights or activations); 16- and 32-bit products read one type for both.
             raise InvalidInput("A and B must have the same dtype unless both are fp8 (e4m3, e5m2)",
                                f"{self.a_dtype.value}/{self.b_dtype.value}")
+        if self.scaling is not Scaling.TENSOR and not (self.a_dtype.bytes == 1 and self.b_dtype.bytes == 1):
+            # Scales dequantize fp8 values; 16- and 32-bit inputs carry their own range and take alpha only.
+            raise InvalidInput(f"scaling '{self.scaling.value}' needs fp8 inputs (e4m3, e5m2)",
+                               f"{self.a_dtype.value}/{self.b_dtype.value}")
 
     @classmethod
     def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
-               bias=False, activation=None, b_dtype=None) -> "Problem":
+               bias=False, activation=None, b_dtype=None, scaling=None) -> "Problem":
         """Build a Problem from loose values (strings from a CLI or YAML), validating each. `dtype` is A's
-        (and B's unless `b_dtype` names another: fp8 pairs only)."""
+        (and B's unless `b_dtype` names another: fp8 pairs only); `scaling` is fp8's (Scaling, default tensor)."""
         ab = DType.parse(dtype)
         bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
@@ -147,7 +185,7 @@ class Problem:
         return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, bb,
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
                    Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
-                                             Activation.parse(activation)))
+                                             Activation.parse(activation)), Scaling.parse(scaling))
 
     @property
     def flops(self) -> int:
@@ -169,15 +207,29 @@ class Problem:
     def operands(self) -> Operands:
         return Operands(self.a_dtype, self.b_dtype, self.c_dtype, self.acc_dtype, self.a_layout, self.b_layout,
                         _alignment(self.lda, self.a_dtype), _alignment(self.ldb, self.b_dtype),
-                        _alignment(self.ldc, self.c_dtype), self.epilogue.bias, self.epilogue.activation)
+                        _alignment(self.ldc, self.c_dtype), self.epilogue.bias, self.epilogue.activation,
+                        self.scaling)
 
     @property
     def min_bytes(self) -> int:
-        """Compulsory traffic: A and B read once, D written once (and C read once if beta != 0)."""
+        """Compulsory traffic: A and B read once, D written once (and C read once if beta != 0, and the fp8
+        scale vectors or blocks: block scales of A add 4 bytes per 128 of its 1-byte elements, ~3%)."""
         c_reads = self.m * self.n * self.c_dtype.bytes if self.epilogue.beta != 0 else 0
         bias = self.n * self.c_dtype.bytes if self.epilogue.bias else 0
+        scales = 0 if self.scaling is Scaling.TENSOR else 4 * sum(math.prod(s) for s in self.scale_shapes)
         return (self.m * self.k * self.a_dtype.bytes + self.k * self.n * self.b_dtype.bytes
-                + self.m * self.n * self.c_dtype.bytes + c_reads + bias)
+                + self.m * self.n * self.c_dtype.bytes + c_reads + bias + scales)
+
+    @property
+    def scale_shapes(self) -> "tuple[tuple[int, ...], tuple[int, ...]]":
+        """The shapes of scale_a and scale_b (float32, row-major): (1,) each per tensor; (M,) and (N,) for rowcol;
+        (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)) for block scaling."""
+        if self.scaling is Scaling.ROWCOL:
+            return (self.m,), (self.n,)
+        if self.scaling is Scaling.BLOCK:
+            kb = -(-self.k // SCALE_BLOCK)
+            return (self.m, kb), (-(-self.n // SCALE_BLOCK), kb)
+        return (1,), (1,)
 
     @property
     def mixed(self) -> bool:
@@ -191,7 +243,8 @@ class Problem:
 
     @property
     def label(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}"
+        scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"
+        return f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}{scaled}"
 
     def swapped(self) -> "Problem":
         """The product a swapped kernel's main loop computes: D^T (N x M) = B^T @ A^T over the same memory.
@@ -208,13 +261,15 @@ class Problem:
         return {"M": self.m, "N": self.n, "K": self.k, "a_dtype": self.a_dtype.value, "b_dtype": self.b_dtype.value,
                 "c_dtype": self.c_dtype.value, "acc_dtype": self.acc_dtype.value, "a_layout": self.a_layout.value,
                 "b_layout": self.b_layout.value, "alpha": self.epilogue.alpha, "beta": self.epilogue.beta,
-                "bias": self.epilogue.bias, "activation": self.epilogue.activation.value}
+                "bias": self.epilogue.bias, "activation": self.epilogue.activation.value,
+                # omitted for per-tensor scaling, so problems written before the field existed stay identical
+                **({"scaling": self.scaling.value} if self.scaling is not Scaling.TENSOR else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
-                          d.get("bias", False), d.get("activation"), d.get("b_dtype"))
+                          d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"))
 
 
 def parse_dim(axis: str, value) -> int:

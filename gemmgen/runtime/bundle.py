@@ -164,6 +164,9 @@ def check_launches(manifest: dict) -> None:
                 raise InvalidInput(f"manifest field launches[{i}].params[{j}] must point where the kernel's "
                                    "launches put it", (p.get("tensor"), p.get("offset_bytes", 0)),
                                    f"expected {(q.get('tensor'), q.get('offset_bytes', 0))}")
+            if p.get("shape") != q.get("shape"):   # the scale vectors' lengths (per tensor, or per row/column)
+                raise InvalidInput(f"manifest field launches[{i}].params[{j}].shape must be the kernel's",
+                                   p.get("shape"), f"expected {q.get('shape')}")
         if persistent and want["entry"] == manifest["name"]:
             if got["grid"][1:] != [1, 1] or got["grid"][0] % want["cluster"][0]:
                 raise InvalidInput(f"manifest field launches[{i}].grid must be whole clusters in x", got["grid"])

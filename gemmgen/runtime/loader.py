@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..model.arch import DType
 from ..model.errors import InvalidInput
-from ..model.problem import Layout, Problem
+from ..model.problem import Layout, Problem, Scaling
 from .bundle import runs_on, verify
 from .serve import kernel_of, manifest_for, problem_from_shapes
 
@@ -29,7 +29,7 @@ BOUND_SEQUENCES = 16  # launch sequences kept bound to recently seen arrays (wei
 DTYPE_NAMES = {"bf16": {"bfloat16", "uint16", "int16"}, "f16": {"float16"}, "f32": {"float32"},
                # fp8: torch's float8 types, or their bytes as uint8/int8 (cupy has no fp8 dtype)
                "e4m3": {"float8_e4m3fn", "uint8", "int8"}, "e5m2": {"float8_e5m2", "uint8", "int8"}}
-SCALES = ("scale_a", "scale_b")   # fp8 kernels' per-tensor scales: one float32 on the GPU each, or None (1)
+SCALES = ("scale_a", "scale_b")   # fp8 kernels' scales: float32 on the GPU (Problem.scale_shapes), or None (1)
 
 
 def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
@@ -154,16 +154,43 @@ def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple
         out["C"] = ((m, n), (n, 1))
     if problem.epilogue.bias:
         out["bias"] = ((n,), (1,))
-    for name in SCALES:
-        out[name] = ((1,), (1,))
+    for name, shape in zip(SCALES, problem.scale_shapes):
+        out[name] = (shape, (shape[1], 1) if len(shape) == 2 else (1,))
     return out
+
+
+def _scale_view(name: str, info: ArrayInfo, problem: Problem) -> ArrayInfo:
+    """A scale as the kernel reads it. Per tensor: a 0-d or one-element tensor. rowcol: scale_a as (M,) or (M, 1),
+    scale_b as (N,) or (1, N) (torch._scaled_mm's rowwise shapes), read as flat vectors. block: scale_a
+    (M, ceil(K/128)) and scale_b (ceil(N/128), ceil(K/128)) exactly. InvalidInput naming what the scaling needs."""
+    shape = problem.scale_shapes[SCALES.index(name)]
+    scaling = problem.scaling
+    if scaling is Scaling.BLOCK:
+        if tuple(info.shape) != shape:
+            what = {"scale_a": "(M, ceil(K/128)): one per row of A and 128 of K",
+                    "scale_b": "(ceil(N/128), ceil(K/128)): one per 128 x 128 block of B"}[name]
+            raise InvalidInput(f"{name} must have shape {what} for block scaling", tuple(info.shape),
+                               f"{shape} for {problem.m}x{problem.n}x{problem.k}")
+        return info
+    length = shape[0]
+    shapes = {(length,), (length, 1) if name == "scale_a" else (1, length)}
+    if scaling is Scaling.TENSOR:
+        shapes |= {(), (1, 1)}
+    if tuple(info.shape) not in shapes:
+        what = {"scale_a": "one per row of A (M)", "scale_b": "one per column of B (N)"}[name]
+        rule = (f"{name} must hold {length} float32 values, {what}, for rowcol scaling" if scaling is Scaling.ROWCOL
+                else f"{name} must be one float32 value for per-tensor scaling")
+        raise InvalidInput(rule, tuple(info.shape), f"shapes {sorted(shapes, key=len)}")
+    # The stride of the axis that holds the values (none for a single value).
+    stride = next((s for e, s in zip(info.shape, info.strides) if e > 1), 1)
+    return ArrayInfo(info.ptr, (length,), (stride,), info.dtype, info.device, info.stream)
 
 
 def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
     """InvalidInput unless `info` has the manifest problem's shape, layout and dtype for operand `name`."""
     shape, strides = expected_layout(problem)[name]
-    if name in SCALES and info.shape in ((), (1,)):
-        info = ArrayInfo(info.ptr, (1,), (1,), info.dtype, info.device, info.stream)   # a 0-d scalar is fine too
+    if name in SCALES:
+        info = _scale_view(name, info, problem)
     if info.shape != shape:
         raise InvalidInput(f"{name} must have shape {shape} for this kernel", info.shape)
     # A stride along an axis of extent 1 is never used, and libraries report anything there.
@@ -205,8 +232,10 @@ class LoadedKernel:
         return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
 
     def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, scale_a=None, scale_b=None):
-        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D. fp8 kernels take per-tensor
-        scales as one-element float32 GPU arrays (D = alpha * scale_a * scale_b * A @ B ...); None means 1."""
+        """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D. fp8 kernels take scales as
+        float32 GPU arrays, shaped by the kernel's scaling: one element each per tensor (D = alpha * scale_a *
+        scale_b * A @ B ...), (M,)/(N,) per row and column (rowcol), or DeepGEMM's blocks (block:
+        docs/fp8-scaling.md); None means 1."""
         sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b)
         sequence.run(default_stream() if stream is None else int(stream))
         return D

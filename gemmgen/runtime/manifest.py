@@ -33,10 +33,12 @@ def check_match(kernel: Kernel, problem: Problem) -> None:
     """The problem must be one the kernel was compiled for: same dtypes, layouts and epilogue kind,
     and leading dimensions at least as aligned as the kernel's vector accesses assume."""
     have, need = problem.operands, kernel.operands
-    same = (have.a_dtype, have.b_dtype, have.c_dtype, have.a_layout, have.b_layout, have.bias, have.activation) == \
-           (need.a_dtype, need.b_dtype, need.c_dtype, need.a_layout, need.b_layout, need.bias, need.activation)
+    same = (have.a_dtype, have.b_dtype, have.c_dtype, have.a_layout, have.b_layout, have.bias, have.activation,
+            have.scaling) == \
+           (need.a_dtype, need.b_dtype, need.c_dtype, need.a_layout, need.b_layout, need.bias, need.activation,
+            need.scaling)
     if not same:
-        raise InvalidInput("the problem's dtypes, layouts and epilogue must match the kernel's", problem.label,
+        raise InvalidInput("the problem's dtypes, layouts, scaling and epilogue must match the kernel's", problem.label,
                            kernel.name)
     for axis in ("a", "b", "c"):
         if getattr(have, f"align_{axis}") % getattr(need, f"align_{axis}"):
@@ -49,7 +51,7 @@ def operands_dict(ops: Operands) -> dict:
     return {"a_dtype": ops.a_dtype.value, "b_dtype": ops.b_dtype.value, "c_dtype": ops.c_dtype.value,
             "acc_dtype": ops.acc_dtype.value, "a_layout": ops.a_layout.value, "b_layout": ops.b_layout.value,
             "align_a": ops.align_a, "align_b": ops.align_b, "align_c": ops.align_c, "bias": ops.bias,
-            "activation": ops.activation.value}
+            "activation": ops.activation.value, "scaling": ops.scaling.value}
 
 
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:

@@ -7,7 +7,9 @@ Backends, best first:
           256 sampled entries that also checks the reference kernel itself
 
 All compute ref = act(alpha * A@B + beta*C + bias) in fp32 from the same bf16/f16 inputs the kernel read,
-and compare D with it by the relative Frobenius error ||D - ref|| / ||ref||.
+and compare D with it by the relative Frobenius error ||D - ref|| / ||ref||. fp8 products (torch only) with rowcol
+scaling scale A@B's row m by scale_a[m] and column n by scale_b[n]; with block scaling A and B are dequantized by
+their 128-wide block scales first.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from ..model.arch import DType
 from ..model.errors import InvalidInput
-from ..model.problem import Activation, Layout, Problem
+from ..model.problem import SCALE_BLOCK, Activation, Layout, Problem, Scaling
 
 BACKENDS = ("torch", "cupy", "kernel")
 SAMPLES = 256
@@ -32,14 +34,15 @@ class GemmPointers:
     d: int
     c: int = 0
     bias: int = 0
+    scale_a: int = 0   # fp8 rowcol or block scaling's float32 scales (Problem.scale_shapes); 0 for per-tensor (1)
+    scale_b: int = 0
 
     def as_dict(self) -> "dict[str, int]":
         """Names as the kernel ABI and the manifest's 'tensor' fields spell them."""
         out = {"A": self.a, "B": self.b, "D": self.d}
-        if self.c:
-            out["C"] = self.c
-        if self.bias:
-            out["bias"] = self.bias
+        for name in ("c", "bias", "scale_a", "scale_b"):
+            if getattr(self, name):
+                out["C" if name == "c" else name] = getattr(self, name)
         return out
 
 
@@ -76,13 +79,20 @@ def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
         shapes["C"] = (m, n)
     if problem.epilogue.bias:
         shapes["bias"] = (n,)
+    if problem.scaling is not Scaling.TENSOR:
+        shapes["scale_a"], shapes["scale_b"] = problem.scale_shapes
     return shapes
+
+
+def operand_dtypes(problem: Problem) -> "dict[str, DType]":
+    """The dtype of each operand storage_shapes names."""
+    return {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "D": problem.c_dtype,
+            "bias": problem.c_dtype, "scale_a": DType.F32, "scale_b": DType.F32}
 
 
 def operand_bytes(problem: Problem) -> "dict[str, int]":
     """Bytes each operand occupies."""
-    elt = {"A": problem.a_dtype.bytes, "B": problem.b_dtype.bytes, "C": problem.c_dtype.bytes,
-           "D": problem.c_dtype.bytes, "bias": problem.c_dtype.bytes}
+    elt = {name: dt.bytes for name, dt in operand_dtypes(problem).items()}
     return {name: math.prod(shape) * elt[name] for name, shape in storage_shapes(problem).items()}
 
 
@@ -120,9 +130,9 @@ def torch_operands(problem: Problem, pointers: GemmPointers) -> dict:
     shapes = storage_shapes(problem)
     dtypes = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32,
               DType.E4M3: torch.float8_e4m3fn, DType.E5M2: torch.float8_e5m2}
-    addresses = {"A": pointers.a, "B": pointers.b, "C": pointers.c, "D": pointers.d, "bias": pointers.bias}
-    kinds = {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "D": problem.c_dtype,
-             "bias": problem.c_dtype}
+    addresses = {"A": pointers.a, "B": pointers.b, "C": pointers.c, "D": pointers.d, "bias": pointers.bias,
+                 "scale_a": pointers.scale_a, "scale_b": pointers.scale_b}
+    kinds = operand_dtypes(problem)
     out = {}
     for name, shape in shapes.items():
         dt = kinds[name]
@@ -144,9 +154,14 @@ def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would put 1e-3 of error in the reference itself
     try:
-        ref = torch.matmul(ops["A"].float(), ops["B"].float())
+        a, b = ops["A"].float(), ops["B"].float()
+        if problem.scaling is Scaling.BLOCK:
+            a, b = dequantize_blocks(torch, a, b, ops["scale_a"], ops["scale_b"])
+        ref = torch.matmul(a, b)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+    if problem.scaling is Scaling.ROWCOL:
+        ref = ref * ops["scale_a"].float()[:, None] * ops["scale_b"].float()[None, :]
     ref = _epilogue_torch(torch, ref, ops, problem)
     out = ops["D"].float()
     finite = torch.isfinite(out)
@@ -157,6 +172,14 @@ def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
     torch.cuda.synchronize()
     return Comparison(math.inf if nonfinite else rel, nonfinite, "torch", None,
                       f"finite-part error {rel:.3e}" if nonfinite else "")
+
+
+def dequantize_blocks(torch, a, b, scale_a, scale_b):
+    """A (M x K) and B (K x N) times their block scales: scale_a[m, k // 128] and scale_b[n // 128, k // 128]."""
+    k, n = a.shape[1], b.shape[1]
+    sa = scale_a.float().repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
+    sb = scale_b.float().repeat_interleave(SCALE_BLOCK, dim=0).repeat_interleave(SCALE_BLOCK, dim=1)[:n, :k]
+    return a * sa, b * sb.t()
 
 
 def _epilogue_torch(torch, acc, ops, problem: Problem):

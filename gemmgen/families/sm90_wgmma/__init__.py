@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...model import paths
 from ...model.arch import Arch, DType, Gpu
-from ...model.problem import Problem
+from ...model.problem import Problem, Scaling
 from ...model.tiles import DecompKind, Kernel
 from .. import register
 from ..base import KernelFamily, Launches, ModelTraits, Prepass
@@ -42,6 +42,10 @@ class Sm90Wgmma(KernelFamily):
     # e4m3 weights or activations. Every other form reads one type for both (rules.py says so too).
     mixed_dtypes = frozenset({(DType.E4M3, DType.E5M2), (DType.E5M2, DType.E4M3)})
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K, DecompKind.STREAM_K})
+    # Per-row and per-column fp8 scales (rowcol) are applied to the accumulators before every epilogue path
+    # (kernel.cu.j2, scale_rows_cols), in the swapped frame too; block scales (DeepGEMM's 1x128 / 128x128) in the
+    # main loop's promotion of each k-tile (mainloop.cuh.j2, rules.py says which configurations take them).
+    scalings = frozenset({Scaling.TENSOR, Scaling.ROWCOL, Scaling.BLOCK})
     fused_splitk = True
     template_root = paths.TEMPLATES
     template = "sm90_wgmma/kernel.cu.j2"

@@ -28,8 +28,11 @@ def context(kernel: Kernel) -> dict:
         "ab": "tf32" if ops.a_dtype.bytes == 4 else ops.a_dtype.ptx,
         "bb": "tf32" if ops.b_dtype.bytes == 4 else ops.b_dtype.ptx,
         "elt": ops.a_dtype.bytes, "mma_k": cfg.mma.k,
-        # fp8 kernels take per-tensor scales of A and B as device scalars (launch.has_scales).
+        # fp8 kernels take scales of A and B (launch.has_scales): device scalars folded into alpha (tensor),
+        # vectors over D's rows and columns applied to the accumulators before the epilogue (rowcol), or per
+        # 128-K block scales applied to each k-tile's partial sums as they are promoted (block).
         "scales": has_scales(kernel),
+        "scaling": kernel.operands.scaling.value,
         "promote": cfg.promote,
         "split3": cfg.split3,
         "cd": ops.c_dtype.ptx,

@@ -141,9 +141,10 @@ def prepass_bytes(kernel: Kernel, problem: Problem) -> int:
 
 
 def has_scales(kernel: Kernel) -> bool:
-    """fp8 kernels take per-tensor scales of A and B as device scalars (float*, null meaning 1): the ABI's
-    scale_a and scale_b after bias."""
+    """fp8 kernels take scales of A and B (float*, null meaning 1): the ABI's scale_a and scale_b after bias."""
     return kernel.operands.a_dtype.bytes == 1
+
+
 
 
 def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
@@ -302,8 +303,11 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
               {"name": "D", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor", "tensor": "D"},
               {"name": "bias", "ctype": ctype, "kind": "tensor", "tensor": "bias"}]
     if has_scales(kernel):   # the caller's A and B scales, whichever operand the swapped main loop reads as A
-        params += [{"name": "scale_a", "ctype": "const float*", "kind": "tensor", "tensor": "scale_a"},
-                   {"name": "scale_b", "ctype": "const float*", "kind": "tensor", "tensor": "scale_b"}]
+        shape_a, shape_b = problem.scale_shapes   # the manifest names each scale tensor's shape
+        params += [{"name": "scale_a", "ctype": "const float*", "kind": "tensor", "tensor": "scale_a",
+                    "shape": list(shape_a)},
+                   {"name": "scale_b", "ctype": "const float*", "kind": "tensor", "tensor": "scale_b",
+                    "shape": list(shape_b)}]
     params += [{"name": "workspace", "ctype": "float*", "kind": "workspace"}]
     params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},

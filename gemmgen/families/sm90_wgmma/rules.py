@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ...model.arch import Arch, DType, Gpu, catalogue
-from ...model.problem import Operands, Problem
+from ...model.problem import SCALE_BLOCK, Operands, Problem, Scaling
 from ...model.tiles import DecompKind, SmemLayout
 from ..base import Rule, elt_bytes
 from .config import Schedule, Sm90Config
@@ -91,6 +91,8 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              "fp8 or fp32")
         acc *= 2
     rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
+    if operands is not None and operands.scaling is Scaling.BLOCK:
+        _check_block_scaling(config, rule)
     if config.split3:
         rule(elt == 4, "3xTF32 (split3) is for fp32 inputs", f"{8 * elt}-bit", "fp32")
         rule(not config.swap_ab and decomp.kind is not DecompKind.STREAM_K,
@@ -157,6 +159,23 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              config.schedule.value, Schedule.COOPERATIVE.value)
     # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled): an operand whose rows
     # are not is packed into the workspace first (launch.pack_plan), so no alignment rule stands here.
+
+
+def _check_block_scaling(config: Sm90Config, rule: Rule) -> None:
+    """Block scales (DeepGEMM's: A per row and 128 of K, B per 128 x 128) multiply each k-tile's partial sums as
+    the main loop promotes them into fp32, so a k-tile must be one 128-K block and every k-tile promoted; each
+    thread reads its rows' A scales and its warpgroup tile's B blocks once per k-tile. `operands` here are the
+    main loop's (a swapped kernel's would need an A scale per column: not built)."""
+    rule(config.cta.k == SCALE_BLOCK, "block scaling needs CTA tile K = 128 (one scale block per k-tile)",
+         config.cta.k, SCALE_BLOCK)
+    rule(config.promote == 1, "block scaling applies each 128-K block's scales as its partial sums are promoted: "
+         "promote must be 1", config.promote, 1)
+    rule(config.warp.n % SCALE_BLOCK == 0 or SCALE_BLOCK % config.warp.n == 0, "block scaling needs warpgroup "
+         "tile N a multiple or a divisor of 128 (whole 128-column scale blocks)", config.warp.n, "16, 32, 64, 128, 256")
+    rule(not config.swap_ab, "block scaling is implemented without the operand swap", config.swap_ab, False)
+    # Stream-K computes a tile's origin after the main loop (registers), and the block scales need it inside.
+    rule(config.decomposition.kind is not DecompKind.STREAM_K, "block scaling is implemented for data-parallel "
+         "and split-K tiles (not Stream-K)", config.decomposition.kind.value, "dp or splitk")
 
 
 def smem_bytes(config: Sm90Config, operands: "Operands | None" = None) -> int:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from ...model.arch import DType
 from ...model.errors import CudaError
-from ...model.problem import Problem
+from ...model.problem import Problem, Scaling
 from .policy import HOLD_BASE_S, HOLD_BATCH, HOLD_MAX_S, HOLD_PER_RUN_S, HOST_BOUND_S, Measurement, TimingPolicy, describe, failed, manifest_mismatch, median, plan_runs, rotation_count, threshold, timing_policy, verdict
 from .. import utility
-from ..reference import GemmPointers, operand_bytes, storage_shapes
+from ..reference import GemmPointers, operand_bytes, operand_dtypes, storage_shapes
 
 
 
@@ -246,21 +246,23 @@ class GpuBenchmark:
         while len(self._sets) < count:
             buffers = {name: self.device.alloc(nbytes) for name, nbytes in operand_bytes(problem).items()}
             ptr = {name: buf.ptr for name, buf in buffers.items()}
-            entry = _OperandSet(buffers, GemmPointers(ptr["A"], ptr["B"], ptr["D"], ptr.get("C", 0), ptr.get("bias", 0)))
+            entry = _OperandSet(buffers, GemmPointers(ptr["A"], ptr["B"], ptr["D"], ptr.get("C", 0), ptr.get("bias", 0),
+                                                      ptr.get("scale_a", 0), ptr.get("scale_b", 0)))
             self._refill(entry, problem)
             self._sets.append(entry)
         return self._sets[:count]
 
     def _refill(self, entry: _OperandSet, problem: Problem) -> None:
         """New random inputs (never zeros: they hide unwritten outputs and run faster than real data)."""
-        dtypes = {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "bias": problem.c_dtype,
-                  "D": problem.c_dtype}
+        dtypes = operand_dtypes(problem)
         shapes = storage_shapes(problem)
         for name, buf in entry.buffers.items():
             if name == "D":
                 continue  # poisoned before each check; its content does not matter for timing
             count = math.prod(shapes[name])
-            self.helpers.fill_uniform(self.device, buf, dtypes[name], count, self._rng.getrandbits(63))
+            # Scales away from 1 (and apart per row and column), so a kernel that drops or swaps one fails.
+            lo, hi = (0.25, 4.0) if name in ("scale_a", "scale_b") else (-1.0, 1.0)
+            self.helpers.fill_uniform(self.device, buf, dtypes[name], count, self._rng.getrandbits(63), lo, hi)
 
     def _release_sets(self) -> None:
         if self._device is not None:
@@ -284,11 +286,25 @@ class GpuBenchmark:
             # A row-major and B column-major only, the layouts the fp8 kernels run.
             one = torch.ones((), device="cuda", dtype=torch.float32)
             out_dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[problem.c_dtype.value]
+            rowwise = problem.scaling is not Scaling.TENSOR
+            # Block scaling: cuBLAS's rowwise scaling stands in (torch._scaled_mm's Hopper block scaling is not in
+            # every torch), the nearest fp8 product it runs, with unit scales of the rowwise shapes.
+            ones = (torch.ones(problem.m, 1, device="cuda"), torch.ones(1, problem.n, device="cuda"))
 
             def run_one(i: int) -> None:
                 o = ops[i % len(ops)]
-                torch._scaled_mm(o["A"], o["B"], one, one, bias=o["bias"] if ep.bias else None, out_dtype=out_dtype,
+                # rowcol: cuBLAS's rowwise scaling, scale_a (M, 1) and scale_b (1, N).
+                sa, sb = (one, one) if not rowwise else ones if problem.scaling is Scaling.BLOCK else (
+                    o["scale_a"][:, None], o["scale_b"][None, :])
+                torch._scaled_mm(o["A"], o["B"], sa, sb, bias=o["bias"] if ep.bias else None, out_dtype=out_dtype,
                                  out=o["D"])
+
+            if rowwise:
+                try:
+                    run_one(0)
+                except RuntimeError:
+                    return None   # this torch/cuBLAS has no rowwise scaling for these dtypes: no baseline
+
         elif problem.a_dtype is DType.F32:
             # fp32 inputs run as tf32 here, so cuBLAS is timed with TF32 allowed too.
             def run_one(i: int) -> None:
@@ -353,4 +369,4 @@ def _storage_key(problem: Problem) -> tuple:
     """What decides the buffers' sizes and fill (not alpha, beta's value or the activation): B's dtype too, as
     e4m3 and e5m2 operands are the same size but not the same values."""
     return (problem.m, problem.n, problem.k, problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout,
-            problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias)
+            problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias, problem.scaling)

@@ -173,6 +173,10 @@ def manifest_mismatch(manifest: dict, problem: Problem) -> str:
     keys = ("M", "N", "K", "a_dtype", "b_dtype", "c_dtype", "a_layout", "b_layout", "alpha", "beta", "bias",
             "activation")
     diffs = [f"{k}={stored.get(k)!r} (want {expected[k]!r})" for k in keys if stored.get(k, expected[k]) != expected[k]]
+    # Per-tensor scaling is the default that Problem.to_dict leaves out.
+    scaling = stored.get("scaling", "tensor")
+    if scaling != problem.scaling.value:
+        diffs.append(f"scaling={scaling!r} (want {problem.scaling.value!r})")
     return "manifest is for another problem: " + ", ".join(diffs) if diffs else ""
 
 
