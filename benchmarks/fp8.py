@@ -2,13 +2,17 @@
 """fp8 (e4m3, e5m2) sm90_wgmma kernels against cuBLAS fp8 (torch._scaled_mm), with errors.
 
     PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--b-dtype e5m2] [--out DIR] [--only NAME]
+                                              [--layouts rc cr rr cc]
 
 For each shape, the model's top fp8 configurations are compiled, exported and loaded with gemmgen.load (public
 APIs only). Each is verified on fresh random inputs (per-tensor scales passed as GPU scalars) with D poisoned
 first, at the shape and at a shape that is not a tile multiple, against an fp32 reference of the same fp8
 values; cuBLAS's own error against that reference is printed beside it. Then the best are timed interleaved with
-torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. A is row-major and B column-major (the
-layouts both wgmma and cuBLAS fp8 take). --b-dtype gives B another fp8 type than A's (the gradient GEMMs:
+torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. --layouts picks A's and B's storage (rc, the
+default: A row-major, B column-major, the K-major layouts both wgmma and cuBLAS fp8 take). In the others gemmgen's
+pack launch transposes the MN-major operands into K-major copies first, inside the timed call; torch._scaled_mm
+takes K-major operands only, so its timed call includes the same copies made by torch (A.contiguous(),
+B.t().contiguous().t()): both sides pay for the layout. --b-dtype gives B another fp8 type than A's (the gradient GEMMs:
 e4m3 x e5m2 or e5m2 x e4m3; cuBLAS takes those pairs too, but not e5m2 x e5m2). Prints a summary table last.
 """
 from __future__ import annotations
@@ -36,6 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--b-dtype", default=None, choices=["e4m3", "e5m2"], help="B's fp8 type (default: --dtype)")
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--layouts", nargs="*", default=["rc"], choices=["rc", "cr", "rr", "cc"],
+                        help="A and B storage: r row-major, c column-major (default rc, both K-major)")
     parser.add_argument("--promote", type=int, default=0, metavar="N",
                         help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
@@ -54,21 +60,30 @@ def main(argv=None) -> int:
     gpu = detect_gpu().gpu
     device = torch.cuda.get_device_name()
 
-    def operands(m, n, k):
-        # Values spread over fp8's range (scaled normals), quantized with per-tensor scales as a user would.
+    def operands(m, n, k, layout="rc"):
+        # Values spread over fp8's range (scaled normals), quantized with per-tensor scales as a user would, then
+        # stored in the layout asked for (a column-major A, a row-major B: copies holding the same values).
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
         sa, sb = a.abs().max() / 240.0, b.abs().max() / 240.0
-        A, Bt = (a / sa).to(fp8_a), (b / sb).to(fp8_b)
-        return A, Bt.t(), sa.float().reshape(()), sb.float().reshape(())
+        A, B = (a / sa).to(fp8_a), (b / sb).to(fp8_b).t()
+        A = A if layout[0] == "r" else A.t().contiguous().t()
+        B = B if layout[1] == "c" else B.contiguous()
+        return A, B, sa.float().reshape(()), sb.float().reshape(())
+
+    def kmajor(A, B):
+        """What torch._scaled_mm takes: A row-major and B column-major (copies where they are not)."""
+        return (A if A.stride(1) == 1 else A.contiguous()), (B if B.stride(0) == 1 else B.t().contiguous().t())
 
     def reference(A, B, sa, sb):
         return (A.float() @ B.float()) * (sa * sb)
 
     rows, summary = [], []
-    for name, (m, n, k) in SHAPES.items():
+    for layout, name in [(lay, name) for lay in args.layouts for name in SHAPES]:
+        m, n, k = SHAPES[name]
         if args.only and name not in args.only:
             continue
-        problem = Problem.create(m, n, k, args.dtype, "row", "col", b_dtype=b_dtype)
+        a_layout, b_layout = ("row" if layout[0] == "r" else "col"), ("row" if layout[1] == "r" else "col")
+        problem = Problem.create(m, n, k, args.dtype, a_layout, b_layout, b_dtype=b_dtype)
         ranked = candidates(problem, gpu, args.top)
         if args.promote:
             from gemmgen.rank.predict import predict
@@ -81,19 +96,20 @@ def main(argv=None) -> int:
         built = compile_many(kernels)
         sets = []
         for _ in range(SETS):
-            A, B, sa, sb = operands(m, n, k)
+            A, B, sa, sb = operands(m, n, k, layout)
             sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb))
         # cuBLAS's own error on the first set, against the same fp32 reference.
         A, B, _, sa, sb = sets[0]
         ref = reference(A, B, sa, sb)
-        cublas_err = rel_error(torch, torch._scaled_mm(A, B, sa, sb, out_dtype=torch.bfloat16), ref)
+        cublas_err = rel_error(torch, torch._scaled_mm(*kmajor(A, B), sa, sb, out_dtype=torch.bfloat16), ref)
 
-        def cublas(s):
-            torch._scaled_mm(s[0], s[1], s[3], s[4], out_dtype=torch.bfloat16, out=s[2])
+        def cublas(s):   # the K-major copies (none for rc) are part of cuBLAS's call, as the pack is of gemmgen's
+            torch._scaled_mm(*kmajor(s[0], s[1]), s[3], s[4], out_dtype=torch.bfloat16, out=s[2])
 
         loaded = []
         for r, kernel, result in zip(ranked, kernels, built):
-            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": r.config.tag, "model_tflops": r.tflops}
+            row = {"case": name, "layout": layout, "shape": f"{m}x{n}x{k}", "config": r.config.tag,
+                   "model_tflops": r.tflops}
             if isinstance(result, Exception):
                 row.update(ok=False, error=f"compile: {str(result)[:200]}")
                 rows.append(row)
@@ -102,7 +118,7 @@ def main(argv=None) -> int:
             gemm = load_compiled(kernel, problem, result, "gemmgen-fp8-")
             errors = []
             for mm, nn, kk in ((m, n, k), (m - 77, n + 48, k - 144)):   # a shape that is not a tile multiple
-                A, B, sa, sb = operands(mm, nn, kk)
+                A, B, sa, sb = operands(mm, nn, kk, layout)
                 D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
                 try:
                     gemm(A, B, D, scale_a=sa, scale_b=sb)
@@ -117,7 +133,7 @@ def main(argv=None) -> int:
             if ok:
                 loaded.append((row, gemm))
         if not loaded:
-            summary.append({"case": name, "best": None})
+            summary.append({"case": name, "layout": layout, "best": None})
             continue
         call = lambda g: (lambda s: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]))  # noqa: E731
         for fn in [cublas] + [call(g) for _, g in loaded]:
@@ -136,7 +152,8 @@ def main(argv=None) -> int:
         best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
         promoted = [row for row, _ in loaded if "_pr" in row["config"]]
         best_promoted = max(promoted, key=lambda r: r["tflops"]) if promoted else None
-        summary.append({"case": name, "shape": best["shape"], "best": best["config"], "tflops": best["tflops"],
+        summary.append({"case": name, "layout": layout, "shape": best["shape"], "best": best["config"],
+                        "tflops": best["tflops"],
                         "promoted": best_promoted and {k: best_promoted[k] for k in ("config", "tflops", "vs_cublas",
                                                                                       "rel_errors")},
                         "cublas_tflops": tf["cublas"], "vs_cublas": best["vs_cublas"],
@@ -146,18 +163,20 @@ def main(argv=None) -> int:
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dtype": args.dtype,
               "b_dtype": b_dtype, "rows": rows, "summary": summary}
     if args.out:
-        write_report(args.out, f"fp8-{pair}.json", report)
-    print(f"\n{device}, {report['date']}, {args.dtype} x {b_dtype} -> bf16, per-tensor scales, TFLOP/s")
-    print(f"{'case':10} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} {'cuB err':>8}  best")
+        layouts = "" if args.layouts == ["rc"] else "-" + "-".join(args.layouts)
+        write_report(args.out, f"fp8-{pair}{layouts}.json", report)
+    print(f"\n{device}, {report['date']}, {args.dtype} x {b_dtype} -> bf16, per-tensor scales, TFLOP/s; outside rc "
+          "both sides' times include making the K-major copies (gemmgen's pack launch, torch's .contiguous())")
+    print(f"{'case':10} {'lay':3} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} {'cuB err':>8}  best")
     for s in summary:
         if s["best"] is None:
-            print(f"{s['case']:10} no verified kernel")
+            print(f"{s['case']:10} {s['layout']:3} no verified kernel")
             continue
-        print(f"{s['case']:10} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
+        print(f"{s['case']:10} {s['layout']:3} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
               f"{s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  {s['best'][:70]}")
         if s.get("promoted"):
             p = s["promoted"]
-            print(f"{'  promoted':10} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} {p['rel_errors'][0]:8.1e} "
+            print(f"{'  promoted':10} {'':3} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} {p['rel_errors'][0]:8.1e} "
                   f"{'':8}  {p['config'][:70]}")
     return 0 if all(r.get("ok") for r in rows) else 1
 

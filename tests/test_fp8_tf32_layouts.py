@@ -120,7 +120,8 @@ def test_a_transpose_longer_than_the_main_loop_makes_the_prediction_pack_bound()
 
 
 def test_roofline_shows_the_pack_for_mn_major_fp8_only(capsys):
-    assert main(["roofline", "4096", "4096", "4096", "--dtype", "e4m3", "--a", "col", "--b", "col", "--gpu", "h100"]) == 0
+    assert main(["roofline", "4096", "4096", "4096", "--dtype", "e4m3", "--a", "col", "--b", "col",
+                 "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
     assert "pack MB" in out and re.search(r"^pack: 33\.6 MB read and written", out, re.M), out
     assert main(["roofline", "4096", "4096", "4096", "--dtype", "e4m3", "--b", "col", "--gpu", "h100"]) == 0
