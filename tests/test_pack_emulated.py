@@ -181,6 +181,19 @@ SPLIT3 = {"family": "sm90_wgmma", "cta": "128x128x32", "warp": "64x128x32", "mma
 @pytest.mark.parametrize("dtype,a,b,m,n,k,split3,pad", CASES)
 def test_the_pack_entry_writes_k_major_copies_the_tensor_maps_read(build, tmp_path, dtype, a, b, m, n, k, split3,
                                                                     pad):
+    check_pack(build, tmp_path, dtype, a, b, m, n, k, split3, pad)
+
+
+@pytest.mark.parametrize("dtype", ["e4m3", "f32"])
+def test_rows_past_the_grid_s_y_extent_are_walked_by_the_grid_stride_loop(build, tmp_path, monkeypatch, dtype):
+    # The y grid is capped (65535 tiles of 128 rows: K beyond 8M); capped at 1, one CTA row walks every tile.
+    from gemmgen.families.sm90_wgmma import launch
+
+    monkeypatch.setattr(launch, "PACK_MAX_GRID_Y", 1)
+    check_pack(build, tmp_path, dtype, "col", "row", 300, 200, 700, False, 0)
+
+
+def check_pack(build, tmp_path, dtype, a, b, m, n, k, split3, pad):
     problem = Problem.create(m, n, k, dtype, a, b)
     config = TileConfig.from_dict(SPLIT3) if split3 else default_config(problem, H100, Arch.SM90A)
     kernel = Kernel(Arch.SM90A, problem.operands, config)

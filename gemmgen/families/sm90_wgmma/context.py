@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from ...model.tiles import Kernel
 from .config import Schedule
-from .launch import (has_scales, PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
-                     gemm_operands, is_fused, is_streamk, mainloop_operands, splits, tile_pack, transposed,
-                     uses_store_warp, uses_tma_store)
+from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSPOSE_TILE_ROWS, a_is_kmajor,
+                     b_is_kmajor, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
+                     tile_pack, transposed, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
@@ -69,6 +69,7 @@ def context(kernel: Kernel) -> dict:
         # row copy, fp8 and tf32 ones (transposes, 3xTF32's split on the way) by the shared-memory tile copy.
         "pack": any(packed(kernel)) and not tile_pack(kernel), "tile_pack": tile_pack(kernel),
         "split3_pass": cfg.split3 and not tile_pack(kernel), "pack_elt": ops.a_dtype.bytes,
+        "pack_tile_rows": TRANSPOSE_TILE_ROWS,
         "pack_threads": PACK_THREADS, "pack_chunk": PACK_CHUNK, "pack_rows": PACK_ROWS,
     }
 

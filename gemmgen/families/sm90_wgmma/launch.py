@@ -70,9 +70,10 @@ SPLIT_FACTOR = 3           # 3xTF32: each K-major row becomes three (big, big, s
 # fp8 and tf32: wgmma reads these operands K-major only (its transpose bits are for 16-bit types), so an operand
 # whose storage keeps M (N) contiguous is transposed by the pack launch into a K-major copy, and an fp8 or tf32
 # operand whose rows TMA cannot read is copied the same way; the main loop is the K-major one either way. The
-# copy goes through a shared-memory tile of 128 bytes x 128 bytes' worth of rows (TRANSPOSE_TILE_BYTES):
+# copy goes through a shared-memory tile of 128 bytes of columns by 128 rows (TRANSPOSE_TILE_BYTES, _ROWS):
 # 16-byte reads along the source's rows, 16-byte writes along K (templates/sm90_wgmma/pack.cuh.j2, tile_pack).
 TRANSPOSE_TILE_BYTES = 128
+TRANSPOSE_TILE_ROWS = 128   # source rows per tile: four 16-byte loads per thread in flight (fp32 too)
 
 
 def transposed(kernel: Kernel) -> "tuple[bool, bool]":
@@ -139,7 +140,6 @@ def pack_plan(kernel: Kernel, problem: Problem) -> "list[dict]":
     for p in plan:
         per_row = PACK_ROW_BYTES // p["elt"]
         out_rows, out_cols = (p["cols"], p["rows"]) if p["transpose"] else (p["rows"], p["cols"])
-        p["section"] = out_cols   # 3xTF32: each of the three parts of a row
         p["out_rows"], p["out_cols"] = out_rows, out_cols * SPLIT_FACTOR if split else out_cols
         p["packed_ld"] = -(-p["out_cols"] // per_row) * per_row
         p["bytes"] = out_rows * p["packed_ld"] * p["elt"]
@@ -187,7 +187,7 @@ def _copy_params(z: int, copy: dict, ctype: str) -> "list[dict]":
 
 def _tile_pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
     """<name>_pack for fp8 and tf32: one CTA per tile of the source's storage (TRANSPOSE_TILE_BYTES of columns by
-    as many rows as make 128 bytes along K once transposed), y walking the rows in a grid-stride loop. Per copy,
+    TRANSPOSE_TILE_ROWS rows), y walking the rows in a grid-stride loop. Per copy,
     `mode`: bit 0 transposes, bits 1-2 the 3xTF32 split (1: [big|big|small], A's; 2: [big|small|big], B's)."""
     params = []
     for z in range(2):
@@ -198,7 +198,7 @@ def _tile_pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
                        "value": int(copy["transpose"]) | split << 1})
     tile = TRANSPOSE_TILE_BYTES // plan[0]["elt"]   # elements along each side of the tile
     col_tiles = max(-(-c["cols"] // tile) for c in plan)
-    row_tiles = max(-(-c["rows"] // tile) for c in plan)
+    row_tiles = max(-(-c["rows"] // TRANSPOSE_TILE_ROWS) for c in plan)
     return {"entry": f"{kernel.name}_pack", "grid": [col_tiles, min(row_tiles, PACK_MAX_GRID_Y), len(plan)],
             "block": [PACK_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
 
@@ -437,6 +437,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["SPLIT_FACTOR", "TRANSPOSE_TILE_BYTES", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
