@@ -193,9 +193,20 @@ def test_rows_past_the_grid_s_y_extent_are_walked_by_the_grid_stride_loop(build,
     check_pack(build, tmp_path, dtype, "col", "row", 300, 200, 700, False, 0)
 
 
-def check_pack(build, tmp_path, dtype, a, b, m, n, k, split3, pad):
+FP8_SWAP = {"family": "sm90_wgmma", "cta": "128x32x128", "warp": "64x32x128", "mma": "64x32x32", "stages": 6,
+            "warp_specialized": True, "persistent": True, "swap_ab": True}
+
+
+@pytest.mark.parametrize("a,b", [("row", "row"), ("col", "col"), ("col", "row")])
+def test_the_swapped_kernel_s_copies_are_the_caller_s_operands_k_major(build, tmp_path, a, b):
+    # Swapped, the main loop's A is B^T (K-major: N rows of K, the caller's B K-major) and its B is A^T.
+    check_pack(build, tmp_path, "e4m3", a, b, 24, 3001, 1040, False, 0, FP8_SWAP)
+
+
+def check_pack(build, tmp_path, dtype, a, b, m, n, k, split3, pad, config=None):
     problem = Problem.create(m, n, k, dtype, a, b)
-    config = TileConfig.from_dict(SPLIT3) if split3 else default_config(problem, H100, Arch.SM90A)
+    config = TileConfig.from_dict(config or SPLIT3) if split3 or config else default_config(problem, H100,
+                                                                                              Arch.SM90A)
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     manifest = make_manifest(kernel, problem)
     assert manifest["launches"][0]["entry"] == f"{kernel.name}_pack"
