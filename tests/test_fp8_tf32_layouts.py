@@ -198,3 +198,21 @@ def test_sass_transposes_through_shared_memory_then_runs_the_k_major_wgmma(a_dty
     for counts, _ in funcs.values():
         assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0
     assert compiled.spill_bytes == 0
+
+
+def test_tune_dry_run_ranks_and_exports_a_transposing_kernel_with_the_pack_in_its_bound(capsys, tmp_path):
+    # A skinny fp8 product with B row-major: the transpose of B outlasts the main loop, so the ranking says
+    # memory-bound, and the exported bundle packs B before the GEMM.
+    import json
+
+    assert main(["tune", "64", "4096", "4096", "--dtype", "e4m3", "--b", "row", "--gpu", "h100", "--dry-run",
+                 "--top-k", "1", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^1 .* memory +ok", out, re.M), out
+    [manifest] = [json.loads(p.read_text()) for p in (tmp_path / "b").glob("*.json")]
+    pack = manifest["launches"][0]
+    assert pack["entry"] == manifest["name"] + "_pack"
+    params = {p["name"]: p for p in pack["params"]}
+    # Swapped or not, the one transposed copy is of the caller's B.
+    copies = [z for z in range(pack["grid"][2]) if params[f"mode{z}"]["value"] & 1]
+    assert [params[f"src{z}"]["tensor"] for z in copies] == ["B"]
