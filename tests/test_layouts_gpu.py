@@ -70,7 +70,7 @@ def check(gemm, a_dtype, b_dtype, a, b, m, n, k, bias=False):
     bias_t = torch.randn(n, device="cuda").to(out) if bias else None
     gemm(A, B, D, **({"bias": bias_t} if bias else {}))
     torch.cuda.synchronize()
-    ref = A.double() @ B.double() + (bias_t.double() if bias else 0)
+    ref = A.float().double() @ B.float().double() + (bias_t.float().double() if bias else 0)
     return rel_error(D, ref)
 
 
