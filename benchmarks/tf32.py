@@ -93,7 +93,8 @@ def main(argv=None) -> int:
                 continue
             gemm = load_compiled(kernel, problem, result, "gemmgen-tf32-")
             errors = []
-            for mm, nn, kk in ((m, n, k), (m - 77, n + 52, k - 36)):
+            # Not a tile multiple, with the bundle's alignments (a column-major A's rows are M long).
+            for mm, nn, kk in ((m, n, k), (m - (77 if layout[0] == "r" else 80), n + 52, k - 36)):
                 a, b = operand(mm, kk, layout[0]), operand(kk, nn, layout[1])
                 d = torch.full((mm, nn), float("nan"), device="cuda")
                 gemm(a, b, d)
