@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """fp32 inputs on Hopper's tensor cores as tf32 (sm90_wgmma, wgmma m64nNk8, fp32 D) against cuBLAS tf32.
 
-    PYTHONPATH=$PWD python3 benchmarks/tf32.py [--top 3] [--out DIR] [--only NAME ...]
+    PYTHONPATH=$PWD python3 benchmarks/tf32.py [--top 3] [--out DIR] [--only NAME ...] [--layouts rc cr rr cc]
 
 For each shape, the model's top configurations are compiled, exported and loaded with gemmgen.load (public APIs).
 Each is verified on fresh random inputs with D poisoned first, at the shape and at one that is not a tile
 multiple, against a float64 reference; cuBLAS tf32's own error is printed beside it. Then the best are timed
 interleaved with torch.mm under allow_tf32 (cuBLAS tf32) and with TF32 off (cuBLAS fp32), on rotating input sets.
-A is row-major and B column-major (tf32 wgmma reads K-major operands only). Prints a summary table last.
+--layouts picks A's and B's storage (rc, the default: A row-major, B column-major, both K-major, which tf32 wgmma
+reads); in the others gemmgen's pack launch transposes the MN-major operands into K-major copies inside the timed
+call, and torch.mm takes the operands as they are (cuBLAS handles every layout itself, with no copy). Prints a
+summary table last.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--layouts", nargs="*", default=["rc"], choices=["rc", "cr", "rr", "cc"],
+                        help="A and B storage: r row-major, c column-major (default rc, both K-major)")
     parser.add_argument("--x3", action="store_true",
                         help="3xTF32 kernels (split3: fp32 accuracy from three tf32 products) instead of plain tf32")
     args = parser.parse_args(argv)
@@ -47,11 +52,17 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.mm(a, b, out=out)
 
+    def operand(rows, cols, layout: str):
+        """rows x cols fp32, row-major ("r") or column-major ("c")."""
+        return torch.randn(rows, cols, device="cuda") if layout == "r" else torch.randn(cols, rows, device="cuda").t()
+
     rows, summary = [], []
-    for name, (m, n, k) in SHAPES.items():
+    for layout, name in [(lay, name) for lay in args.layouts for name in SHAPES]:
+        m, n, k = SHAPES[name]
         if args.only and name not in args.only:
             continue
-        problem = Problem.create(m, n, k, "f32", "row", "col")
+        problem = Problem.create(m, n, k, "f32", "row" if layout[0] == "r" else "col",
+                                 "row" if layout[1] == "r" else "col")
         if args.x3:
             from gemmgen.rank.predict import predict
             from gemmgen.rank.ranking import model_top, rank_configs
@@ -64,8 +75,8 @@ def main(argv=None) -> int:
         ranked = [r for r in ranked if r.config.family == "sm90_wgmma"]
         kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
         built = compile_many(kernels)
-        sets = [(torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda").t(),
-                 torch.empty(m, n, device="cuda")) for _ in range(SETS)]
+        sets = [(operand(m, k, layout[0]), operand(k, n, layout[1]), torch.empty(m, n, device="cuda"))
+                for _ in range(SETS)]
         A, B, _ = sets[0]
         ref = A.double() @ B.double()
         out = torch.empty(m, n, device="cuda")
@@ -74,15 +85,17 @@ def main(argv=None) -> int:
         limit = 1e-5 if args.x3 else 5e-3
         loaded = []
         for r, kernel, result in zip(ranked, kernels, built):
-            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": r.config.tag, "model_tflops": r.tflops}
+            row = {"case": name, "layout": layout, "shape": f"{m}x{n}x{k}", "config": r.config.tag,
+                   "model_tflops": r.tflops}
             if isinstance(result, Exception):
                 row.update(ok=False, error=f"compile: {str(result)[:200]}")
                 rows.append(row)
                 continue
             gemm = load_compiled(kernel, problem, result, "gemmgen-tf32-")
             errors = []
-            for mm, nn, kk in ((m, n, k), (m - 77, n + 52, k - 36)):
-                a, b = torch.randn(mm, kk, device="cuda"), torch.randn(nn, kk, device="cuda").t()
+            # Not a tile multiple, with the bundle's alignments (a column-major A's rows are M long).
+            for mm, nn, kk in ((m, n, k), (m - (77 if layout[0] == "r" else 80), n + 52, k - 36)):
+                a, b = operand(mm, kk, layout[0]), operand(kk, nn, layout[1])
                 d = torch.full((mm, nn), float("nan"), device="cuda")
                 gemm(a, b, d)
                 torch.cuda.synchronize()
@@ -94,7 +107,7 @@ def main(argv=None) -> int:
             if ok:
                 loaded.append((row, gemm))
         if not loaded:
-            summary.append({"case": name, "best": None})
+            summary.append({"case": name, "layout": layout, "best": None})
             continue
         contenders = {"cublas_tf32": lambda s: cublas_mm(s[0], s[1], s[2], True),
                       "cublas_fp32": lambda s: cublas_mm(s[0], s[1], s[2], False)}
@@ -110,7 +123,7 @@ def main(argv=None) -> int:
         flops = 2.0 * m * n * k
         tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
         best = max((row for row, _ in loaded), key=lambda r: tf[r["config"]])
-        summary.append({"case": name, "shape": best["shape"], "best": best["config"], "tflops": tf[best["config"]],
+        summary.append({"case": name, "layout": layout, "shape": best["shape"], "best": best["config"], "tflops": tf[best["config"]],
                         "cublas_tf32_tflops": tf["cublas_tf32"], "cublas_fp32_tflops": tf["cublas_fp32"],
                         "vs_cublas_tf32": tf[best["config"]] / tf["cublas_tf32"],
                         "vs_cublas_fp32": tf[best["config"]] / tf["cublas_fp32"], "rel_error": best["rel_errors"][0],
@@ -121,17 +134,18 @@ def main(argv=None) -> int:
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows,
               "summary": summary}
     if args.out:
-        write_report(args.out, "tf32x3.json" if args.x3 else "tf32.json", report)
+        layouts = "" if args.layouts == ["rc"] else "-" + "-".join(args.layouts)
+        write_report(args.out, ("tf32x3" if args.x3 else "tf32") + layouts + ".json", report)
     math = "3xTF32" if args.x3 else "tf32"
     print(f"\n{device}, {report['date']}, fp32 in ({math} math) -> fp32, TFLOP/s; cuB err is cuBLAS "
           f"{'fp32' if args.x3 else 'tf32'}'s")
-    print(f"{'case':8} {'shape':16} {'gemmgen':>8} {'cuB tf32':>8} {'cuB fp32':>8} {'x tf32':>7} {'x fp32':>7} "
+    print(f"{'case':8} {'lay':3} {'shape':16} {'gemmgen':>8} {'cuB tf32':>8} {'cuB fp32':>8} {'x tf32':>7} {'x fp32':>7} "
           f"{'err':>8} {'cuB err':>8}  best")
     for s in summary:
         if s["best"] is None:
-            print(f"{s['case']:8} no verified kernel")
+            print(f"{s['case']:8} {s['layout']:3} no verified kernel")
             continue
-        print(f"{s['case']:8} {s['shape']:16} {s['tflops']:8.1f} {s['cublas_tf32_tflops']:8.1f} "
+        print(f"{s['case']:8} {s['layout']:3} {s['shape']:16} {s['tflops']:8.1f} {s['cublas_tf32_tflops']:8.1f} "
               f"{s['cublas_fp32_tflops']:8.1f} {s['vs_cublas_tf32']:7.3f} {s['vs_cublas_fp32']:7.3f} {s['rel_error']:8.1e} "
               f"{s['cublas_tf32_rel_error']:8.1e}  {s['best'][:64]}")
     return 0 if all(r.get("ok") for r in rows) else 1

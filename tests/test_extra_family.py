@@ -33,15 +33,16 @@ def test_an_extra_family_is_enumerated_ranked_and_picked_for_the_dtype_only_it_s
     ranked = rank_configs(configs, problem, H100, predict)
     assert [r.rank for r in ranked] == list(range(len(ranked))) and ranked[0].time_s > 0
     assert SearchSpace(configs, lambda c: []).param_names()  # the tuner can sample it
-    # The built-in families take 16-bit inputs only: the model's pick for an fp32 product is the new family's.
-    assert default_config(problem, H100).family == "simt_f32"
+    # On sm_80 the built-in families take 16-bit inputs only (sm90_wgmma, which runs fp32 as tf32 in any layout
+    # since its transposing pack, needs sm_90a): the model's pick for an fp32 product is the new family's.
+    assert default_config(problem, H100, Arch.SM80).family == "simt_f32"
     # Row-major A and B only: the family's own rule removes it for other layouts.
     assert not enumerate_space("simt_f32", H100, problem=Problem.create(64, 64, 64, "f32", "col", "row"))
 
 
 def test_an_extra_family_renders_compiles_to_ffma_without_spills_and_describes_its_launch(simt):
     problem = Problem.create(1000, 700, 300, "f32", bias=True)
-    config = default_config(problem, H100)
+    config = default_config(problem, H100, Arch.SM80)
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     source = render(kernel, H100)
     assert f"extern \"C\" __global__" in source and kernel.name in source

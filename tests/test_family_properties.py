@@ -25,6 +25,9 @@ PROBLEMS = {
     # fp32 inputs (tf32, and 3xTF32 whose split pre-pass triples K) and fp8, K-major, fp32 D.
     "fp32": Problem.create(1000, 1004, 2052, "f32", "row", "col", bias=True),
     "fp8": Problem.create(2000, 1040, 784, "e4m3", "row", "col", c_dtype="f32"),
+    # fp8 and tf32 stored MN-major: the pack launch transposes them into K-major copies (odd rows as well).
+    "fp8-mn": Problem.create(1000, 777, 1100, "e4m3", "col", "row", b_dtype="e5m2"),
+    "tf32-mn": Problem.create(333, 4099, 257, "f32", "col", "col", bias=True),
 }
 
 
@@ -77,10 +80,16 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
         p = {q["name"]: q for q in pack["params"]}
         for z in range(pack["grid"][2]):
             elt = problem.a_dtype.bytes
-            copies.append((p[f"dst{z}"]["offset_bytes"], p[f"rows{z}"]["value"] * p[f"ld_dst{z}"]["value"] * elt))
+            rows, cols = p[f"rows{z}"]["value"], p[f"cols{z}"]["value"]
+            # fp8 and tf32 copies (the tile copy, a mode per copy): a transposed copy has a row per source column.
+            transposed = bool(p[f"mode{z}"]["value"] & 1) if f"mode{z}" in p else False
+            out_rows, out_cols = (cols, rows) if transposed else (rows, cols)
+            copies.append((p[f"dst{z}"]["offset_bytes"], out_rows * p[f"ld_dst{z}"]["value"] * elt))
             # A split3 copy's rows hold three K-long segments.
-            assert p[f"ld_dst{z}"]["value"] >= p[f"cols{z}"]["value"] * (3 if getattr(config, "split3", False) else 1)
-            assert pack["grid"][0] * 256 * (16 // elt) >= p[f"cols{z}"]["value"]
+            assert p[f"ld_dst{z}"]["value"] >= out_cols * (3 if getattr(config, "split3", False) else 1)
+            # The tile copy runs a CTA per 128 bytes of source columns, the row copy a thread per 16 bytes.
+            per_cta = 128 // elt if f"mode{z}" in p else 256 * (16 // elt)
+            assert pack["grid"][0] * per_cta >= cols
     copies.sort()
     # Copies lie after the workspace's zeroed prefix, one after another, inside the workspace.
     assert all(off >= zero["bytes"] for off, _ in copies)

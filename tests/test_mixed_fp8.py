@@ -97,10 +97,17 @@ def test_a_swapped_mixed_kernel_runs_b_s_type_as_its_a():
     assert "m64n32k32.f32.e5m2.e4m3" in render(Kernel(Arch.SM90A, problem.operands, swap), H100)
 
 
-def test_mixed_fp8_keeps_the_k_major_rule():
-    problem = Problem.create(4096, 4096, 4096, "e4m3", "row", "row", b_dtype="e5m2")
+@pytest.mark.parametrize("a,b", [("row", "row"), ("col", "row"), ("col", "col")])
+def test_mixed_fp8_takes_every_layout_through_the_transposing_pack(a, b):
+    from gemmgen.families.sm90_wgmma.launch import transposed
+
+    problem = Problem.create(4096, 4096, 4096, "e4m3", a, b, b_dtype="e5m2")
     config = default_config(mixed(), H100, Arch.SM90A)
-    assert any("K-major" in v.rule for v in rules.check(config, H100, problem=problem))
+    assert not rules.check(config, H100, problem=problem)
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    assert transposed(kernel) == (a == "col", b == "row")
+    source = render(kernel, H100)
+    assert "k32.f32.e4m3.e5m2" in source and f"{kernel.name}_pack(" in source
 
 
 def test_the_sm80_family_refuses_mixed_pairs_even_of_dtypes_it_takes(monkeypatch):

@@ -89,11 +89,21 @@ def run(args) -> int:
              pr.ctas_per_sm, f"{pr.occupancy:.2f}", f"{pr.tiled_bytes / 1e6:.1f}", f"{pr.dram_bytes / 1e6:.1f}",
              f"{pr.intensity:.1f}", pr.bound, pr.limiter, f"{pr.time_s * 1e6:.1f}", f"{pr.tflops:.1f}"]
             for pr, c in ranked]
-    print(table(rows, ["configuration", "CTAs", "waves", "wave eff", "CTAs/SM", "occupancy", "tiled MB",
-                       "DRAM MB", "FLOP/byte", "bound", "limiter", "time us", "TFLOP/s"]))
+    headers = ["configuration", "CTAs", "waves", "wave eff", "CTAs/SM", "occupancy", "tiled MB",
+               "DRAM MB", "FLOP/byte", "bound", "limiter", "time us", "TFLOP/s"]
+    if any(pr.prepass_bytes for pr, _ in ranked):
+        # Operands copied before the main loop (rows TMA cannot read; fp8/tf32 stored MN-major, transposed).
+        headers[-2:-2] = ["pack MB", "pack us"]
+        for row, (pr, _) in zip(rows, ranked):
+            row[-2:-2] = [f"{pr.prepass_bytes / 1e6:.1f}", f"{pr.prepass_s * 1e6:.1f}"]
+    print(table(rows, headers))
     top_pred, top = ranked[0]
     print(f"\nbound: {top_pred.bound} (model's pick {label(top)}: {top_pred.time_s * 1e6:.1f} us, "
           f"{top_pred.tflops:.1f} TFLOP/s, {top_pred.tflops * 1e12 / roof.peak_flops:.0%} of peak)")
+    if top_pred.prepass_bytes:
+        print(f"pack: {top_pred.prepass_bytes / 1e6:.1f} MB read and written before the main loop, "
+              f"{top_pred.prepass_s * 1e6:.1f} us of the time (fp8 and tf32 run K-major: A row-major, B column-major "
+              "needs no copy when rows are 16-byte aligned)")
     if args.plot:
         print(f"plot: {args.plot}")
     return 0

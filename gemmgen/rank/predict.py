@@ -161,6 +161,8 @@ class Prediction:
     dram_rate: float  # bytes/s the grid can pull
     levels: "tuple[Level, ...]" = field(default=())
     correction: float = 1.0  # the learned terms' factor already in time_s (rank/terms.py); 1 without terms
+    prepass_bytes: float = 0.0  # DRAM bytes of the pre-pass (packed or transposed operands), inside overhead_s
+    prepass_s: float = 0.0      # its time at the copy rate, launch included (part of overhead_s)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -312,8 +314,10 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # nothing overlaps it. Measured on the H100 (docs/perf-notes.md, ping-pong): in the cooperative
     # persistent kernel both consumer warpgroups store together while the tensor cores idle; only the
     # ping-pong schedule hides the epilogue behind the other warpgroup's main loop.
-    overhead = p.launch_overhead_s + prepass.launches * p.launch_overhead_s \
-        + prepass.dram_bytes / (gpu.dram_bandwidth * p.dram_efficiency)
+    # The pre-pass (packing, transposing fp8/tf32 operands to K-major, 3xTF32's split) is a copy: its bytes read
+    # and written at the copy rate, plus its launch.
+    prepass_s = prepass.launches * p.launch_overhead_s + prepass.dram_bytes / (gpu.dram_bandwidth * p.dram_efficiency)
+    overhead = p.launch_overhead_s + prepass_s
     if splits > 1 and decomp.fused:
         # No second launch, but each tile's last slice reads every slice's partial of its tile back after the
         # others have arrived, on one SM; the last wave's tiles put that read on the critical path.
@@ -340,7 +344,11 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
 
     main = max(compute_s, memory_s)
     bound = "compute" if compute_s >= memory_s else "memory"
-    if bound == "memory":
+    if prepass_s > main:
+        # The copy before the main loop takes longer than the main loop itself (a transposed operand of a
+        # skinny product): DRAM-bound, and the pack is what to remove (lay the operand out K-major).
+        bound, limiter = "memory", "pack"
+    elif bound == "memory":
         limiter = "dram"
     elif wave_eff < 0.5:
         limiter = "waves"
@@ -355,7 +363,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         tiled_intensity=problem.flops / tiled_bytes, tiles=tiles, units=units, waves=waves,
         wave_efficiency=wave_eff, ctas_per_sm=per_sm, occupancy=occupancy, tensor_efficiency=achieved,
         compute_s=compute_s, memory_s=memory_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels,
-        correction=corr)
+        correction=corr, prepass_bytes=float(prepass.dram_bytes), prepass_s=prepass_s)
 
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from ...model.tiles import Kernel
 from .config import Schedule
-from .launch import (has_scales, PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, a_is_kmajor, b_is_kmajor, packed,
-                     gemm_operands, is_fused, is_streamk, splits, uses_store_warp, uses_tma_store)
+from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSPOSE_TILE_ROWS, a_is_kmajor,
+                     b_is_kmajor, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
+                     tile_pack, transposed, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
@@ -42,7 +43,9 @@ def context(kernel: Kernel) -> dict:
         "consumers": consumers,
         "threads": cfg.threads,
         "stages": cfg.stages,
-        "a_kmajor": a_is_kmajor(ops), "b_kmajor": b_is_kmajor(ops),
+        # fp8 and tf32 operands stored MN-major reach the main loop K-major, transposed by the pack launch.
+        "a_kmajor": a_is_kmajor(mainloop_operands(kernel)), "b_kmajor": b_is_kmajor(mainloop_operands(kernel)),
+        "a_transposed": transposed(kernel)[0], "b_transposed": transposed(kernel)[1],
         "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
         "persistent": cfg.persistent,
         "pingpong": cfg.schedule is Schedule.PINGPONG,
@@ -65,9 +68,12 @@ def context(kernel: Kernel) -> dict:
         "epi_warp_bytes": epi_warp_bytes(cfg, ops),
         # The producer warpgroup's warp 1 issues D's TMA stores (the configuration's store_warp).
         "epi_store_warp": uses_store_warp(kernel),
-        # Operands TMA cannot read in place are copied first by <name>_pack (launch.pack_plan).
-        "pack": any(packed(kernel)), "pack_threads": PACK_THREADS, "pack_chunk": PACK_CHUNK,
-        "pack_rows": PACK_ROWS,
+        # Operands TMA cannot read in place are copied first by <name>_pack (launch.pack_plan): 16-bit rows by the
+        # row copy, fp8 and tf32 ones (transposes, 3xTF32's split on the way) by the shared-memory tile copy.
+        "pack": any(packed(kernel)) and not tile_pack(kernel), "tile_pack": tile_pack(kernel),
+        "split3_pass": cfg.split3 and not tile_pack(kernel), "pack_elt": ops.a_dtype.bytes,
+        "pack_tile_rows": TRANSPOSE_TILE_ROWS,
+        "pack_threads": PACK_THREADS, "pack_chunk": PACK_CHUNK, "pack_rows": PACK_ROWS,
     }
 
 

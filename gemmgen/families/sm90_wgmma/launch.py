@@ -10,6 +10,7 @@ Pure Python: no cuda-python import here (tma.py encodes the maps on the device s
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ...model.arch import Arch, lookup_gpu
 from ...model.problem import Layout, Operands, Problem
@@ -66,40 +67,82 @@ PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride lo
 SPLIT_FACTOR = 3           # 3xTF32: each K-major row becomes three (big, big, small for A; big, small, big for B)
 
 
-def packed(kernel: Kernel) -> "tuple[bool, bool]":
-    """(A packed, B packed): the main loop's operands whose rows TMA cannot read in place."""
+# fp8 and tf32: wgmma reads these operands K-major only (its transpose bits are for 16-bit types), so an operand
+# whose storage keeps M (N) contiguous is transposed by the pack launch into a K-major copy, and an fp8 or tf32
+# operand whose rows TMA cannot read is copied the same way; the main loop is the K-major one either way. The
+# copy goes through a shared-memory tile of 128 bytes of columns by 128 rows (TRANSPOSE_TILE_BYTES, _ROWS):
+# 16-byte reads along the source's rows, 16-byte writes along K (templates/sm90_wgmma/pack.cuh.j2, tile_pack).
+TRANSPOSE_TILE_BYTES = 128
+TRANSPOSE_TILE_ROWS = 128   # source rows per tile: four 16-byte loads per thread in flight (fp32 too)
+
+
+def transposed(kernel: Kernel) -> "tuple[bool, bool]":
+    """(A, B) of the main loop that the pack launch transposes into K-major copies: fp8 and tf32 operands stored
+    MN-major (A column-major, B row-major; swapped, the caller's B row-major or A column-major)."""
     ops = gemm_operands(kernel)
-    if ops.a_dtype.bytes != 2:   # the pack pass copies 16-bit elements; fp8 rows must be 16-byte aligned (rules)
+    if ops.a_dtype.bytes == 2:   # wgmma transposes 16-bit operands itself (the descriptors' major-ness bits)
         return False, False
+    return not a_is_kmajor(ops), not b_is_kmajor(ops)
+
+
+def mainloop_operands(kernel: Kernel) -> Operands:
+    """The operands as the main loop reads them from shared memory: gemm_operands with the transposed ones
+    (transposed()) K-major, as their packed copies are."""
+    ops = gemm_operands(kernel)
+    t_a, t_b = transposed(kernel)
+    return replace(ops, a_layout=Layout.ROW if t_a else ops.a_layout, b_layout=Layout.COL if t_b else ops.b_layout)
+
+
+def tile_pack(kernel: Kernel) -> bool:
+    """The pack launch is the shared-memory tile copy (fp8 and tf32: transposes, any alignment, 3xTF32's split
+    on the way), not the 16-bit row copy or the K-major split pass that 3xTF32 on aligned K-major rows keeps."""
+    ops = gemm_operands(kernel)
+    if ops.a_dtype.bytes == 2:
+        return False
+    if kernel.config.split3:
+        return any(transposed(kernel)) or any(_misaligned(ops))
+    return any(packed(kernel))
+
+
+def _misaligned(ops: Operands) -> "tuple[bool, bool]":
+    """(A, B) whose rows do not start on 16-byte boundaries, which TMA cannot read."""
     return ops.align_a * ops.a_dtype.bytes < 16, ops.align_b * ops.b_dtype.bytes < 16
+
+
+def packed(kernel: Kernel) -> "tuple[bool, bool]":
+    """(A packed, B packed): the main loop's operands whose rows TMA cannot read in place, and (fp8, tf32) those
+    the pack launch transposes to K-major."""
+    misaligned = _misaligned(gemm_operands(kernel))
+    t_a, t_b = transposed(kernel)
+    return misaligned[0] or t_a, misaligned[1] or t_b
 
 
 def pack_plan(kernel: Kernel, problem: Problem) -> "list[dict]":
     """The pack copies of `problem`: per packed operand its name in the caller's frame, the rows and columns of
-    its storage (row-major view: columns contiguous), its source and packed leading dimensions, and the byte
-    offset of the copy in the workspace (after `base` bytes the kernel's other workspace uses)."""
+    its storage (row-major view: columns contiguous), its source and packed leading dimensions, whether the copy
+    is transposed (its rows then are the storage's columns), and the byte offset of the copy in the workspace
+    (after `base` bytes the kernel's other workspace uses)."""
     gp, ops = gemm_problem(kernel, problem), gemm_operands(kernel)
     pack_a, pack_b = packed(kernel)
+    t_a, t_b = transposed(kernel)
+    split = kernel.config.split3   # 3xTF32: both operands' K-major rows of K fp32 become rows of 3K (rules: unswapped)
     a_name, b_name = ("B", "A") if kernel.config.swap_ab else ("A", "B")
     plan = []
     # Storage of the main loop's A (M x K): K-major rows are M of K, MN-major rows are K of M; B likewise.
-    if pack_a:
+    if pack_a or split:
         rows, cols = (gp.m, gp.k) if a_is_kmajor(ops) else (gp.k, gp.m)
         plan.append({"operand": "A", "tensor": a_name, "rows": rows, "cols": cols, "ld": gp.lda,
-                     "elt": ops.a_dtype.bytes})
-    if pack_b:
+                     "elt": ops.a_dtype.bytes, "transpose": t_a, "split3": split})
+    if pack_b or split:
         rows, cols = (gp.n, gp.k) if b_is_kmajor(ops) else (gp.k, gp.n)
         plan.append({"operand": "B", "tensor": b_name, "rows": rows, "cols": cols, "ld": gp.ldb,
-                     "elt": ops.b_dtype.bytes})
-    if kernel.config.split3:
-        # 3xTF32: K-major rows of K fp32 become rows of 3K (rules: unswapped, both operands K-major).
-        plan = [{"operand": "A", "tensor": "A", "rows": gp.m, "cols": gp.k, "ld": gp.lda, "elt": 4, "split3": True},
-                {"operand": "B", "tensor": "B", "rows": gp.n, "cols": gp.k, "ld": gp.ldb, "elt": 4, "split3": True}]
+                     "elt": ops.b_dtype.bytes, "transpose": t_b, "split3": split})
     for p in plan:
         per_row = PACK_ROW_BYTES // p["elt"]
-        p["out_cols"] = p["cols"] * SPLIT_FACTOR if p.get("split3") else p["cols"]
+        out_rows, out_cols = (p["cols"], p["rows"]) if p["transpose"] else (p["rows"], p["cols"])
+        p["out_rows"], p["out_cols"] = out_rows, out_cols * SPLIT_FACTOR if split else out_cols
         p["packed_ld"] = -(-p["out_cols"] // per_row) * per_row
-        p["bytes"] = p["rows"] * p["packed_ld"] * p["elt"]
+        p["bytes"] = out_rows * p["packed_ld"] * p["elt"]
     return plan
 
 
@@ -113,31 +156,57 @@ def _place(plan: "list[dict]", base: int) -> int:
 
 
 def pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
-    """The one launch of <name>_pack: copy z of `plan` (one or two operands) in blockIdx.z == z, every row of the
-    operand's storage copied to its packed leading dimension. With one copy, the second parameter set repeats
-    the first (its blockIdx.z never runs)."""
+    """The one launch of <name>_pack (or <name>_split3): copy z of `plan` (one or two operands) in blockIdx.z == z,
+    every row of the operand's storage copied to its packed leading dimension (tile_pack: transposed where the
+    copy says so, split for 3xTF32). With one copy, the second parameter set repeats the first (its blockIdx.z
+    never runs)."""
+    if tile_pack(kernel):
+        return _tile_pack_launch(kernel, plan)
     params = []
     split = bool(plan[0].get("split3"))
     ctype = "float" if split else "u16"
     for z in range(2):
         copy = plan[min(z, len(plan) - 1)]
-        params += [{"name": f"src{z}", "ctype": f"const {ctype}*", "kind": "tensor", "tensor": copy["tensor"]},
-                   {"name": f"dst{z}", "ctype": f"{ctype}*", "kind": "workspace", "offset_bytes": copy["offset"]},
-                   {"name": f"rows{z}", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
-                   {"name": f"cols{z}", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
-                   {"name": f"ld_src{z}", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
-                   {"name": f"ld_dst{z}", "ctype": "int", "kind": "scalar", "value": copy["packed_ld"]}]
+        params += _copy_params(z, copy, ctype)
     chunk = 16 // plan[0]["elt"]   # one 16-byte vector per thread and row
     chunks = max(-(-c["cols"] // chunk) for c in plan)
     row_groups = max(-(-c["rows"] // PACK_ROWS) for c in plan)
-    return {"entry": f"{kernel.name}_{'split3' if split else 'pack'}", "grid": [-(-chunks // PACK_THREADS), min(row_groups, PACK_MAX_GRID_Y),
-                                                      len(plan)],
+    return {"entry": f"{kernel.name}_{'split3' if split else 'pack'}",
+            "grid": [-(-chunks // PACK_THREADS), min(row_groups, PACK_MAX_GRID_Y), len(plan)],
+            "block": [PACK_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
+
+
+def _copy_params(z: int, copy: dict, ctype: str) -> "list[dict]":
+    return [{"name": f"src{z}", "ctype": f"const {ctype}*", "kind": "tensor", "tensor": copy["tensor"]},
+            {"name": f"dst{z}", "ctype": f"{ctype}*", "kind": "workspace", "offset_bytes": copy["offset"]},
+            {"name": f"rows{z}", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
+            {"name": f"cols{z}", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
+            {"name": f"ld_src{z}", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
+            {"name": f"ld_dst{z}", "ctype": "int", "kind": "scalar", "value": copy["packed_ld"]}]
+
+
+def _tile_pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
+    """<name>_pack for fp8 and tf32: one CTA per tile of the source's storage (TRANSPOSE_TILE_BYTES of columns by
+    TRANSPOSE_TILE_ROWS rows), y walking the rows in a grid-stride loop. Per copy,
+    `mode`: bit 0 transposes, bits 1-2 the 3xTF32 split (1: [big|big|small], A's; 2: [big|small|big], B's)."""
+    params = []
+    for z in range(2):
+        copy = plan[min(z, len(plan) - 1)]
+        split = (1 if copy["operand"] == "A" else 2) if copy["split3"] else 0
+        params += _copy_params(z, copy, "unsigned char")
+        params.append({"name": f"mode{z}", "ctype": "int", "kind": "scalar",
+                       "value": int(copy["transpose"]) | split << 1})
+    tile = TRANSPOSE_TILE_BYTES // plan[0]["elt"]   # elements along each side of the tile
+    col_tiles = max(-(-c["cols"] // tile) for c in plan)
+    row_tiles = max(-(-c["rows"] // TRANSPOSE_TILE_ROWS) for c in plan)
+    return {"entry": f"{kernel.name}_pack", "grid": [col_tiles, min(row_tiles, PACK_MAX_GRID_Y), len(plan)],
             "block": [PACK_THREADS, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
 
 
 def prepass_bytes(kernel: Kernel, problem: Problem) -> int:
-    """DRAM bytes the pack launches move (each packed operand read once and written once)."""
-    return sum(p["rows"] * (p["cols"] + p["out_cols"]) * p["elt"] for p in pack_plan(kernel, problem))
+    """DRAM bytes the pack launches move: each packed operand read once and its copy (transposed, or 3xTF32's
+    three parts) written once."""
+    return sum((p["rows"] * p["cols"] + p["out_rows"] * p["out_cols"]) * p["elt"] for p in pack_plan(kernel, problem))
 
 
 def has_scales(kernel: Kernel) -> bool:
@@ -211,7 +280,7 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
     """The two tensor-map parameter specs (manifest 'kind': 'tensormap') for A and B. A swapped kernel's tmA
     reads the caller's B (as B^T) and its tmB the caller's A; a packed operand's map reads its copy in the
     workspace (`plan`, placed: pack_plan then _place)."""
-    cfg, ops = kernel.config, gemm_operands(kernel)
+    cfg, ops = kernel.config, mainloop_operands(kernel)
     problem = gemm_problem(kernel, problem)
     a_name, b_name = ("B", "A") if cfg.swap_ab else ("A", "B")
     elt = ops.a_dtype.bytes
@@ -231,7 +300,7 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
     for copy in plan or ():
         spec = tm_a if copy["operand"] == "A" else tm_b
         spec.update(tensor="workspace", offset_bytes=copy["offset"], strides_bytes=[copy["packed_ld"] * elt],
-                    dims=[copy["out_cols"], copy["rows"]])
+                    dims=[copy["out_cols"], copy["out_rows"]])
     return tm_a, tm_b
 
 
@@ -372,6 +441,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["SPLIT_FACTOR", "has_scales", "packed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]

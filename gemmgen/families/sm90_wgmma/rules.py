@@ -53,13 +53,9 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
          str(mma), f"64xNx{32 // elt}")
     if operands is not None and elt != 2:
         kind = "fp8" if elt == 1 else "tf32 (fp32 inputs)"
-        # wgmma takes MN-major (transposed) shared-memory operands for 16-bit types only.
-        rule(operands.a_layout.value == "row" and operands.b_layout.value == "col",
-             f"{kind} wgmma needs both operands K-major: A row-major and B column-major",
-             f"{operands.a_layout.value}/{operands.b_layout.value}", "row/col")
-        rule(operands.align_a * elt >= 16 and operands.align_b * elt >= 16,
-             f"{kind} operands need leading dimensions that are multiples of 16 bytes (the pack pass copies "
-             "16-bit elements only)", f"align {operands.align_a}/{operands.align_b}", 16)
+        # wgmma takes MN-major (transposed) shared-memory operands for 16-bit types only: an fp8 or tf32 operand
+        # stored MN-major, or with rows TMA cannot read, is copied K-major by the pack launch (launch.packed), so
+        # every layout and alignment runs.
         allowed = ("bf16", "f16", "f32") if elt == 1 else ("f32",)
         rule(operands.c_dtype.value in allowed, f"{kind} kernels write D in {', '.join(allowed)}",
              operands.c_dtype.value, ", ".join(allowed))
@@ -109,7 +105,7 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              "must be 16 or 32 wide, one warpgroup wide, with CTA tile M a multiple of 64",
              f"{cta.m}x{cta.n}/{warp.n}", "Mx16 or Mx32")
         staged_epilogue("sm90 tiles narrower than 64 columns", "use the staged epilogue")
-        if operands is not None:
+        if operands is not None and elt == 2:   # fp8 and tf32 B reaches shared memory K-major in any layout
             rule(operands.b_layout.value == "col", "sm90 tiles narrower than 64 columns need B K-major in "
                  "shared memory (column-major B, or row-major A when swapped)", operands.b_layout.value, "col")
     else:
@@ -124,7 +120,8 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
              "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
     if config.cluster.n > 1:
-        if operands is not None and operands.a_layout.value == "row":
+        # fp8 and tf32 A reaches shared memory K-major in any layout (packed, launch.transposed).
+        if operands is not None and (operands.a_layout.value == "row" or elt != 2):
             # K-major A: each CTA's slice is a box of M rows of 128 bytes, whole 8-row swizzle groups.
             rule(cta.m % (8 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
                  "into 8-row slices per CTA (K-major A)", cta.m, 8 * config.cluster.size)
