@@ -2,21 +2,27 @@
 """fp8 (e4m3, e5m2) sm90_wgmma kernels against cuBLAS fp8 (torch._scaled_mm), with errors.
 
     PYTHONPATH=$PWD python3 benchmarks/fp8.py [--top 3] [--dtype e4m3] [--b-dtype e5m2] [--out DIR] [--only NAME]
-                                              [--scaling tensor,rowcol,block]
+                                              [--scaling tensor,rowcol,block] [--layouts rc cr rr cc]
 
 For each shape, the model's top fp8 configurations are compiled, exported and loaded with gemmgen.load (public
 APIs only). Each is verified on fresh random inputs (per-tensor scales passed as GPU scalars) with D poisoned
 first, at the shape and at a shape that is not a tile multiple, against an fp32 reference of the same fp8
 values; cuBLAS's own error against that reference is printed beside it. Then the best are timed interleaved with
-torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. A is row-major and B column-major (the
-layouts both wgmma and cuBLAS fp8 take). --b-dtype gives B another fp8 type than A's (the gradient GEMMs:
+torch._scaled_mm (per-tensor scales, bf16 out) on rotating input sets. --layouts picks A's and B's storage (rc, the
+default: A row-major, B column-major, the K-major layouts both wgmma and cuBLAS fp8 take). In the others gemmgen's
+pack launch transposes the MN-major operands into K-major copies first, inside the timed call; torch._scaled_mm
+takes K-major operands only, so its timed call includes the same copies made by torch (A.contiguous(),
+B.t().contiguous().t()): both sides pay for the layout. Scales belong to the logical rows and columns (and 128-K
+blocks), so every scaling runs in every layout with the same scale tensors. --b-dtype gives B another fp8 type than
+A's (the gradient GEMMs:
 e4m3 x e5m2 or e5m2 x e4m3; cuBLAS takes those pairs too, but not e5m2 x e5m2). --scaling lists the scalings to
 run, each in the same run: tensor (per-tensor scales, against _scaled_mm's per-tensor scaling) and rowcol (a scale
 per row of A and per column of B, quantized row by row, against _scaled_mm's rowwise scaling: scale_a (M, 1),
 scale_b (1, N)), and block (DeepGEMM's: A per row and 128 of K, B per 128 x 128 block; verified against a float64
 reference of the same values and scales; cuBLAS is timed with its rowwise scaling on the same fp8 values and unit
 scales, the nearest fp8 product torch._scaled_mm runs everywhere, and its error is that product's against float64).
-Prints a summary table last.
+Every scaling runs with every layout and shape; a combination gemmgen refuses (no configuration passes its rules)
+is skipped with a printed note. Prints one summary table last, with a row per shape, scaling and layout.
 """
 from __future__ import annotations
 
@@ -45,6 +51,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--scaling", default="tensor",
                         help="comma-separated scalings to run in the same run: tensor, rowcol, block")
+    parser.add_argument("--layouts", nargs="*", default=["rc"], choices=["rc", "cr", "rr", "cc"],
+                        help="A and B storage: r row-major, c column-major (default rc, both K-major)")
     parser.add_argument("--promote", type=int, default=0, metavar="N",
                         help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
@@ -81,7 +89,7 @@ def main(argv=None) -> int:
         expand = scale.double().repeat_interleave(rows_per_block, dim=0).repeat_interleave(128, dim=1)
         return q.double() * expand[:q.shape[0], :q.shape[1]]
 
-    def operands(m, n, k, scaling):
+    def quantized(m, n, k, scaling):
         # Values spread over fp8's range (scaled normals), quantized as a user would: one scale per tensor, or
         # (rowcol) one per row of A and per column of B, over rows of unlike magnitude so the scales matter.
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
@@ -98,6 +106,18 @@ def main(argv=None) -> int:
         A, Bt = (a / sa[:, None]).to(fp8_a), (b / sb[:, None]).to(fp8_b)
         return A, Bt.t(), sa.float().contiguous(), sb.float().contiguous()
 
+    def operands(m, n, k, scaling, layout="rc"):
+        # Quantized as above, then stored in the layout asked for (a column-major A, a row-major B: copies holding
+        # the same values; the scales are the logical rows' and columns', whatever the storage).
+        A, B, sa, sb = quantized(m, n, k, scaling)
+        A = A if layout[0] == "r" else A.t().contiguous().t()
+        B = B if layout[1] == "c" else B.contiguous()
+        return A, B, sa, sb
+
+    def kmajor(A, B):
+        """What torch._scaled_mm takes: A row-major and B column-major (copies where they are not)."""
+        return (A if A.stride(1) == 1 else A.contiguous()), (B if B.stride(0) == 1 else B.t().contiguous().t())
+
     def reference(A, B, sa, sb):
         if sa.dim() == 0:
             return (A.float() @ B.float()) * (sa * sb)
@@ -113,11 +133,22 @@ def main(argv=None) -> int:
         return (sa, sb) if sa.dim() == 0 else (sa[:, None], sb[None, :])
 
     rows, summary = [], []
-    cases = [(name, shape, scaling) for name, shape in SHAPES.items() for scaling in scalings
-             if not args.only or name in args.only]
-    for name, (m, n, k), scaling in cases:
-        problem = Problem.create(m, n, k, args.dtype, "row", "col", b_dtype=b_dtype, scaling=scaling)
-        ranked = candidates(problem, gpu, args.top)
+    cases = [(name, shape, scaling, layout) for name, shape in SHAPES.items() for scaling in scalings
+             for layout in args.layouts if not args.only or name in args.only]
+    for name, (m, n, k), scaling, layout in cases:
+        a_layout, b_layout = ("row" if layout[0] == "r" else "col"), ("row" if layout[1] == "r" else "col")
+        try:
+            problem = Problem.create(m, n, k, args.dtype, a_layout, b_layout, b_dtype=b_dtype, scaling=scaling)
+            ranked = candidates(problem, gpu, args.top)
+        except gemmgen.UserError as exc:
+            ranked, why = [], str(exc)
+        else:
+            why = "no configuration passes the family rules"
+        if not ranked:
+            # The rules refuse this scaling in this layout (or the problem itself): a note, not a crash.
+            print(f"  note: {name} {scaling} {layout} skipped: {why}", flush=True)
+            summary.append({"case": name, "scaling": scaling, "layout": layout, "best": None, "skipped": why})
+            continue
         if args.promote:
             from gemmgen.rank.predict import predict
             from gemmgen.rank.ranking import model_top, rank_configs
@@ -129,22 +160,22 @@ def main(argv=None) -> int:
         built = compile_many(kernels)
         sets = []
         for _ in range(SETS):
-            A, B, sa, sb = operands(m, n, k, scaling)
+            A, B, sa, sb = operands(m, n, k, scaling, layout)
             sets.append((A, B, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb, len(sets)))
         # cuBLAS's own error on the first set, against the same reference (fp32; float64 for rowcol and block,
         # where cuBLAS's unit-scaled product is held to the unscaled float64 product of the same fp8 values).
-        A, B, _, sa, sb = sets[0]
-        scales = [cublas_scales(*s[:2], *s[3:]) for s in sets]
+        A, B, _, sa, sb, _ = sets[0]
+        scales = [cublas_scales(*s[:2], *s[3:5]) for s in sets]
         ref = reference(A, B, sa, sb) if scaling != "block" else A.double() @ B.double()
-        cublas_err = rel_error(torch, torch._scaled_mm(A, B, *scales[0], out_dtype=torch.bfloat16), ref)
+        cublas_err = rel_error(torch, torch._scaled_mm(*kmajor(A, B), *scales[0], out_dtype=torch.bfloat16), ref)
 
-        def cublas(s):
-            torch._scaled_mm(s[0], s[1], *scales[s[5]], out_dtype=torch.bfloat16, out=s[2])
+        def cublas(s):   # the K-major copies (none for rc) are part of cuBLAS's call, as the pack is of gemmgen's
+            torch._scaled_mm(*kmajor(s[0], s[1]), *scales[s[5]], out_dtype=torch.bfloat16, out=s[2])
 
         loaded = []
         for r, kernel, result in zip(ranked, kernels, built):
-            row = {"case": name, "scaling": scaling, "shape": f"{m}x{n}x{k}", "config": r.config.tag,
-                   "model_tflops": r.tflops}
+            row = {"case": name, "scaling": scaling, "layout": layout, "shape": f"{m}x{n}x{k}",
+                   "config": r.config.tag, "model_tflops": r.tflops}
             if isinstance(result, Exception):
                 row.update(ok=False, error=f"compile: {str(result)[:200]}")
                 rows.append(row)
@@ -152,8 +183,9 @@ def main(argv=None) -> int:
                 continue
             gemm = load_compiled(kernel, problem, result, "gemmgen-fp8-")
             errors = []
-            for mm, nn, kk in ((m, n, k), (m - 77, n + 48, k - 144)):   # a shape that is not a tile multiple
-                A, B, sa, sb = operands(mm, nn, kk, scaling)
+            # A shape that is not a tile multiple, with the bundle's alignments (a column-major A's rows are M long).
+            for mm, nn, kk in ((m, n, k), (m - (77 if layout[0] == "r" else 80), n + 48, k - 144)):
+                A, B, sa, sb = operands(mm, nn, kk, scaling, layout)
                 D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
                 try:
                     gemm(A, B, D, scale_a=sa, scale_b=sb)
@@ -168,7 +200,7 @@ def main(argv=None) -> int:
             if ok:
                 loaded.append((row, gemm))
         if not loaded:
-            summary.append({"case": name, "scaling": scaling, "best": None})
+            summary.append({"case": name, "scaling": scaling, "layout": layout, "best": None})
             continue
         call = lambda g: (lambda s: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]))  # noqa: E731
         for fn in [cublas] + [call(g) for _, g in loaded]:
@@ -187,7 +219,8 @@ def main(argv=None) -> int:
         best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
         promoted = [row for row, _ in loaded if "_pr" in row["config"]]
         best_promoted = max(promoted, key=lambda r: r["tflops"]) if promoted else None
-        summary.append({"case": name, "scaling": scaling, "shape": best["shape"], "best": best["config"], "tflops": best["tflops"],
+        summary.append({"case": name, "scaling": scaling, "layout": layout, "shape": best["shape"],
+                        "best": best["config"], "tflops": best["tflops"],
                         "promoted": best_promoted and {k: best_promoted[k] for k in ("config", "tflops", "vs_cublas",
                                                                                       "rel_errors")},
                         "cublas_tflops": tf["cublas"], "vs_cublas": best["vs_cublas"],
@@ -195,23 +228,27 @@ def main(argv=None) -> int:
         for _, g in loaded:
             g.close()
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dtype": args.dtype,
-              "b_dtype": b_dtype, "scalings": scalings, "rows": rows, "summary": summary}
+              "b_dtype": b_dtype, "scalings": scalings, "layouts": args.layouts, "rows": rows, "summary": summary}
     if args.out:
-        write_report(args.out, f"fp8-{pair}.json", report)
+        layouts = "" if args.layouts == ["rc"] else "-" + "-".join(args.layouts)
+        write_report(args.out, f"fp8-{pair}{layouts}.json", report)
     print(f"\n{device}, {report['date']}, {args.dtype} x {b_dtype} -> bf16, TFLOP/s (cuBLAS: torch._scaled_mm with "
-          "the same scaling: per-tensor, or rowwise for rowcol)")
-    print(f"{'case':10} {'scaling':7} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} "
+          "the same scaling: per-tensor, or rowwise for rowcol; unit rowwise scales for block); outside rc both "
+          "sides' times include making the K-major copies (gemmgen's pack launch, torch's .contiguous())")
+    print(f"{'case':10} {'scaling':7} {'lay':3} {'shape':18} {'gemmgen':>8} {'cuBLAS':>8} {'x cuBLAS':>8} {'err':>8} "
           f"{'cuB err':>8}  best")
     for s in summary:
         if s["best"] is None:
-            print(f"{s['case']:10} {s['scaling']:7} no verified kernel")
+            print(f"{s['case']:10} {s['scaling']:7} {s['layout']:3} "
+                  + (f"skipped: {s['skipped'][:90]}" if s.get("skipped") else "no verified kernel"))
             continue
-        print(f"{s['case']:10} {s['scaling']:7} {s['shape']:18} {s['tflops']:8.1f} {s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} "
-              f"{s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  {s['best'][:70]}")
+        print(f"{s['case']:10} {s['scaling']:7} {s['layout']:3} {s['shape']:18} {s['tflops']:8.1f} "
+              f"{s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} {s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  "
+              f"{s['best'][:70]}")
         if s.get("promoted"):
             p = s["promoted"]
-            print(f"{'  promoted':10} {'':7} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} {p['rel_errors'][0]:8.1e} "
-                  f"{'':8}  {p['config'][:70]}")
+            print(f"{'  promoted':10} {'':7} {'':3} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} "
+                  f"{p['rel_errors'][0]:8.1e} {'':8}  {p['config'][:70]}")
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
