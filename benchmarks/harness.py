@@ -52,6 +52,25 @@ def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
     return gemmgen.load(folder)
 
 
+def verify_shapes(torch, gemm, shapes, a_layout: str, b_layout: str, operand, rel_error, tolerance: float = 1e-2):
+    """Run a loaded bf16 kernel at each (M, N, K) of `shapes` on fresh random operands in the given layouts, D
+    poisoned with NaN first, against an fp32 product (the caller sets TF32 off). Returns (all within tolerance,
+    the errors, or the refusal text where the bundle does not serve a shape). NaN never passes."""
+    import gemmgen
+
+    errors = []
+    for mm, nn, kk in shapes:
+        A, B = operand(torch, mm, kk, a_layout, torch.bfloat16), operand(torch, kk, nn, b_layout, torch.bfloat16)
+        D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+        try:
+            gemm(A, B, D)
+            torch.cuda.synchronize()
+            errors.append(rel_error(torch, D, A.float() @ B.float()))
+        except gemmgen.UserError as exc:
+            errors.append(f"refused: {exc}")
+    return all(isinstance(e, float) and e < tolerance for e in errors), errors
+
+
 def verify_all(todo, watchdog_s: float = 60.0, jobs: "int | None" = None) -> "list[dict]":
     """Compile every (label, problem, kernel) of `todo` over a process pool, then run each once in the tuner's
     measuring worker (fresh random inputs, NaN-poisoned outputs, cuBLAS fp32-accumulate reference, a watchdog that
@@ -83,4 +102,4 @@ def verify_all(todo, watchdog_s: float = 60.0, jobs: "int | None" = None) -> "li
     return rows
 
 
-__all__ = ["ROOT", "kernel_for", "load_compiled", "run_main", "verify_all", "write_report"]
+__all__ = ["ROOT", "kernel_for", "load_compiled", "run_main", "verify_all", "verify_shapes", "write_report"]

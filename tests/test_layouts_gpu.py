@@ -9,15 +9,11 @@ NaN never passes. The CPU side: tests/test_fp8_tf32_layouts.py and tests/test_pa
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import gemmgen  # noqa: E402
-from gemmgen import Arch, Kernel, Problem, TileConfig  # noqa: E402
+from gemmgen import Problem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -32,20 +28,8 @@ FP8_SWAP = {"family": "sm90_wgmma", "cta": "128x32x128", "warp": "64x32x128", "m
 TOLERANCE = {1: 1e-2, 4: 5e-3}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
-        pytest.skip("needs an sm_90 GPU with torch")
-
-
-def load(problem: Problem, config: dict):
-    from gemmgen.codegen.nvrtc import compile_kernel
-    from gemmgen.tune.export import export_bundle
-
-    kernel = Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict(config))
-    folder = Path(tempfile.mkdtemp(prefix="gemmgen-test-"))
-    export_bundle(folder, kernel, problem, compile_kernel(kernel), measured=None, verification=None, environment={})
-    return gemmgen.load(folder)
+# The sm_90 check (autouse) and the export-and-load helper are test_hopper_paths_gpu's.
+from test_hopper_paths_gpu import hopper, load  # noqa: E402,F401
 
 
 def operand(rows: int, cols: int, layout: str, dtype: str):
