@@ -233,3 +233,65 @@ def test_a_tune_survives_its_postgresql_server_going_away_for_seconds(postgres, 
     assert {t.number for t in trials if t.state.is_finished()} <= {t["number"] for t in record["trials"]}
     measured = [t.user_attrs["config_tag"] for t in trials if t.user_attrs.get("measured")]
     assert len(measured) == len(set(measured)) and result.winner is not None
+
+
+def _accidental_tune(storage: str, replay: str, log: str, trials: int, answers) -> None:
+    """A plain `gemmgen tune` of test_search's problem (no --gpus, no worker label), as a second terminal runs it."""
+    from gemmgen.tune.search import TuneOptions, tune
+    from gemmgen.tune.worker import WorkerBenchmark
+
+    options = TuneOptions(trials=trials, patience=None, top_k=6, sampler="random", finalists=3, rounds=3,
+                          storage=storage, heartbeat_s=1, grace_s=10, replay=replay, jobs=0)
+    with WorkerBenchmark(functools.partial(LoggingReplay, replay, log), 30.0) as bench:
+        result = tune(test_search.PROBLEM, test_search.GPU, bench, options, engines=test_search.engines())
+    answers.put((os.getpid(), result.study_name, result.winner.config.tag if result.winner else None,
+                 result.counts["measured"]))
+
+
+def test_two_tunes_of_one_problem_started_by_accident_join_one_study(results_dir):
+    """Issue 23: two `gemmgen tune` of the same problem on the same (default: SQLite) storage, started at once by
+    accident, open one study and cooperate: no configuration measured twice, each finalist round measured by one
+    of them, and both report the same winner."""
+    import multiprocessing as mp
+
+    import optuna
+
+    from gemmgen.tune.storage import open_storage
+
+    data = json.loads(test_search.RECORDED.read_text())
+    data["delay_s"] = 0.02
+    replay, log = results_dir / "replay.json", results_dir / "measured.log"
+    replay.write_text(json.dumps(data))
+    storage = f"sqlite:///{results_dir / 'studies.db'}"
+    trials = 50
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    procs = [ctx.Process(target=_accidental_tune, args=(storage, str(replay), str(log), trials, answers))
+             for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(180)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    got = [answers.get(timeout=5) for _ in procs]
+    (_, name_a, winner_a, _), (_, name_b, winner_b, _) = got
+    assert name_a == name_b and winner_a == winner_b is not None
+
+    store = open_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(store)
+             if "/quarantine/" not in s.study_name and "/finalists-" not in s.study_name]
+    assert names == [name_a]  # one study, not two
+    study = optuna.load_study(study_name=name_a, storage=store)
+    trials_ = study.get_trials(deepcopy=False)
+    tags = [t.user_attrs["config_tag"] for t in trials_ if t.user_attrs.get("measured")]
+    assert len(tags) == len(set(tags)), "a configuration was measured twice"
+    assert trials <= len(tags) <= trials + 2 and not any(t.state.name == "RUNNING" for t in trials_)
+    pids = {int(line.split()[0]) for line in measured_lines(log)}
+    assert len(pids) == 2  # both measured: they cooperated rather than one waiting for the other
+    rounds = [k for k in study.user_attrs if k.startswith("finalists/")]
+    assert 1 <= len(rounds) <= 2
+    last = study.user_attrs[max(rounds, key=lambda k: int(k.split("/")[1]))]
+    assert last["winner"] == winner_a
+    # Each round's 3 finalists x 3 rounds were measured by one process, back to back at the log's end.
+    finals = [line.split() for line in measured_lines(log)][-9:]
+    assert len({pid for pid, _ in finals}) == 1

@@ -220,7 +220,8 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            storage = _with_retries(lambda: _RetryingRDB(url, engine_kwargs=engine_kwargs, **beat), url)
+            storage = _create_rdb(lambda: _with_retries(
+                lambda: _RetryingRDB(url, engine_kwargs=engine_kwargs, **beat), url))
         if parsed.get_backend_name() == "sqlite":
             _fast_sqlite(storage)
         return storage
@@ -236,6 +237,24 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, 
     except RuntimeError as exc:  # Optuna's schema-version check
         raise StorageError(f"the study database cannot be used by this Optuna ({str(exc).splitlines()[0]})",
                            safe_url(url), "run `optuna storage upgrade --storage URL`") from None
+
+
+def _create_rdb(build, tries: int = 5):
+    """build() (an RDBStorage, which creates its tables and schema version on a fresh database), tried again when
+    another process created them at the same moment: two tunes started together on a new database (two
+    terminals, several workers) met "UNIQUE constraint failed: alembic_version.version_num" (SQLite) or a
+    duplicate pg_type row (PostgreSQL). The second try finds the tables made and uses them."""
+    import sqlalchemy.exc as sa_exc
+
+    for attempt in range(tries):
+        try:
+            return build()
+        except (sa_exc.IntegrityError, sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
+            text = str(exc).lower()
+            racing = isinstance(exc, sa_exc.IntegrityError) or "already exists" in text or "duplicate" in text
+            if not racing or attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _has_stale_callback_arg() -> bool:
