@@ -169,3 +169,28 @@ def test_suite_from_results_prints_two_suites_as_one_table(capsys, tmp_path, mon
     assert "same problem as public/sq" in lines[4]
     assert "geomean ratio to cuBLAS, suite public: bf16 1.250x" in out
     assert "geomean ratio to cuBLAS, suite hard: bf16 1.581x" in out  # 2.00x and 1.25x
+    written = tmp_path / "results" / "h100-sxm" / "suite-public+hard.json"
+    assert f"written: {written.with_suffix('.md')}" in out  # results/h100-sxm/suite.md (one suite's) is kept
+    assert json.loads(written.read_text())["geomean_ratio_by_suite"]["hard"]["bf16"] == pytest.approx(1.581, 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims, layouts", [((256, 256, 256), ("row", "row")), ((255, 264, 200), ("row", "col"))])
+def test_on_the_gpu_the_models_pick_verifies_at_two_other_shapes_it_serves(dims, layouts):
+    """The verification itself: the model's pick, compiled, through the measuring worker (fresh inputs, D poisoned
+    first) at two other shapes its manifest serves."""
+    from gemmgen.tune.search import default_engines
+    from gemmgen.tune.worker import WorkerBenchmark
+
+    problem = Problem.create(*dims, "bf16", *layouts)
+    result_engines = default_engines(0)
+    from gemmgen.tune.search import dry_run
+
+    pick = dry_run(problem, H100, top_k=1, engines=result_engines).pick
+    assert pick is not None
+    compiled = result_engines.compiler.submit(pick.kernel).result()
+    manifest = result_engines.manifest(pick.kernel, problem, compiled)
+    with WorkerBenchmark(watchdog_s=60.0) as bench:
+        checks = verify_other_shapes(manifest, compiled.cubin, bench)
+    assert len(checks) == 2 and all(c.ok for c in checks), checks
+    assert all(c.rel_error is not None and c.rel_error < 2e-2 for c in checks)

@@ -228,8 +228,13 @@ class SuiteReport:
 
     def write(self) -> "tuple[Path, Path]":
         """results/<gpu>/suite.{md,json} (suite-dry-run.* for a dry run): the latest report per GPU, replaced
-        atomically; the date is inside."""
-        base = gpu_dir(self.gpu) / ("suite-dry-run" if self.dry_run else "suite")
+        atomically; the date is inside. Several suites in one table: suite-<name>+<name>.{md,json}, so the one
+        suite's report beside it is kept."""
+        name = "suite-dry-run" if self.dry_run else "suite"
+        suites = self.suites()
+        if len(suites) > 1:
+            name += "-" + "+".join("".join(c if c.isalnum() or c in "-_." else "_" for c in s) for s in suites)
+        base = gpu_dir(self.gpu) / name
         md, js = base.with_suffix(".md"), base.with_suffix(".json")
         atomic_write(md, self.markdown().encode(), durable=True)
         write_json_atomic(js, self.to_dict())
@@ -415,7 +420,8 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
 def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "list[str]", measurer, engines,
                           count: int = 2) -> SuiteReport:
     """`report` (from the stored records) with each winner built from its record's configuration by today's code
-    and verified at `count` other shapes it serves, on the measurer's GPU."""
+    and verified at `count` other shapes it serves, on the measurer's GPU. Every winner is submitted to the
+    compile pool first, so NVRTC builds them side by side while the GPU verifies the first ones."""
     import json
     from dataclasses import replace
 
@@ -423,26 +429,38 @@ def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "l
     from .serve_check import verify_other_shapes
 
     gpu = report.gpu
-    checked: "dict[str, tuple]" = {}
-    rows = []
+    builds: "dict[str, tuple]" = {}  # problem key -> (problem, kernel, future) or (None, None, error text)
     for row, (shape, dtype, _) in zip(report.rows, suite_jobs(shapes, dtypes)):
         problem = shape.problem(dtype)
         key = problem_key(problem)
-        if not row.kernel:
+        if not row.kernel or key in builds:
+            continue
+        path = record_path(gpu, problem)
+        path = path if path.is_file() else record_path(gpu, problem, simulated=True)
+        try:
+            kernel = Kernel(gpu.arch, problem.operands,
+                            TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"]))
+            builds[key] = (problem, kernel, engines.compiler.submit(kernel))
+        except Exception as exc:  # noqa: BLE001 - a winner that cannot be rebuilt is a row's finding
+            builds[key] = (None, None, f"{type(exc).__name__}: {exc}")
+    checked: "dict[str, tuple]" = {}
+    rows = []
+    for row, (shape, dtype, _) in zip(report.rows, suite_jobs(shapes, dtypes)):
+        key = problem_key(shape.problem(dtype))
+        if key not in builds:
             rows.append(row)
             continue
         if key not in checked:
-            path = record_path(gpu, problem)
-            path = path if path.is_file() else record_path(gpu, problem, simulated=True)
+            problem, kernel, build = builds[key]
             try:
-                config = TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"])
-                kernel = Kernel(gpu.arch, problem.operands, config)
-                compiled = engines.compiler.submit(kernel).result()
+                if problem is None:
+                    raise RuntimeError(build)
+                compiled = build.result()
                 if isinstance(compiled, Exception):
                     raise compiled
                 checked[key] = verify_other_shapes(engines.manifest(kernel, problem, compiled), compiled.cubin,
                                                    measurer, count)
-            except Exception as exc:  # noqa: BLE001 - a winner that cannot be rebuilt is a row's finding
+            except Exception as exc:  # noqa: BLE001 - as above
                 checked[key] = (ShapeCheck(0, 0, 0, False, reason=f"could not build: {type(exc).__name__}: {exc}"
                                            [:160]),)
         rows.append(replace(row, other_shapes=checked[key]))
