@@ -263,7 +263,7 @@ def test_two_tunes_of_one_problem_started_by_accident_join_one_study(results_dir
     replay, log = results_dir / "replay.json", results_dir / "measured.log"
     replay.write_text(json.dumps(data))
     storage = f"sqlite:///{results_dir / 'studies.db'}"
-    trials = 50
+    trials = 36
     ctx = mp.get_context("spawn")
     answers = ctx.Queue()
     procs = [ctx.Process(target=_accidental_tune, args=(storage, str(replay), str(log), trials, answers))

@@ -131,9 +131,13 @@ def run_on_gpus(args, shapes, dtypes, options, source):
     from ..tune.parallel import worker_measurer
     from ..tune.suite_gpus import run_suite_on_gpus
 
+    from dataclasses import replace
+
     gpu, specs, device = gpus_plan(args)
     for dtype in dtypes:
         check_target(gpu, gpu.arch, DType.parse(dtype))
+    if args.jobs is None:  # the host's cores shared by the workers' compile pools, not each given all of them
+        options = replace(options, jobs=max(1, options.jobs // len(specs)))
     measurer = functools.partial(worker_measurer, str(args.replay) if args.replay else None, args.watchdog)
     progress = SuiteProgress(not args.no_progress)
     try:
