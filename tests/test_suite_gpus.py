@@ -150,3 +150,40 @@ def test_suite_gpus_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch):
         assert main(["suite", str(shapes), "--gpu", "h100", "--gpus", "0,1", flag]) == 2
         err = capsys.readouterr().err
         assert f"{flag} and --gpus cannot be used together" in err and len(err.strip().splitlines()) == 1
+
+
+def test_suite_gpus_on_the_command_line_shows_each_workers_gpu_and_one_table(capsys, tmp_path, monkeypatch):
+    """The CLI end to end with real NVRTC and the replay: two suites, two simulated GPUs, one table."""
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pytest.skip("NVRTC unavailable")
+    from gemmgen.cli import main
+    from gemmgen.model.problem import Problem
+    from gemmgen.tune.search import default_engines
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
+    engines, gpu = default_engines(0), test_search.GPU
+    shapes = {}
+    for dims in ((256, 256, 256), (128, 256, 256)):
+        problem = Problem.create(*dims, "bf16")
+        shapes["x".join(map(str, dims))] = {"cublas_time_s": 1e-5, "timings": {
+            c.tag: engines.predict(problem, c, gpu).time_s * 1.5 for c in engines.enumerate(problem, gpu, gpu.arch)}}
+    replay = tmp_path / "replay.json"
+    replay.write_text(json.dumps({"timings": {}, "shapes": shapes}))
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("suite: public\nshapes:\n  - {name: t1, M: 256, N: 256, K: 256}\n")
+    b.write_text("suite: hard\nshapes:\n  - {name: t2, M: 128, N: 256, K: 256}\n")
+    assert main(["suite", str(a), str(b), "--gpu", "h100", "--replay", str(replay), "--dtypes", "bf16", "--gpus",
+                 "0,1", "--trials", "2", "--top-k", "2", "--finalists", "1", "--rounds", "1",
+                 "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "2 workers, 2 problems" in captured.err
+    assert {line.split("]")[0] + "]" for line in captured.err.splitlines() if line.startswith("[gpu")} == \
+        {"[gpu0]", "[gpu1]"}  # each worker's GPU named in the progress
+    out = captured.out.splitlines()
+    assert out[0].split()[:2] == ["suite", "shape"] and "worker" in out[0] and "other shapes verified" in out[0]
+    assert out[2].startswith("public") and out[3].startswith("hard")
+    assert all("not run (no GPU)" in line for line in out[2:4])  # the replay verifies nothing
+    assert "geomean ratio to cuBLAS, suite hard" in captured.out
