@@ -38,7 +38,7 @@ class WorkStarted(BaseException):
 # The entry points of real work, each replaced by one that raises WorkStarted.
 WORK = ("gemmgen.codegen.nvrtc:compile_kernel", "gemmgen.codegen.nvrtc:compile_many",
         "gemmgen.tune.search:dry_run", "gemmgen.tune.search:tune", "gemmgen.tune.suite:dry_run_suite",
-        "gemmgen.tune.suite:run_suite", "gemmgen.tune.linear:tune_linear", "gemmgen.tune.tuning_plots:plot_tune")
+        "gemmgen.tune.suite:run_suite", "gemmgen.tune.suite_gpus:run_suite_on_gpus", "gemmgen.tune.linear:tune_linear", "gemmgen.tune.tuning_plots:plot_tune")
 
 
 @contextlib.contextmanager
@@ -112,7 +112,8 @@ COMMANDS = {
                                               ("--shapes", "file"), ("--buckets", "buckets"), ("--gpus", "gpus"),
                                               ("--heartbeat", "int"), ("--grace", "int")]),
     "suite": (0, [("--gpu", "gpu"), ("--dtypes", "dtypes"), ("--timeout-per-shape", "float"), ("--only", "names"),
-                  ("--from-results", None), ("--dry-run", None)] + [f for f in TUNE_FLAGS if f[0] != "--timeout"]),
+                  ("--from-results", None), ("--dry-run", None), ("--gpus", "gpus"), ("--verify-winners", None)]
+              + [f for f in TUNE_FLAGS if f[0] != "--timeout"]),
     "lookup": (3, PROBLEM_FLAGS + [("--json", None)]),
     "bench": (3, PROBLEM_FLAGS + [("--arch", "arch"), ("--config", "file"), ("--reference", "reference"),
                                   ("--no-cublas", None), ("--json", None)]),

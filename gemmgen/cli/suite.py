@@ -1,4 +1,5 @@
-"""`gemmgen suite FILE.yaml`: tune every shape in bf16 and f16, side by side with cuBLAS."""
+"""`gemmgen suite FILE.yaml [FILE.yaml ...]`: tune every shape in bf16 and f16, side by side with cuBLAS; several
+suites in one table, several GPUs with --gpus."""
 from __future__ import annotations
 
 import sys
@@ -7,16 +8,18 @@ from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
 from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, float_arg, int_arg, refuse_together,
                       resolve_gpu, table, text_arg)
-from .tune import MEASURING_FLAGS, Progress, add_timing_arg, measurer_for, options_from_args, sigterm_as_interrupt
+from .tune import (MEASURING_FLAGS, Progress, add_timing_arg, add_worker_args, gpus_plan, measurer_for,
+                   options_from_args, sigterm_as_interrupt)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("suite", help="tune every shape of a YAML suite, side by side with cuBLAS",
-                              description="Tune every shape of FILE (shapes: [{name, M, N, K}]) in each dtype, "
-                                          "with cuBLAS timed in the same run; write results/<gpu>/suite.md "
-                                          "and .json and print the table with the geomean ratio.")
-    p.add_argument("file", metavar="FILE.yaml", type=text_arg("FILE.yaml"),
-                   help="suite file, e.g. ../shared/shapes.yaml")
+    p = subparsers.add_parser("suite", help="tune every shape of YAML suites, side by side with cuBLAS",
+                              description="Tune every shape of each FILE ([suite: NAME], shapes: [{name, M, N, K}]) "
+                                          "in each dtype, with cuBLAS timed in the same run, and verify each winner "
+                                          "at two other shapes it serves; write results/<gpu>/suite.md and .json "
+                                          "and print one table with the geomean ratio per suite.")
+    p.add_argument("file", metavar="FILE.yaml", type=text_arg("FILE.yaml"), nargs="+",
+                   help="suite files, e.g. results/shapes.yaml results/hard.yaml (one table)")
     add_gpu_arg(p)
     p.add_argument("--dtypes", default="bf16,f16", type=text_arg("--dtypes"), help="comma-separated (default bf16,f16)")
     p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=60,
@@ -49,6 +52,10 @@ def register(subparsers) -> None:
                    help="tune only these shapes (comma-separated names)")
     p.add_argument("--from-results", action="store_true",
                    help="tune nothing: build the table from the records in results/<gpu>/ (e.g. after tuning in parts)")
+    p.add_argument("--verify-winners", action="store_true",
+                   help="with --from-results: build each stored winner and verify it on the GPU at two other "
+                        "shapes it serves (a tuned suite always does)")
+    add_worker_args(p)
     p.add_argument("--dry-run", action="store_true", help="no GPU: the model's pick per shape, compiled, unmeasured")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -57,28 +64,39 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..model.arch import DType
     from ..rank.space import check_target
-    from ..tune.suite import dry_run_suite, load_shapes, parse_dtypes, report_from_results, run_suite, select
+    from ..tune.suite import dry_run_suite, load_suites, parse_dtypes, report_from_results, run_suite, select
 
     measuring = tuple(f for f in MEASURING_FLAGS if f != "--timeout") + ("--timeout-per-shape",)
-    refuse_together(args, "--from-results", ("--dry-run", "--out", "--jobs", "--top-k") + measuring,
+    refuse_together(args, "--from-results", ("--dry-run", "--out", "--top-k") + measuring,
                     "a table from the stored records tunes nothing")
-    refuse_together(args, "--dry-run", measuring, "a dry run measures nothing")
-    shapes = select(load_shapes(args.file), args.only, args.file)
+    refuse_together(args, "--dry-run", measuring + ("--verify-winners",), "a dry run measures nothing")
+    if args.verify_winners and not args.from_results:
+        raise InvalidInput("--verify-winners goes with --from-results (a tuned suite verifies its winners anyway)",
+                           "--verify-winners")
+    if args.jobs is not None and args.from_results and not args.verify_winners:
+        raise InvalidInput("--from-results and --jobs cannot be used together (a table from the stored records "
+                           "tunes nothing)", "--jobs")
+    source = ", ".join(args.file)
+    shapes = select(load_suites(args.file), args.only, source)
     dtypes = parse_dtypes(args.dtypes)
     args.timeout = args.timeout_per_shape
     options = options_from_args(args)
     show = (lambda row: print(f"{row.name} {row.dtype}: " + (f"{row.tflops:.1f} TFLOP/s" if row.tflops else
                                                               (row.note or "-")), file=sys.stderr))
     if args.from_results:
-        report = report_from_results(shapes, dtypes, resolve_gpu(args.gpu), source=args.file)
+        report = report_from_results(shapes, dtypes, resolve_gpu(args.gpu), source=source)
+        if args.verify_winners:
+            report = verify_winners(args, report, shapes, dtypes, options)
     elif args.dry_run:
         if args.gpu is None:
             raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         for dtype in dtypes:
             check_target(gpu, gpu.arch, DType.parse(dtype))
-        report = dry_run_suite(shapes, dtypes, gpu, source=args.file, jobs=options.jobs,
+        report = dry_run_suite(shapes, dtypes, gpu, source=source, jobs=options.jobs,
                                on_row=None if args.no_progress else show)
+    elif args.gpus:
+        report = run_on_gpus(args, shapes, dtypes, options, source)
     else:
         gpu, measurer, device = measurer_for(args, args.gpu)
         try:
@@ -90,21 +108,114 @@ def run(args) -> int:
         progress = Progress(not args.no_progress)
         try:
             with sigterm_as_interrupt():
-                report = run_suite(shapes, dtypes, gpu, measurer, options, source=args.file, on_event=progress,
+                report = run_suite(shapes, dtypes, gpu, measurer, options, source=source, on_event=progress,
                                    device=device, out=args.out, on_row=None if args.no_progress else show)
         finally:
             progress.close()
             measurer.close()
     md, js = report.write()
-    rows = [[r.name, f"{r.m}x{r.n}x{r.k}", r.dtype,
-             _f(r.predicted_tflops if report.dry_run else r.tflops), _f(r.cublas_tflops),
-             _f(r.ratio, "{:.2f}x"), f"{r.tuning_s:.1f}", r.note] for r in report.rows]
-    best = "model TFLOP/s" if report.dry_run else "best TFLOP/s"
-    print(table(rows, ["shape", "MxNxK", "dtype", best, "cuBLAS TFLOP/s", "ratio", "tuning s", "note"]))
-    print("geomean ratio to cuBLAS: " + ", ".join(f"{k} {_f(v, '{:.3f}x')}" for k, v in report.geomeans().items()))
+    cols = report.columns()
+    print(table([[cell(r) for _, cell in cols] for r in report.rows], [h for h, _ in cols]))
+    for line in report.geomean_lines():
+        print(line[0].lower() + line[1:])
     print(f"written: {md}\n         {js}")
     return 0
 
 
-def _f(value, fmt: str = "{:.1f}") -> str:
-    return "-" if value is None else fmt.format(value)
+def run_on_gpus(args, shapes, dtypes, options, source):
+    """The suite's shapes spread over --gpus, one worker per GPU (tune/suite_gpus.py)."""
+    import functools
+
+    from ..model.arch import DType
+    from ..rank.space import check_target
+    from ..tune.parallel import worker_measurer
+    from ..tune.suite_gpus import run_suite_on_gpus
+
+    from dataclasses import replace
+
+    gpu, specs, device = gpus_plan(args)
+    for dtype in dtypes:
+        check_target(gpu, gpu.arch, DType.parse(dtype))
+    if args.jobs is None:  # the host's cores shared by the workers' compile pools, not each given all of them
+        options = replace(options, jobs=max(1, options.jobs // len(specs)))
+    measurer = functools.partial(worker_measurer, str(args.replay) if args.replay else None, args.watchdog)
+    progress = SuiteProgress(not args.no_progress)
+    try:
+        return run_suite_on_gpus(shapes, dtypes, gpu, options, specs, measurer, source=source, on_event=progress,
+                                 device=device, out=args.out)
+    finally:
+        progress.close()
+
+
+def verify_winners(args, report, shapes, dtypes, options):
+    """--from-results --verify-winners: the stored winners rebuilt and verified at other shapes on this GPU."""
+    from ..tune.search import default_engines
+    from ..tune.suite import verify_stored_winners
+
+    _, measurer, _ = measurer_for(args, args.gpu)
+    engines = default_engines(options.jobs)
+    try:
+        return verify_stored_winners(report, shapes, dtypes, measurer, engines)
+    finally:
+        engines.close()
+        measurer.close()
+
+
+class SuiteProgress:
+    """A suite on several GPUs: which shape each worker's GPU is tuning, its trials and best, and the rows done
+    (a tqdm bar on a terminal, one line per event otherwise)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar, self.tty = enabled, None, sys.stderr.isatty()
+        self.current: "dict[str, str]" = {}  # worker label -> 'shape dtype n/target (best)'
+
+    def __call__(self, kind: str, info: dict) -> None:
+        if not self.enabled:
+            return
+        gpu = info.get("worker", "").rpartition("/")[2]
+        if kind == "workers":
+            print(f"{len(info['workers'])} workers, {info['jobs']} problems: {', '.join(info['workers'])}",
+                  file=sys.stderr)
+            if self.tty:
+                try:
+                    from tqdm import tqdm
+
+                    self.bar = tqdm(total=info["jobs"], desc="suite", unit="shape", file=sys.stderr,
+                                    dynamic_ncols=True)
+                except ImportError:
+                    self.bar = None
+        elif kind == "shape_assigned":
+            self.current[gpu] = f"{info['shape']} {info['dtype']}"
+            self._say(f"[{gpu}] {info['shape']} {info['dtype']}: tuning")
+        elif kind == "shape_trial":
+            self.current[gpu] = (f"{info['shape']} {info['dtype']} {info['done']}/{info['target']} "
+                                 f"({info['best']:.0f})")
+            self._say(f"[{gpu}] {info['shape']} {info['dtype']}: trial {info['done']}/{info['target']}, "
+                      f"best {info['best']:.1f} TFLOP/s", quiet=True)
+        elif kind == "shape_finalists":
+            self._say(f"[{gpu}] {info['shape']} {info['dtype']}: re-measuring the best {info['count']}")
+        elif kind == "row":
+            row = info["row"]
+            self.current.pop(gpu, None)
+            what = f"{row.tflops:.1f} TFLOP/s" if row.tflops else (row.note or "-")
+            if self.bar is not None:
+                self.bar.update(1)
+            self._say(f"[{gpu}] {row.name} {row.dtype}: {what}")
+        elif kind == "worker_died":
+            self._say(f"[{gpu}] worker died (exit code {info['exit_code']}); its shape goes to another worker")
+        elif kind == "done":
+            self.close()
+
+    def _say(self, line: str, quiet: bool = False) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(" | ".join(f"{g}: {what}" for g, what in sorted(self.current.items())),
+                                     refresh=True)
+            if not quiet:
+                self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

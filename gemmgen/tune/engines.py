@@ -33,8 +33,8 @@ class PoolCompiler:
     def submit(self, kernel: Kernel) -> Future:
         return self._pool.submit(self.task, kernel)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class InlineCompiler:
@@ -70,8 +70,14 @@ class Engines:
     # another identity timed another cubin.
     identity: "Callable[[Kernel], str]" = lambda kernel: "unversioned"
 
-    def close(self) -> None:
-        self.compiler.close()
+    def close(self, wait: bool = False) -> None:
+        """Stop the compiler; `wait`: until its processes have exited (a process about to exit itself must wait:
+        a pool that served several tunes was seen to miss its stop sentinel at interpreter exit, Python 3.11,
+        and the exit then waited on that pool process for ever)."""
+        if wait and isinstance(self.compiler, PoolCompiler):
+            self.compiler.close(wait=True)
+        else:
+            self.compiler.close()
 
 
 def _enumerate_families(problem: Problem, gpu: Gpu, arch: Arch) -> "list[TileConfig]":

@@ -220,7 +220,8 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            storage = _with_retries(lambda: _RetryingRDB(url, engine_kwargs=engine_kwargs, **beat), url)
+            storage = _create_rdb(lambda: _with_retries(
+                lambda: _RetryingRDB(url, engine_kwargs=engine_kwargs, **beat), url))
         if parsed.get_backend_name() == "sqlite":
             _fast_sqlite(storage)
         return storage
@@ -236,6 +237,24 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, 
     except RuntimeError as exc:  # Optuna's schema-version check
         raise StorageError(f"the study database cannot be used by this Optuna ({str(exc).splitlines()[0]})",
                            safe_url(url), "run `optuna storage upgrade --storage URL`") from None
+
+
+def _create_rdb(build, tries: int = 5):
+    """build() (an RDBStorage, which creates its tables and schema version on a fresh database), tried again when
+    another process created them at the same moment: two tunes started together on a new database (two
+    terminals, several workers) met "UNIQUE constraint failed: alembic_version.version_num" (SQLite) or a
+    duplicate pg_type row (PostgreSQL). The second try finds the tables made and uses them."""
+    import sqlalchemy.exc as sa_exc
+
+    for attempt in range(tries):
+        try:
+            return build()
+        except (sa_exc.IntegrityError, sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
+            text = str(exc).lower()
+            racing = isinstance(exc, sa_exc.IntegrityError) or "already exists" in text or "duplicate" in text
+            if not racing or attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _has_stale_callback_arg() -> bool:
@@ -274,6 +293,10 @@ def _transient(exc: BaseException) -> bool:
 
     if isinstance(exc, StorageInternalError) and exc.__cause__ is not None:
         exc = exc.__cause__
+    if isinstance(exc, sa_exc.PendingRollbackError):
+        # A session whose connection died mid-transaction (its rollback failed too): _with_retries' reset
+        # replaces the session, so the next try runs on a fresh connection.
+        return True
     if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
         text = str(exc).lower()
         return "locked" not in text and "no such table" not in text and "not a database" not in text
@@ -282,9 +305,11 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError, BlockingIOError))
 
 
-def _with_retries(call, url: str):
+def _with_retries(call, url: str, reset=None):
     """call(), retried with backoff (0.25 s doubling to 4 s) while the storage is unreachable; only the
-    outermost call of a thread retries, so nested storage calls do not multiply the wait."""
+    outermost call of a thread retries, so nested storage calls do not multiply the wait. `reset()` runs before
+    each retry (an RDB storage drops this thread's session: one left mid-transaction by a dropped connection
+    refuses every later statement with 'Can't reconnect until invalid transaction is rolled back')."""
     if getattr(_depth, "n", 0):
         return call()
     _depth.n = 1
@@ -306,9 +331,21 @@ def _with_retries(call, url: str):
                           f"{_retry_s():g}s", file=sys.stderr)
                     told = True
                 time.sleep(delay)
+                if reset is not None:
+                    try:
+                        reset()
+                    except Exception:  # noqa: BLE001 - the next try says whether the storage is back
+                        pass
                 delay = min(4.0, delay * 2)
     finally:
         _depth.n = 0
+
+
+# Private storage methods Optuna calls from outside the storage: its _CachedStorage (which every Study wraps an
+# RDBStorage in) asks and reads trials through these, and fail_stale_trials reads stale trials. Missing the first
+# made a server restart fail a worker's ask (2026-11-25, tests/test_distributed.py's outage test).
+_PRIVATE_CALLS = ("_create_new_trial", "_set_trial_param", "_get_best_trial_id", "_get_trials",
+                  "_get_stale_trial_ids")
 
 
 def _retrying(base: type, name: str) -> type:
@@ -318,13 +355,15 @@ def _retrying(base: type, name: str) -> type:
     def wrap(method):
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            return _with_retries(lambda: method(self, *args, **kwargs), getattr(self, "url", name))
+            sessions = getattr(self, "scoped_session", None)  # RDB: this thread's session, replaced on a retry
+            return _with_retries(lambda: method(self, *args, **kwargs), getattr(self, "url", name),
+                                 sessions.remove if sessions is not None else None)
         return call
 
     members = {"__module__": __name__, "__doc__": f"{base.__name__} whose calls are retried while unreachable."}
     for attr in dir(base):
         method = getattr(base, attr)
-        if callable(method) and (not attr.startswith("_") or attr == "_get_stale_trial_ids") and \
+        if callable(method) and (not attr.startswith("_") or attr in _PRIVATE_CALLS) and \
                 attr not in ("with_lock",):
             members[attr] = wrap(method)
     return type(name, (base,), members)

@@ -1,9 +1,11 @@
-"""The benchmark suite: tune every shape of a YAML file in each dtype, side by side with cuBLAS.
+"""The benchmark suite: tune every shape of one or more YAML files in each dtype, side by side with cuBLAS.
 
-The file (e.g. ../shared/shapes.yaml) holds `shapes: [{name, M, N, K, [a: row|col], [b: row|col]}]`.
-One measuring worker and one compile pool serve every tune, so cuBLAS and gemmgen's kernels are
-timed in the same process on the same context. The table goes to results/<gpu>/suite.md
-and .json: shape, dtype, best TFLOP/s, cuBLAS TFLOP/s, ratio, tuning time, and the geomean ratio.
+A file (e.g. results/shapes.yaml) holds `[suite: NAME]` and `shapes: [{name, M, N, K, [a: row|col], [b: row|col]}]`;
+the suite's name defaults to the file's stem. One measuring worker and one compile pool serve every tune, so cuBLAS
+and gemmgen's kernels are timed in the same process on the same context (several GPUs: tune/suite_gpus.py, each
+shape wholly on one). Each winner is also verified at two other shapes it serves (tune/serve_check.py). The table
+goes to results/<gpu>/suite.md and .json: suite, shape, dtype, best TFLOP/s, cuBLAS TFLOP/s, ratio, tuning time,
+the other shapes' verification, and the geomean ratio per suite and dtype.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..model.problem import Layout, Problem, parse_dim
 from ..model.atomic import atomic_write
 from ..model.files import load_yaml, read_text
 from .results import gpu_dir, now, problem_key, record_path, write_json_atomic
+from .serve_check import ShapeCheck, summary
 
 
 class SuiteFileError(UserError):
@@ -41,12 +44,27 @@ class Shape:
     k: int
     a: str = "row"
     b: str = "row"
+    suite: str = ""  # the suite file's name (its `suite:` key, else its stem)
 
     def problem(self, dtype: str) -> Problem:
         return Problem.create(self.m, self.n, self.k, dtype, self.a, self.b)
 
 
 _KEYS = {"name", "M", "N", "K", "a", "b"}
+
+
+def load_suites(paths: "list[str]") -> "list[Shape]":
+    """The shapes of several suite files, in order; two files may not bear one suite name."""
+    shapes, seen = [], {}
+    for path in paths:
+        found = load_shapes(path)
+        suite = found[0].suite
+        if suite in seen:
+            raise SuiteFileError(str(path), f"suite names must be unique ({seen[suite]} is also '{suite}'); "
+                                            "set `suite: NAME` in one of the files", suite)
+        seen[suite] = str(path)
+        shapes += found
+    return shapes
 
 
 def load_shapes(path: "str | Path") -> "list[Shape]":
@@ -58,6 +76,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         raise SuiteFileError(where, exc.rule, exc.hint) from None
     if not isinstance(data, dict) or not isinstance(data.get("shapes"), list) or not data["shapes"]:
         raise SuiteFileError(where, "the suite file must map 'shapes' to a non-empty list", type(data).__name__)
+    suite = data.get("suite", Path(where).stem)
+    if not isinstance(suite, str) or not suite or not suite.isprintable() or "|" in suite:
+        raise SuiteFileError(where, "the suite's name (suite:) must be printable text without '|'", repr(suite))
     shapes, names = [], set()
     for i, entry in enumerate(data["shapes"]):
         at = f"shapes[{i}]"
@@ -77,7 +98,7 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         if name in names:
             raise SuiteFileError(where, f"{at}: shape names must be unique", name)
         names.add(name)
-        shapes.append(Shape(name, m, n, k, a, b))
+        shapes.append(Shape(name, m, n, k, a, b, suite))
     return shapes
 
 
@@ -126,6 +147,14 @@ class SuiteRow:
     kernel: str = ""
     predicted_tflops: "float | None" = None
     note: str = ""
+    suite: str = ""
+    worker: str = ""  # host/gpuN that tuned it (suite --gpus)
+    other_shapes: "tuple[ShapeCheck, ...]" = ()  # the winner verified at other shapes it serves
+
+
+def row_for(shape: Shape, dtype: str, **fields) -> SuiteRow:
+    """A row of `shape` in `dtype`; `fields` are SuiteRow's measured fields."""
+    return SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, suite=shape.suite, **fields)
 
 
 def geomean(values) -> "float | None":
@@ -136,41 +165,76 @@ def geomean(values) -> "float | None":
 @dataclass(frozen=True)
 class SuiteReport:
     gpu: Gpu
-    source: str
+    source: str  # the suite files, comma-separated
     date: str
     rows: "tuple[SuiteRow, ...]"
     dry_run: bool
     device: str = ""
 
-    def geomeans(self) -> dict:
-        out = {dt: geomean(r.ratio for r in self.rows if r.dtype == dt) for dt in dict.fromkeys(r.dtype for r in self.rows)}
-        out["all"] = geomean(r.ratio for r in self.rows)
+    def suites(self) -> "list[str]":
+        return list(dict.fromkeys(r.suite for r in self.rows))
+
+    def geomeans(self, suite: "str | None" = None) -> dict:
+        """Geomean ratio to cuBLAS per dtype and over all rows: of one suite, or of every row."""
+        rows = [r for r in self.rows if suite is None or r.suite == suite]
+        out = {dt: geomean(r.ratio for r in rows if r.dtype == dt) for dt in dict.fromkeys(r.dtype for r in rows)}
+        out["all"] = geomean(r.ratio for r in rows)
         return out
+
+    def geomean_lines(self) -> "list[str]":
+        """'Geomean ratio to cuBLAS: bf16 1.010x, all 1.010x', one line per suite when there are several."""
+        def line(geo: dict) -> str:
+            return ", ".join(f"{k} {_f(v, '{:.3f}x')}" for k, v in geo.items())
+
+        suites = self.suites()
+        if len(suites) == 1:
+            return [f"Geomean ratio to cuBLAS: {line(self.geomeans())}"]
+        return [f"Geomean ratio to cuBLAS, suite {name}: {line(self.geomeans(name))}" for name in suites] + \
+               [f"Geomean ratio to cuBLAS, every suite: {line(self.geomeans())}"]
+
+    def columns(self) -> "list[tuple[str, object]]":
+        """(header, cell function) of the table; the suite, worker and other-shape columns where they say something."""
+        many = len(self.suites()) > 1
+        cols = [("suite", lambda r: r.suite)] if many else []
+        cols += [("shape", lambda r: r.name), ("M", lambda r: str(r.m)), ("N", lambda r: str(r.n)),
+                 ("K", lambda r: str(r.k)), ("dtype", lambda r: r.dtype),
+                 ("model TFLOP/s" if self.dry_run else "gemmgen TFLOP/s",
+                  lambda r: _f(r.predicted_tflops if self.dry_run else r.tflops)),
+                 ("cuBLAS TFLOP/s", lambda r: _f(r.cublas_tflops)), ("ratio", lambda r: _f(r.ratio, "{:.2f}x")),
+                 ("tuning time (s)", lambda r: f"{r.tuning_s:.1f}")]
+        if any(r.other_shapes for r in self.rows):
+            cols.append(("other shapes verified", lambda r: summary(r.other_shapes)))
+        if any(r.worker for r in self.rows):
+            cols.append(("worker", lambda r: r.worker))
+        return cols + [("note", lambda r: r.note)]
 
     def markdown(self) -> str:
         head = (f"# gemmgen suite on {self.device or self.gpu.name} ({self.gpu.key}), {self.date}\n\n"
                 f"Shapes from `{self.source}`. cuBLAS measured in the same run, same process and context.\n")
         if self.dry_run:
             head += "\nDry run: nothing measured; the TFLOP/s column is the roofline model's prediction.\n"
-        lines = ["| shape | M | N | K | dtype | gemmgen TFLOP/s | cuBLAS TFLOP/s | ratio | tuning time (s) | note |",
-                 "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
-        for r in self.rows:
-            tf = r.tflops if not self.dry_run else r.predicted_tflops
-            lines.append(f"| {r.name} | {r.m} | {r.n} | {r.k} | {r.dtype} | {_f(tf)} | {_f(r.cublas_tflops)} | "
-                         f"{_f(r.ratio, '{:.2f}x')} | {r.tuning_s:.1f} | {r.note} |")
-        geo = self.geomeans()
-        foot = ["", "Geomean ratio to cuBLAS: " + ", ".join(f"{k} {_f(v, '{:.3f}x')}" for k, v in geo.items())]
-        return head + "\n" + "\n".join(lines + foot) + "\n"
+        cols = self.columns()
+        numeric = {"M", "N", "K", "gemmgen TFLOP/s", "model TFLOP/s", "cuBLAS TFLOP/s", "ratio", "tuning time (s)"}
+        lines = ["| " + " | ".join(h for h, _ in cols) + " |",
+                 "|" + "|".join("---:" if h in numeric else "---" for h, _ in cols) + "|"]
+        lines += ["| " + " | ".join(cell(r) for _, cell in cols) + " |" for r in self.rows]
+        return head + "\n" + "\n".join(lines + [""] + self.geomean_lines()) + "\n"
 
     def to_dict(self) -> dict:
         return {"format": "gemmgen-suite/1", "gpu": self.gpu.key, "device": self.device, "source": self.source,
                 "date": self.date, "dry_run": self.dry_run, "rows": [asdict(r) for r in self.rows],
-                "geomean_ratio": self.geomeans()}
+                "geomean_ratio": self.geomeans(),
+                "geomean_ratio_by_suite": {name: self.geomeans(name) for name in self.suites()}}
 
     def write(self) -> "tuple[Path, Path]":
         """results/<gpu>/suite.{md,json} (suite-dry-run.* for a dry run): the latest report per GPU, replaced
-        atomically; the date is inside."""
-        base = gpu_dir(self.gpu) / ("suite-dry-run" if self.dry_run else "suite")
+        atomically; the date is inside. Several suites in one table: suite-<name>+<name>.{md,json}, so the one
+        suite's report beside it is kept."""
+        name = "suite-dry-run" if self.dry_run else "suite"
+        suites = self.suites()
+        if len(suites) > 1:
+            name += "-" + "+".join("".join(c if c.isalnum() or c in "-_." else "_" for c in s) for s in suites)
+        base = gpu_dir(self.gpu) / name
         md, js = base.with_suffix(".md"), base.with_suffix(".json")
         atomic_write(md, self.markdown().encode(), durable=True)
         write_json_atomic(js, self.to_dict())
@@ -181,56 +245,105 @@ def _f(value, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, measurer, options, *, source: str,
-              engines=None, on_event=None, device: "dict | None" = None, out: "str | None" = None,
-              on_row=None) -> SuiteReport:
-    """Tune every shape in every dtype with one worker and one compile pool; a failing shape is a row, not an abort."""
+def suite_jobs(shapes: "list[Shape]", dtypes: "list[str]") -> "list[tuple[Shape, str, str | None]]":
+    """(shape, dtype, key of an earlier job with the same product or None), in table order. The same product under
+    another name (llm_o is sq4096) is tuned once: its record and measurement stand for both, so the table never
+    shows one kernel at two speeds from two re-measurements."""
+    seen: "dict[str, bool]" = {}
+    out = []
+    for shape in shapes:
+        for dtype in dtypes:
+            key = problem_key(shape.problem(dtype))
+            out.append((shape, dtype, key if key in seen else None))
+            seen[key] = True
+    return out
+
+
+def same_as(first: SuiteRow, shape: Shape) -> SuiteRow:
+    """The row of a shape whose product `first` tuned."""
     from dataclasses import replace
 
-    from .search import default_engines, tune
+    where = first.name if first.suite == shape.suite else f"{first.suite}/{first.name}"
+    return replace(first, name=shape.name, suite=shape.suite, tuning_s=0.0,
+                   note=(f"same problem as {where}; " + first.note).rstrip("; "))
+
+
+def tune_row(shape: Shape, dtype: str, gpu: Gpu, measurer, options, *, engines, on_event=None,
+             device: "dict | None" = None, out: "str | None" = None, check_shapes: int = 2) -> SuiteRow:
+    """Tune one shape in one dtype, then verify its winner at `check_shapes` other shapes it serves. A failing tune
+    is a row saying why; a UserError (storage, input) is raised: it concerns every shape."""
+    from dataclasses import replace
+
+    from .search import tune
+
+    problem = shape.problem(dtype)
+    t0 = time.monotonic()
+    try:
+        result = tune(problem, gpu, measurer, replace(options, out=out), engines=engines, on_event=on_event,
+                      device=device)
+    except UserError:
+        raise
+    except Exception as exc:  # one shape's failure must not lose the others' results
+        return row_for(shape, dtype, tflops=None, cublas_tflops=None, ratio=None, tuning_s=time.monotonic() - t0,
+                       note=f"failed: {type(exc).__name__}: {exc}"[:120], worker=options.worker)
+    w = result.winner
+    cublas = problem.flops / result.cublas_time_s / 1e12 if result.cublas_time_s else None
+    tflops = w.tflops if w else None
+    checks = _check_winner(result, engines, measurer, check_shapes) if w is not None and check_shapes else ()
+    note = ("sustained timing" if options.timing == "sustained" else "") if w else "no configuration ran correctly"
+    return row_for(shape, dtype, tflops=tflops, cublas_tflops=cublas, ratio=tflops / cublas if tflops and cublas
+                   else None, tuning_s=result.elapsed_s, kernel=w.kernel if w else "",
+                   predicted_tflops=problem.flops / w.predicted_time_s / 1e12 if w and w.predicted_time_s else None,
+                   note=note, worker=options.worker, other_shapes=checks)
+
+
+def _check_winner(result, engines, measurer, count: int) -> "tuple[ShapeCheck, ...]":
+    """The winner verified at other shapes it serves: the exported bundle's manifest and cubin when there is one
+    (what a user loads), else the winner built here (a compile-cache hit) with the same manifest."""
+    import json
+
+    from .serve_check import verify_other_shapes
+    from ..model.tiles import Kernel
+
+    if getattr(measurer, "verify", None) is None:
+        return ()  # an in-process fake without verification: nothing to say
+    try:
+        if result.bundle is not None:
+            manifest = json.loads(Path(result.bundle.manifest_path).read_text())
+            cubin = Path(result.bundle.cubin_path).read_bytes()
+        else:
+            kernel = Kernel(result.gpu.arch, result.problem.operands, result.winner.config)
+            compiled = engines.compiler.submit(kernel).result()
+            if isinstance(compiled, Exception):
+                raise compiled
+            manifest, cubin = engines.manifest(kernel, result.problem, compiled), compiled.cubin
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        return (ShapeCheck(0, 0, 0, False, reason=f"could not build the winner: {type(exc).__name__}: {exc}"[:160]),)
+    return verify_other_shapes(manifest, bytes(cubin), measurer, count)
+
+
+def run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, measurer, options, *, source: str,
+              engines=None, on_event=None, device: "dict | None" = None, out: "str | None" = None,
+              on_row=None, check_shapes: int = 2) -> SuiteReport:
+    """Tune every shape in every dtype with one worker and one compile pool; a failing shape is a row, not an abort."""
+    from .search import default_engines
 
     own = engines is None
     engines = engines or default_engines(options.jobs)
     rows = []
     done: "dict[str, SuiteRow]" = {}   # problem key -> the row of the first shape that tuned it
     try:
-        for shape in shapes:
-            for dtype in dtypes:
-                problem = shape.problem(dtype)
-                key = problem_key(problem)
-                if key in done:
-                    # The same product under another name (llm_o is sq4096): its one record and one measurement
-                    # stand for both, so the table never shows one kernel at two speeds from two re-measurements.
-                    first = done[key]
-                    row = replace(first, name=shape.name, tuning_s=0.0,
-                                  note=(f"same problem as {first.name}; " + first.note).rstrip("; "))
-                    rows.append(row)
-                    if on_row:
-                        on_row(row)
-                    continue
-                shape_out = str(Path(out) / key) if out else None
-                t0 = time.monotonic()
-                try:
-                    result = tune(problem, gpu, measurer, replace(options, out=shape_out), engines=engines,
-                                  on_event=on_event, device=device)
-                except UserError:
-                    raise  # storage or input problems concern every shape: stop with the one-line error
-                except Exception as exc:  # one shape's failure must not lose the others' results
-                    row = SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, None, None, None,
-                                   time.monotonic() - t0, note=f"failed: {type(exc).__name__}: {exc}"[:120])
-                else:
-                    w = result.winner
-                    cublas = problem.flops / result.cublas_time_s / 1e12 if result.cublas_time_s else None
-                    tflops = w.tflops if w else None
-                    row = SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, tflops, cublas,
-                                   tflops / cublas if tflops and cublas else None, result.elapsed_s,
-                                   w.kernel if w else "", w.predicted_time_s and problem.flops / w.predicted_time_s / 1e12
-                                   if w else None, ("sustained timing" if options.timing == "sustained" else "")
-                                   if w else "no configuration ran correctly")
-                rows.append(row)
+        for shape, dtype, same in suite_jobs(shapes, dtypes):
+            key = problem_key(shape.problem(dtype))
+            if same is not None:
+                row = same_as(done[same], shape)
+            else:
+                row = tune_row(shape, dtype, gpu, measurer, options, engines=engines, on_event=on_event,
+                               device=device, out=str(Path(out) / key) if out else None, check_shapes=check_shapes)
                 done[key] = row
-                if on_row:
-                    on_row(row)
+            rows.append(row)
+            if on_row:
+                on_row(row)
     finally:
         if own:
             engines.close()
@@ -251,9 +364,10 @@ def dry_run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *, sourc
                 t0 = time.monotonic()
                 result = dry_run(shape.problem(dtype), gpu, top_k=top_k, engines=engines)
                 pick = result.pick
-                row = SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, None, None, None, time.monotonic() - t0,
-                               pick.kernel.name if pick else "", pick.ranked.tflops if pick else None,
-                               "model's pick, compiled" if pick else "no candidate compiled")
+                row = row_for(shape, dtype, tflops=None, cublas_tflops=None, ratio=None,
+                              tuning_s=time.monotonic() - t0, kernel=pick.kernel.name if pick else "",
+                              predicted_tflops=pick.ranked.tflops if pick else None,
+                              note="model's pick, compiled" if pick else "no candidate compiled")
                 rows.append(row)
                 if on_row:
                     on_row(row)
@@ -280,8 +394,8 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
                 record = None
             w = (record or {}).get("winner")
             if not w:
-                rows.append(SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, None, None, None, 0.0,
-                                     note="not tuned yet" if record is None else "no winner in its record"))
+                rows.append(row_for(shape, dtype, tflops=None, cublas_tflops=None, ratio=None, tuning_s=0.0,
+                                    note="not tuned yet" if record is None else "no winner in its record"))
                 continue
             device = device or record.get("environment", {}).get("gpu_name", "")
             cublas = (record.get("cublas") or {}).get("tflops")
@@ -293,8 +407,61 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
             key = problem_key(shape.problem(dtype))
             if key in first_name:   # one record serves every name of the same product (llm_o is sq4096)
                 note = f"same problem as {first_name[key]}" + (f"; {note}" if note else "")
-            first_name.setdefault(key, shape.name)
-            rows.append(SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, w["tflops"], cublas,
-                                 w["tflops"] / cublas if cublas else None, float(record.get("elapsed_s", 0.0)),
-                                 w["kernel"], shape.problem(dtype).flops / pred / 1e12 if pred else None, note))
+            first_name.setdefault(key, shape.name if len({s.suite for s in shapes}) == 1
+                                  else f"{shape.suite}/{shape.name}")
+            rows.append(row_for(shape, dtype, tflops=w["tflops"], cublas_tflops=cublas,
+                                ratio=w["tflops"] / cublas if cublas else None,
+                                tuning_s=float(record.get("elapsed_s", 0.0)), kernel=w["kernel"],
+                                predicted_tflops=shape.problem(dtype).flops / pred / 1e12 if pred else None,
+                                note=note))
     return SuiteReport(gpu, source, now(), tuple(rows), False, device)
+
+
+def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "list[str]", measurer, engines,
+                          count: int = 2) -> SuiteReport:
+    """`report` (from the stored records) with each winner built from its record's configuration by today's code
+    and verified at `count` other shapes it serves, on the measurer's GPU. Every winner is submitted to the
+    compile pool first, so NVRTC builds them side by side while the GPU verifies the first ones."""
+    import json
+    from dataclasses import replace
+
+    from ..model.tiles import Kernel, TileConfig
+    from .serve_check import verify_other_shapes
+
+    gpu = report.gpu
+    builds: "dict[str, tuple]" = {}  # problem key -> (problem, kernel, future) or (None, None, error text)
+    for row, (shape, dtype, _) in zip(report.rows, suite_jobs(shapes, dtypes)):
+        problem = shape.problem(dtype)
+        key = problem_key(problem)
+        if not row.kernel or key in builds:
+            continue
+        path = record_path(gpu, problem)
+        path = path if path.is_file() else record_path(gpu, problem, simulated=True)
+        try:
+            kernel = Kernel(gpu.arch, problem.operands,
+                            TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"]))
+            builds[key] = (problem, kernel, engines.compiler.submit(kernel))
+        except Exception as exc:  # noqa: BLE001 - a winner that cannot be rebuilt is a row's finding
+            builds[key] = (None, None, f"{type(exc).__name__}: {exc}")
+    checked: "dict[str, tuple]" = {}
+    rows = []
+    for row, (shape, dtype, _) in zip(report.rows, suite_jobs(shapes, dtypes)):
+        key = problem_key(shape.problem(dtype))
+        if key not in builds:
+            rows.append(row)
+            continue
+        if key not in checked:
+            problem, kernel, build = builds[key]
+            try:
+                if problem is None:
+                    raise RuntimeError(build)
+                compiled = build.result()
+                if isinstance(compiled, Exception):
+                    raise compiled
+                checked[key] = verify_other_shapes(engines.manifest(kernel, problem, compiled), compiled.cubin,
+                                                   measurer, count)
+            except Exception as exc:  # noqa: BLE001 - as above
+                checked[key] = (ShapeCheck(0, 0, 0, False, reason=f"could not build: {type(exc).__name__}: {exc}"
+                                           [:160]),)
+        rows.append(replace(row, other_shapes=checked[key]))
+    return replace(report, rows=tuple(rows))

@@ -124,6 +124,9 @@ def _serve(conn, factory: Callable[[], object]) -> None:
             if op == "measure":
                 _, manifest, cubin, problem = request
                 answer = as_outcome(_call_measure(bench, manifest, cubin, problem))
+            elif op == "verify":
+                _, manifest, cubin, problem = request
+                answer = _verify(bench, manifest, cubin, problem)
             elif op == "cublas":
                 answer = bench.cublas_time(request[1], *request[2:])
             elif op == "timing":
@@ -134,6 +137,18 @@ def _serve(conn, factory: Callable[[], object]) -> None:
             conn.send(("ok", answer))
         except Exception as exc:  # the benchmark should not raise; if it does, that trial fails
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _verify(bench, manifest: dict, cubin: bytes, problem) -> "Outcome | None":
+    """bench.verify as an Outcome (no time: verification only), or None for a benchmark without a GPU."""
+    verify = getattr(bench, "verify", None)
+    if verify is None:
+        return None  # the replay: nothing runs, so nothing can be verified
+    m = verify(manifest, cubin, problem)
+    ok, reason = bool(getattr(m, "ok", False)), str(getattr(m, "reason", "") or "")
+    rel = getattr(m, "rel_error", None)
+    return Outcome(ok, rel_error=float(rel) if rel is not None else None, reason=reason,
+                   kind="ok" if ok else classify(reason))
 
 
 @dataclass
@@ -199,6 +214,16 @@ class WorkerBenchmark:
         if not answer.ok and self._proc is not None:
             # The context may be poisoned (sticky error) or memory scribbled on: start clean.
             self._replace()
+        return answer
+
+    def verify(self, manifest: dict, cubin: bytes, problem) -> "Outcome | None":
+        """Verification only (fresh inputs, D poisoned first) on the child's GPU; None where the child's
+        benchmark has no GPU (the replay). Never raises, like measure()."""
+        answer = self._request(("verify", manifest, cubin, problem), f"verifying {manifest.get('name', '?')}")
+        if answer is not None and not isinstance(answer, Outcome):
+            answer = Outcome(False, reason=f"the benchmark answered {answer!r}, not a verification", kind=OTHER)
+        if answer is not None and not answer.ok and self._proc is not None:
+            self._replace()  # as after a failed measurement: the context may be poisoned
         return answer
 
     def cublas_time(self, problem, fresh: bool = False) -> "float | None":

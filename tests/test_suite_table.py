@@ -1,0 +1,196 @@
+"""The suite's table over several suites (one table, a geomean per suite) and the check of each winner at two other
+shapes it serves (tune/serve_check.py): the logic on the CPU; the verification itself runs on the GPU
+(GpuBenchmark.verify through the measuring worker; benchmarks and the lead's H100 run)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+import test_search
+from gemmgen.model.arch import lookup_gpu
+from gemmgen.model.problem import Problem
+from gemmgen.model.tiles import Kernel, TileConfig
+from gemmgen.runtime.manifest import make_manifest
+from gemmgen.runtime.serve import check_serves
+from gemmgen.tune.serve_check import ShapeCheck, other_shapes, summary, verify_other_shapes
+from gemmgen.tune.suite import SuiteReport, SuiteRow, load_suites
+
+H100 = lookup_gpu("h100")
+SM80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                             "stages": 3, "smem_layout": "swizzle", "raster": {"order": "row", "group": 8}})
+
+
+def manifest_of(problem: Problem, config: TileConfig = SM80) -> dict:
+    return make_manifest(Kernel(H100.arch, problem.operands, config), problem)
+
+
+@pytest.mark.parametrize("dims, layouts", [((4096, 4096, 4096), ("row", "row")), ((16, 4096, 4096), ("row", "col")),
+                                           ((4095, 4095, 4095), ("row", "row")), ((1, 4096, 4096), ("row", "col"))])
+def test_two_other_shapes_are_served_differ_from_the_tuned_one_and_step_off_the_tile_grid(dims, layouts):
+    problem = Problem.create(*dims, "bf16", *layouts)
+    manifest = manifest_of(problem)
+    shapes = other_shapes(manifest)
+    kernel = Kernel(H100.arch, problem.operands, SM80)
+    assert len(shapes) == 2 and len(set(shapes)) == 2
+    step = manifest["serves"]["multiple_of"]
+    for other in shapes:
+        assert (other.m, other.n, other.k) != dims
+        check_serves(kernel, other)  # inside what the manifest claims, exactly
+        assert all(abs(a - b) <= step[axis] for a, b, axis in zip((other.m, other.n, other.k), dims, "MNK"))
+    if dims[0] > 1:
+        assert shapes[0].m == dims[0] - 1  # M - 1 first: a partial CTA tile in M
+
+
+def test_a_swapped_tile_keeps_m_within_its_m_max():
+    from gemmgen.families.rules import check
+    from gemmgen.tune.search import default_engines
+
+    problem = Problem.create(64, 4096, 4096, "bf16", "row", "col")
+    swapped = [c for c in default_engines(0).enumerate(problem, H100, H100.arch)
+               if getattr(c, "swap_ab", False) and c.cta.n == 64 and not check(c, H100, H100.arch, problem)]
+    assert swapped, "the sm90 space offers 64-wide swapped tiles for M = 64"
+    manifest = manifest_of(problem, swapped[0])
+    assert manifest["serves"]["m_max"] == 64
+    shapes = other_shapes(manifest)
+    assert len(shapes) == 2 and all(p.m <= 64 for p in shapes) and shapes[0].m == 63
+
+
+class FakeVerifier:
+    """Answers verify() like WorkerBenchmark: ok, or a wrong result at one shape."""
+
+    def __init__(self, wrong_at=()):
+        self.wrong_at, self.calls = set(wrong_at), []
+
+    def verify(self, manifest, cubin, problem):
+        label = f"{problem.m}x{problem.n}x{problem.k}"
+        self.calls.append((label, manifest["problem"]["M"], manifest["launches"][0]["grid"]))
+        if label in self.wrong_at:
+            return SimpleNamespace(ok=False, rel_error=0.4, reason="wrong result: relative error 4.000e-01")
+        return SimpleNamespace(ok=True, rel_error=2e-3, reason="")
+
+
+def test_each_other_shape_is_verified_with_its_own_launches_and_a_failure_is_reported():
+    problem = Problem.create(4096, 4096, 4096, "bf16")
+    manifest = manifest_of(problem)
+    shapes = [f"{p.m}x{p.n}x{p.k}" for p in other_shapes(manifest)]
+    fake = FakeVerifier(wrong_at=[shapes[1]])
+    checks = verify_other_shapes(manifest, b"cubin", fake)
+    assert [c.label for c in checks] == shapes and [c.ok for c in checks] == [True, False]
+    # Each verification got the manifest rebuilt for its shape (its problem and grid), not the tuned one's.
+    assert [m for _, m, _ in fake.calls] == [int(s.split("x")[0]) for s in shapes]
+    assert summary(checks).startswith(f"FAIL {shapes[1]}: wrong result")
+    assert summary(checks[:1]) == f"1/1 ok ({shapes[0]})"
+    assert summary(verify_other_shapes(manifest, b"cubin", object())) == "not run (no GPU)"
+    assert summary(()) == "-"
+
+
+def test_a_tuned_suite_row_carries_its_winners_check_at_two_other_shapes(tmp_path, monkeypatch):
+    from gemmgen.tune.search import Engines
+    from gemmgen.tune.suite import Shape, tune_row
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    engines = test_search.engines()
+    engines = Engines(engines.enumerate, engines.predict, engines.compiler,
+                      lambda kernel, problem, compiled: make_manifest(kernel, problem), engines.nvrtc_version)
+
+    class Measurer(test_search.Recorded, FakeVerifier):
+        def __init__(self):
+            test_search.Recorded.__init__(self)
+            FakeVerifier.__init__(self)
+
+    shape = Shape("sq", 4096, 4096, 4096, suite="public")
+    row = tune_row(shape, "bf16", H100, Measurer(), test_search.options(tmp_path), engines=engines)
+    assert row.tflops and row.suite == "public" and len(row.other_shapes) == 2
+    assert all(c.ok for c in row.other_shapes) and summary(row.other_shapes).startswith("2/2 ok (4095x4104x4096")
+
+
+def row(suite, name, dtype, ratio, checks=()):
+    return SuiteRow(name, 64, 64, 64, dtype, 100.0 * ratio, 100.0, ratio, 1.0, suite=suite, other_shapes=checks)
+
+
+def test_several_suites_make_one_table_with_a_geomean_per_suite():
+    ok = (ShapeCheck(63, 72, 64, True, 1e-3), ShapeCheck(65, 64, 72, True, 1e-3))
+    rows = (row("public", "sq", "bf16", 1.0, ok), row("public", "llm", "bf16", 1.21, ok),
+            row("hard", "mis", "bf16", 4.0, (ShapeCheck(62, 65, 64, False, 0.5, "wrong result"),)),
+            row("hard", "m1", "bf16", 1.0))
+    report = SuiteReport(H100, "results/shapes.yaml, results/hard.yaml", "now", rows, False, "H100")
+    assert report.suites() == ["public", "hard"]
+    assert report.geomeans("public")["bf16"] == pytest.approx(1.1)
+    assert report.geomeans("hard")["all"] == pytest.approx(2.0)
+    assert report.geomeans()["all"] == pytest.approx((1.0 * 1.21 * 4.0 * 1.0) ** 0.25)
+    md = report.markdown()
+    head = next(line for line in md.splitlines() if line.startswith("| suite"))
+    assert "| ratio |" in head and "| other shapes verified |" in head
+    assert "| hard | mis |" in md and "FAIL 62x65x64: wrong result" in md and "2/2 ok (63x72x64, 65x64x72)" in md
+    assert "Geomean ratio to cuBLAS, suite public: bf16 1.100x" in md
+    assert "Geomean ratio to cuBLAS, suite hard: bf16 2.000x" in md and "every suite" in md
+    data = report.to_dict()
+    assert set(data["geomean_ratio_by_suite"]) == {"public", "hard"}
+    assert data["rows"][2]["other_shapes"][0]["ok"] is False
+    single = replace(report, rows=rows[:2])
+    assert "| suite" not in single.markdown() and single.geomean_lines() == [
+        "Geomean ratio to cuBLAS: bf16 1.100x, all 1.100x"]
+
+
+def test_suite_names_come_from_the_file_and_must_be_unique(tmp_path):
+    from gemmgen.tune.suite import SuiteFileError
+
+    a, b, c = tmp_path / "shapes.yaml", tmp_path / "hard.yaml", tmp_path / "x" / "hard.yaml"
+    c.parent.mkdir()
+    a.write_text("suite: public\nshapes:\n  - {name: sq, M: 64, N: 64, K: 64}\n")
+    b.write_text("shapes:\n  - {name: sq, M: 63, N: 64, K: 64}\n")
+    c.write_text("shapes:\n  - {name: m1, M: 1, N: 64, K: 64}\n")
+    assert [(s.suite, s.name) for s in load_suites([str(a), str(b)])] == [("public", "sq"), ("hard", "sq")]
+    with pytest.raises(SuiteFileError, match="suite names must be unique"):
+        load_suites([str(b), str(c)])
+
+
+def test_suite_from_results_prints_two_suites_as_one_table(capsys, tmp_path, monkeypatch):
+    from gemmgen.cli import main
+    from gemmgen.tune.results import record_path
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    a, b = tmp_path / "shapes.yaml", tmp_path / "hard.yaml"
+    a.write_text("suite: public\nshapes:\n  - {name: sq, M: 256, N: 256, K: 256}\n")
+    b.write_text("suite: hard\nshapes:\n  - {name: mis, M: 255, N: 256, K: 256}\n  - {name: again, M: 256, N: 256, K: 256}\n")
+    for m, tflops in ((256, 50.0), (255, 80.0)):
+        path = record_path(H100, Problem.create(m, 256, 256, "bf16"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"winner": {"tflops": tflops, "kernel": "k", "config": SM80.to_dict()},
+                                    "cublas": {"tflops": 40.0}, "elapsed_s": 3.0}))
+    assert main(["suite", str(a), str(b), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["suite", "shape", "M"]
+    assert "public" in lines[2] and "1.25x" in lines[2] and "hard" in lines[3] and "2.00x" in lines[3]
+    assert "same problem as public/sq" in lines[4]
+    assert "geomean ratio to cuBLAS, suite public: bf16 1.250x" in out
+    assert "geomean ratio to cuBLAS, suite hard: bf16 1.581x" in out  # 2.00x and 1.25x
+    written = tmp_path / "results" / "h100-sxm" / "suite-public+hard.json"
+    assert f"written: {written.with_suffix('.md')}" in out  # results/h100-sxm/suite.md (one suite's) is kept
+    assert json.loads(written.read_text())["geomean_ratio_by_suite"]["hard"]["bf16"] == pytest.approx(1.581, 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims, layouts", [((256, 256, 256), ("row", "row")), ((255, 264, 200), ("row", "col"))])
+def test_on_the_gpu_the_models_pick_verifies_at_two_other_shapes_it_serves(dims, layouts):
+    """The verification itself: the model's pick, compiled, through the measuring worker (fresh inputs, D poisoned
+    first) at two other shapes its manifest serves."""
+    from gemmgen.tune.search import default_engines
+    from gemmgen.tune.worker import WorkerBenchmark
+
+    problem = Problem.create(*dims, "bf16", *layouts)
+    result_engines = default_engines(0)
+    from gemmgen.tune.search import dry_run
+
+    pick = dry_run(problem, H100, top_k=1, engines=result_engines).pick
+    assert pick is not None
+    compiled = result_engines.compiler.submit(pick.kernel).result()
+    manifest = result_engines.manifest(pick.kernel, problem, compiled)
+    with WorkerBenchmark(watchdog_s=60.0) as bench:
+        checks = verify_other_shapes(manifest, compiled.cubin, bench)
+    assert len(checks) == 2 and all(c.ok for c in checks), checks
+    assert all(c.rel_error is not None and c.rel_error < 2e-2 for c in checks)
