@@ -170,6 +170,7 @@ class SuiteReport:
     rows: "tuple[SuiteRow, ...]"
     dry_run: bool
     device: str = ""
+    from_results: bool = False  # built from stored records (--from-results): each row measured in its own tune
 
     def suites(self) -> "list[str]":
         return list(dict.fromkeys(r.suite for r in self.rows))
@@ -209,8 +210,12 @@ class SuiteReport:
         return cols + [("note", lambda r: r.note)]
 
     def markdown(self) -> str:
+        measured = ("Built from the stored records: each row's figures, cuBLAS's among them, come from that shape's own "
+                    "tune (cuBLAS timed in the same run as it), at the date in its record; the other-shape "
+                    "verification, where shown, ran on the date above." if self.from_results else
+                    "cuBLAS measured in the same run, same process and context.")
         head = (f"# gemmgen suite on {self.device or self.gpu.name} ({self.gpu.key}), {self.date}\n\n"
-                f"Shapes from `{self.source}`. cuBLAS measured in the same run, same process and context.\n")
+                f"Shapes from `{self.source}`. {measured}\n")
         if self.dry_run:
             head += "\nDry run: nothing measured; the TFLOP/s column is the roofline model's prediction.\n"
         cols = self.columns()
@@ -414,7 +419,7 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
                                 tuning_s=float(record.get("elapsed_s", 0.0)), kernel=w["kernel"],
                                 predicted_tflops=shape.problem(dtype).flops / pred / 1e12 if pred else None,
                                 note=note))
-    return SuiteReport(gpu, source, now(), tuple(rows), False, device)
+    return SuiteReport(gpu, source, now(), tuple(rows), False, device, from_results=True)
 
 
 def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "list[str]", measurer, engines,
