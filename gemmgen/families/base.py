@@ -145,6 +145,17 @@ class KernelFamily:
         """Launches before the main loop on `problem` (none unless the family packs operands)."""
         return Prepass()
 
+    def bytes_in_flight(self, config: TileConfig, problem: Problem) -> "float | None":
+        """Operand bytes one CTA has requested from memory and not yet received, in steady state (Little's law
+        bounds a grid's bandwidth by it), or None for the model's default: the stages ahead of the one consumed."""
+        return None
+
+    def sm_load_rate(self, config: TileConfig, problem: Problem, warps_per_sm: float) -> "float | None":
+        """Bytes per second one SM's loads sustain for this kernel on `problem` with `warps_per_sm` of its warps
+        resident (its load path's own limit, e.g. L1 requests per byte), or None where only DRAM and bytes in
+        flight limit it. The model caps the memory rate at this times the SMs the grid occupies."""
+        return None
+
     def load_efficiency(self, config: TileConfig, problem: Problem) -> float:
         """Fraction of the memory rate the model assumes that this kernel's loads reach on `problem` (1 unless a
         family's way of reading some operands, e.g. unaligned rows read as shifted pairs, measurably costs more)."""

@@ -305,9 +305,13 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     dram_bytes = a_dram + b_dram + out + partials
 
     stage = (min(cta.m, m) * cta.k + cta.k * min(cta.n, n)) * elt
-    in_flight = max(1, config.stages - 1) * stage
+    in_flight = families.of(config).bytes_in_flight(config, problem) or max(1, config.stages - 1) * stage
     dram_rate = min(gpu.dram_bandwidth * p.dram_efficiency, active_ctas * in_flight / p.dram_latency_s)
-    dram_rate *= families.of(config).load_efficiency(config, problem)
+    family = families.of(config)
+    dram_rate *= family.load_efficiency(config, problem)
+    sm_rate = family.sm_load_rate(config, problem, min(per_sm, math.ceil(units / gpu.sm_count)) * config.threads / 32)
+    if sm_rate:
+        dram_rate = min(dram_rate, min(units, gpu.sm_count) * sm_rate)
     memory_s = (dram_bytes - (partials / 2 if splits > 1 else 0)) / dram_rate
 
     # Fixed costs: launches, the reduction pass's read of the partials, and each tile's epilogue where

@@ -28,11 +28,14 @@ from .config import SkinnyConfig
 # reading B long before that matters.
 EFFICIENCY_HOPPER = 0.65
 EFFICIENCY_OTHER = 0.80
-# Fraction of the aligned column-major-B memory rate the other ways of reading reach, from the best configurations
-# measured on the H100 (docs/perf-notes.md, "sm80_skinny"; one shape each, 2026-11-25): 16x4096x4095 with unaligned
-# rows (shifted pairs) 29.1 us against 19.4 aligned; row-major B through shared memory 21.4 us aligned, 60.5 us at
-# 16x4095x4095. Refit when more shapes are measured.
-LOAD_EFFICIENCY = {("col", True): 1.0, ("col", False): 0.67, ("row", True): 0.91, ("row", False): 0.32}
+# What one SM's loads sustain, by B's layout and whether every row is 16-byte aligned: bytes per second per resident
+# warp, up to a cap per SM. Fitted on the H100 (docs/perf-notes.md, "sm80_skinny"; 2026-11-25): the best
+# configurations, on every SM, read 33.5 MB in 19.1 us (aligned, column-major B), 29.1 (unaligned: shifted pairs
+# double the L1 requests; 16 warps per SM), 21.1 and 60.5 us (row-major B through shared memory; ~8 warps per SM),
+# less ~4 us of launch and wave; unaligned grids with a quarter of those warps ran 2.4x slower (70 us), as a
+# per-warp rate predicts. Refit when more shapes are measured.
+SM_LOAD_RATE = {("col", True): (4e9, 28e9), ("col", False): (0.65e9, 11e9),
+                ("row", True): (1.9e9, 16e9), ("row", False): (0.56e9, 5e9)}
 
 
 class Sm80Skinny(KernelFamily):
@@ -61,9 +64,17 @@ class Sm80Skinny(KernelFamily):
                            persistent=False, epilogue_hidden=False, epilogue_exposed=1.0,
                            consumer_tile=config.cta, stages_ahead=1)
 
-    def load_efficiency(self, config: TileConfig, problem) -> float:
+    def bytes_in_flight(self, config: TileConfig, problem) -> float:
+        # Each thread issues an iteration's B vectors before its MMAs (two iterations' with two stages): K steps x
+        # (one 16-byte vector per n8 group, or 8 per thread for row-major B). A is re-read from L1/L2.
+        steps = config.cta.k // 32
+        vectors = (config.warp.n // 8) if problem.b_layout.value == "col" else 8
+        return config.threads * config.stages * steps * vectors * 16
+
+    def sm_load_rate(self, config: TileConfig, problem, warps_per_sm: float) -> float:
         aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
-        return LOAD_EFFICIENCY[(problem.b_layout.value, aligned)]
+        per_warp, cap = SM_LOAD_RATE[(problem.b_layout.value, aligned)]
+        return min(cap, warps_per_sm * per_warp)
 
     def serves(self, kernel: Kernel) -> dict:
         out = super().serves(kernel)
