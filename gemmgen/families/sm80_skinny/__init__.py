@@ -49,11 +49,11 @@ class Sm80Skinny(KernelFamily):
     rules = _rules
     space_file = paths.SEARCH_SPACES / "sm80_skinny.yaml"
     specialist = True
-    examples = (
-        {"family": "sm80_skinny", "cta": "16x128x128", "warp": "16x32x128", "mma": "16x8x16", "stages": 1,
-         "k_warps": 2},
-        {"family": "sm80_skinny", "cta": "16x64x128", "warp": "16x16x128", "mma": "16x8x16", "stages": 1,
-         "decomposition": {"kind": "splitk", "splits": 4}},
+    examples = (   # the best measured on the H100 at 1..16 x 4096 x 4096 (aligned) and 16 x 4096 x 4095
+        {"family": "sm80_skinny", "cta": "16x64x64", "warp": "16x16x64", "mma": "16x8x16", "stages": 1,
+         "k_warps": 2, "decomposition": {"kind": "splitk", "splits": 8}},
+        {"family": "sm80_skinny", "cta": "16x64x64", "warp": "16x16x64", "mma": "16x8x16", "stages": 1,
+         "k_warps": 4, "decomposition": {"kind": "splitk", "splits": 4}},
     )
 
     def efficiency(self, gpu: Gpu) -> float:
