@@ -215,6 +215,8 @@ class Progress:
             lead = f"; leading {info['leader']} at {info['leader_s'] * 1e3:.4f} ms" if info.get("leader") else ""
             blas = f", cuBLAS {info['cublas_s'] * 1e3:.4f} ms" if info.get("cublas_s") else ""
             print(f"{self.label}  round {info['round']}/{info['rounds']}{lead}{blas}", file=sys.stderr)
+        elif kind == "warning":
+            print(f"{self.label}  warning: {info['message']}", file=sys.stderr)
         elif kind == "done":
             self.close()
 
@@ -222,6 +224,22 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def other_shapes_line(manifest_path) -> str:
+    """What the exported manifest says of the winner at the other shapes it serves."""
+    import json
+    from pathlib import Path
+
+    try:
+        checks = json.loads(Path(manifest_path).read_text()).get("verification", {}).get("other_shapes") or []
+    except (OSError, ValueError):
+        return "other shapes it serves: not recorded"
+    if not checks:
+        return "other shapes it serves: not checked"
+    parts = [f"{c['shape']} " + ("ok" if c["ok"] else "not run" if c["ok"] is None else f"FAILED ({c['reason']})")
+             for c in checks]
+    return "verified at other shapes it serves: " + ", ".join(parts)
 
 
 def say_calibration(gpu) -> None:
@@ -407,3 +425,4 @@ def print_result(result) -> None:
     print(f"record: {result.record_path}")
     if result.bundle is not None:
         print(f"exported: {result.bundle.manifest_path}")
+        print(f"  {other_shapes_line(result.bundle.manifest_path)}")

@@ -231,6 +231,7 @@ class _Progress:
 
 def _export_winner(search: _Search, out: str):
     from ..export import export_bundle
+    from ..serve_check import summary, verify_other_shapes
 
     w = search.winner
     kernel = Kernel(search.arch, search.problem.operands, w.config)
@@ -250,6 +251,15 @@ def _export_winner(search: _Search, out: str):
         compiled = search.engines.compiler.submit(kernel).result()
         if isinstance(compiled, Exception):
             raise compiled
+    # A bundle serves more than its own shape (the manifest's `serves`): the winner is also verified, fresh
+    # inputs and D poisoned, at two other shapes it claims, and the bundle says how that went.
+    checks = verify_other_shapes(search.engines.manifest(kernel, search.problem, compiled), compiled.cubin,
+                                 search.measurer, 2)
+    verification["other_shapes"] = [{"shape": c.label, "ok": c.ok, "rel_error": c.rel_error, "reason": c.reason}
+                                    for c in checks]
+    if any(c.ok is False for c in checks):
+        verification["ok"] = False
+        search.emit("warning", {"message": "the winner failed at another shape it serves: " + summary(checks)})
     return export_bundle(out, kernel, search.problem, compiled, measured=measured,
                          verification=verification, environment=env, manifest_fn=search.engines.manifest,
                          extra={"simulated": True, "replay": search.options.replay} if search.options.replay else None)
