@@ -124,6 +124,10 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, B layout])
     (9, 4095, 4093, False, "gelu", 1.0, 0.5, skinny("16x128x64", "16x64x64", k_warps=2, stages=2, splits=3), "row"),
     (1, 130, 77, False, "none", 1.0, 0.0, ROW_B, "row"),
     (40, 1000, 999, True, "relu", 1.0, 0.0, skinny("48x64x32", "48x64x32", k_warps=2), "row"),
+    # tiny and degenerate: every load in the K tail, a single column, a single element
+    (3, 5, 7, True, "gelu", 1.0, 0.0, skinny(k_warps=2), "col"),
+    (1, 1, 1, False, "none", 1.0, 0.0, skinny(), "col"),
+    (2, 9, 13, False, "none", 1.0, 0.5, ROW_B, "row"),
     (7, 1001, 999, True, "gelu", 1.0, 0.0, skinny(k_warps=2)),
     (16, 4095, 4095, False, "relu", 0.5, 1.5, skinny(splits=4)),
     (13, 777, 4100, True, "none", 1.0, 0.0, skinny("16x64x64", "16x16x64", k_warps=4, splits=3)),
