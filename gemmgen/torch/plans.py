@@ -69,11 +69,14 @@ def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation, row_sums: bo
     if not a_layouts or not b_layouts:
         return None, "an operand that is neither packed row- nor column-major"
     gpu = gpu or gpu_key(A.get_device())
-    for a in a_layouts:
-        for b in b_layouts:
-            found = REGISTRY.find(dtype, a, b, bias, activation, m, n, k, gpu, row_sums)
-            if found is not None:
-                return found, ""
+    # A plain product may also run on a kernel built with row sums (called without them, it skips them): a layer
+    # whose store holds only the weight gradient with its bias gradient still finds it when the bias is frozen.
+    for with_sums in (True,) if row_sums else (False, True):
+        for a in a_layouts:
+            for b in b_layouts:
+                found = REGISTRY.find(dtype, a, b, bias, activation, m, n, k, gpu, with_sums)
+                if found is not None:
+                    return found, ""
     epilogue = Epilogue(bias=bias, activation=activation).tag
     where = gpu or f"{torch.cuda.get_device_name(A.get_device())} (not in gemmgen's catalogue)"
     return None, (f"no tuned kernel for {dtype.value} {a_layouts[0].letter}{b_layouts[0].letter} {epilogue} "
