@@ -60,7 +60,8 @@ def test_row_sums_name_the_kernel_and_round_trip_through_problem_and_kernel_clas
     assert problem.min_bytes - Problem.create(1000, 777, 333, "bf16", "col", "row").min_bytes == 1000 * 2
 
 
-@pytest.mark.parametrize("config", [COOP, TALL, THREE, PINGPONG, A_MCAST], ids=["coop2x1", "tall", "three", "pp", "1x2sw"])
+@pytest.mark.parametrize("config", [COOP, TALL, THREE, PINGPONG, A_MCAST],
+                         ids=["coop2x1", "tall", "three", "pp", "1x2sw"])
 def test_data_parallel_sm90_configurations_take_row_sums(config):
     assert broken(wgrad(4096, 4096, 4096), config) == []
 

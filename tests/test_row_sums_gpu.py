@@ -12,6 +12,7 @@ CPU side: tests/test_row_sums.py, tests/test_torch_row_sums.py.
 """
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -34,7 +35,18 @@ SINGLE = {"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64", "mma"
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 # The sm_90 check (autouse) and the export-and-load helper are test_hopper_paths_gpu's.
-from test_hopper_paths_gpu import hopper, load, operand, rel_error  # noqa: E402,F401
+from test_hopper_paths_gpu import hopper, operand, rel_error  # noqa: E402,F401
+from test_hopper_paths_gpu import load as export_and_load  # noqa: E402
+
+_loaded = {}
+
+
+def load(problem: Problem, config: dict):
+    """The bundle for (problem, config), compiled once per session (three tests share the cooperative one)."""
+    key = (problem, json.dumps(config, sort_keys=True))
+    if key not in _loaded:
+        _loaded[key] = export_and_load(problem, config)
+    return _loaded[key]
 
 
 def run(gemm, m, n, k, a, b, dtype):
