@@ -88,12 +88,16 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
     parser.add_argument("--bias", action="store_true", help="add a bias per column of D")
     parser.add_argument("--activation", default="none", type=text_arg("--activation"),
                         help="none (default), relu or gelu")
+    parser.add_argument("--row-sums", action="store_true",
+                        help="also write the row sums of A (a Linear layer's bias gradient beside its weight "
+                             "gradient): an (M,) output row_sums in D's dtype")
 
 
 def problem_from_args(args) -> Problem:
     return Problem.create(args.M, args.N, args.K, args.dtype, args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
-                          getattr(args, "b_dtype", None), getattr(args, "scaling", None))
+                          getattr(args, "b_dtype", None), getattr(args, "scaling", None),
+                          getattr(args, "row_sums", False))
 
 
 def add_gpu_arg(parser: argparse.ArgumentParser) -> None:

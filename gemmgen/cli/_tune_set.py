@@ -60,7 +60,8 @@ def run_shape_set(args) -> int:
     buckets = buckets_from_args(args)
     base = Problem.create(buckets[0].m_max, buckets[0].n, buckets[0].k, args.dtype, args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
-                          getattr(args, "b_dtype", None), getattr(args, "scaling", None))
+                          getattr(args, "b_dtype", None), getattr(args, "scaling", None),
+                          getattr(args, "row_sums", False))
     options = options_from_args(args)
     if args.dry_run:
         return dry_run_shape_set(args, base, buckets, options)

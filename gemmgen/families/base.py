@@ -78,6 +78,8 @@ class KernelFamily:
     decompositions: ClassVar["frozenset[DecompKind]"] = frozenset({DecompKind.DATA_PARALLEL})
     # fp8 dequantization scalings the family's kernels apply (model/problem.Scaling); per tensor unless it says more.
     scalings: ClassVar["frozenset[Scaling]"] = frozenset({Scaling.TENSOR})
+    # The kernels can also write the row sums of A (Epilogue.row_sums, a Linear layer's bias gradient).
+    row_sums: ClassVar[bool] = False
     # The width of the signed integers the kernel indexes with (its ABI passes M, N, K and the leading
     # dimensions as `int`): every dimension, leading dimension and element offset must fit (families/rules.py).
     # A family whose templates compute offsets in 64 bits says 64 here.

@@ -67,6 +67,9 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
                  mixed_text(family.mixed_dtypes) or "matching A and B dtypes only")
         rule(operands.scaling in family.scalings, f"family {family.name} supports fp8 scalings",
              operands.scaling.value, sorted(s.value for s in family.scalings))
+        if operands.row_sums:
+            rule(family.row_sums, f"family {family.name} cannot write the row sums of A", "row_sums",
+                 "a family that declares row_sums")
 
     if problem is not None:
         _check_indexing(family, problem, rule)

@@ -47,17 +47,19 @@ class KernelClass:
     m: "int | None" = None
     n: "int | None" = None
     k: "int | None" = None
+    # The kernel also writes the row sums of A (a weight gradient's bias gradient, Epilogue.row_sums).
+    row_sums: bool = False
 
     @property
     def operands_key(self) -> tuple:
-        return (self.dtype, self.a_layout, self.b_layout, self.bias, self.activation)
+        return (self.dtype, self.a_layout, self.b_layout, self.bias, self.activation, self.row_sums)
 
     @property
     def key(self) -> str:
         """Folder name: 'bf16_rc_bias_gelu_mT_n14336_k4096' (T marks the dimension that varies)."""
         dims = "_".join(f"{axis}{'T' if value is None else value}"
                         for axis, value in (("m", self.m), ("n", self.n), ("k", self.k)))
-        epilogue = Epilogue(bias=self.bias, activation=self.activation).tag
+        epilogue = Epilogue(bias=self.bias, activation=self.activation, row_sums=self.row_sums).tag
         return f"{self.dtype.value}_{self.a_layout.letter}{self.b_layout.letter}_{epilogue}_{dims}"
 
     def matches(self, m: int, n: int, k: int) -> bool:
@@ -66,7 +68,8 @@ class KernelClass:
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype.value, "a_layout": self.a_layout.value, "b_layout": self.b_layout.value,
-                "bias": self.bias, "activation": self.activation.value, "m": self.m, "n": self.n, "k": self.k}
+                "bias": self.bias, "activation": self.activation.value, "m": self.m, "n": self.n, "k": self.k,
+                **({"row_sums": True} if self.row_sums else {})}
 
     @classmethod
     def from_dict(cls, raw: dict) -> "KernelClass":
@@ -75,7 +78,8 @@ class KernelClass:
         try:
             dims = {axis: None if raw.get(axis) is None else parse_dim(axis.upper(), raw[axis]) for axis in "mnk"}
             return cls(DType.parse(raw["dtype"]), Layout.parse(raw["a_layout"]), Layout.parse(raw["b_layout"]),
-                       bool(raw.get("bias", False)), Activation.parse(raw.get("activation")), **dims)
+                       bool(raw.get("bias", False)), Activation.parse(raw.get("activation")), **dims,
+                       row_sums=bool(raw.get("row_sums", False)))
         except KeyError as exc:
             raise InvalidInput("a kernel class must name dtype, a_layout and b_layout", f"missing {exc}") from None
 
@@ -85,7 +89,7 @@ class KernelClass:
         dims = {"m": problem.m, "n": problem.n, "k": problem.k}
         dims[varies] = None
         return cls(problem.a_dtype, problem.a_layout, problem.b_layout, problem.epilogue.bias,
-                   problem.epilogue.activation, **dims)
+                   problem.epilogue.activation, **dims, row_sums=problem.epilogue.row_sums)
 
 
 @dataclass(frozen=True)

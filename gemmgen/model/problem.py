@@ -83,6 +83,9 @@ class Epilogue:
     beta: float = 0.0
     bias: bool = False  # one value per column of D, same dtype as C
     activation: Activation = Activation.NONE
+    # Also write row_sums[m] = sum_k A[m, k] (fp32 sums, stored in C's dtype): a Linear layer's bias gradient
+    # (the column sums of dZ, the rows of A = dZ^T) as a by-product of the weight gradient that reads A anyway.
+    row_sums: bool = False
 
     @property
     def tag(self) -> str:
@@ -90,6 +93,8 @@ class Epilogue:
         parts = ["bias"] if self.bias else []
         if self.activation is not Activation.NONE:
             parts.append(self.activation.value)
+        if self.row_sums:
+            parts.append("rowsum")
         return "_".join(parts) or "linear"
 
 
@@ -118,13 +123,14 @@ class Operands:
     bias: bool = False
     activation: Activation = Activation.NONE
     scaling: Scaling = Scaling.TENSOR   # fp8 dequantization scales: per tensor, per row/column, or in blocks
+    row_sums: bool = False   # the kernel also writes the row sums of A (Epilogue.row_sums)
 
     @property
     def tag(self) -> str:
         """'bf16bf16_bf16_f32_rr_a8x8x8' style: dtypes, layouts and alignments (and '_rowcol' or '_block' for fp8
         kernels with those scales; per-tensor scaling is not named, so older names stay)."""
         dts = f"{self.a_dtype.value}{self.b_dtype.value}_{self.c_dtype.value}_{self.acc_dtype.value}"
-        epi = Epilogue(bias=self.bias, activation=self.activation).tag
+        epi = Epilogue(bias=self.bias, activation=self.activation, row_sums=self.row_sums).tag
         scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"
         return (f"{dts}_{self.a_layout.letter}{self.b_layout.letter}_a{self.align_a}x{self.align_b}x{self.align_c}_"
                 f"{epi}{scaled}")
@@ -175,9 +181,10 @@ class Problem:
 
     @classmethod
     def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
-               bias=False, activation=None, b_dtype=None, scaling=None) -> "Problem":
+               bias=False, activation=None, b_dtype=None, scaling=None, row_sums=False) -> "Problem":
         """Build a Problem from loose values (strings from a CLI or YAML), validating each. `dtype` is A's
-        (and B's unless `b_dtype` names another: fp8 pairs only); `scaling` is fp8's (Scaling, default tensor)."""
+        (and B's unless `b_dtype` names another: fp8 pairs only); `scaling` is fp8's (Scaling, default tensor);
+        `row_sums` asks for the row sums of A beside D (Epilogue.row_sums)."""
         ab = DType.parse(dtype)
         bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
@@ -185,7 +192,8 @@ class Problem:
         return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, bb,
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
                    Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
-                                             Activation.parse(activation)), Scaling.parse(scaling))
+                                             Activation.parse(activation), _flag("row_sums", row_sums)),
+                   Scaling.parse(scaling))
 
     @property
     def flops(self) -> int:
@@ -208,7 +216,7 @@ class Problem:
         return Operands(self.a_dtype, self.b_dtype, self.c_dtype, self.acc_dtype, self.a_layout, self.b_layout,
                         _alignment(self.lda, self.a_dtype), _alignment(self.ldb, self.b_dtype),
                         _alignment(self.ldc, self.c_dtype), self.epilogue.bias, self.epilogue.activation,
-                        self.scaling)
+                        self.scaling, self.epilogue.row_sums)
 
     @property
     def min_bytes(self) -> int:
@@ -216,6 +224,7 @@ class Problem:
         scale vectors or blocks: block scales of A add 4 bytes per 128 of its 1-byte elements, ~3%)."""
         c_reads = self.m * self.n * self.c_dtype.bytes if self.epilogue.beta != 0 else 0
         bias = self.n * self.c_dtype.bytes if self.epilogue.bias else 0
+        bias += self.m * self.c_dtype.bytes if self.epilogue.row_sums else 0
         scales = 0 if self.scaling is Scaling.TENSOR else 4 * sum(math.prod(s) for s in self.scale_shapes)
         return (self.m * self.k * self.a_dtype.bytes + self.k * self.n * self.b_dtype.bytes
                 + self.m * self.n * self.c_dtype.bytes + c_reads + bias + scales)
@@ -263,13 +272,15 @@ class Problem:
                 "b_layout": self.b_layout.value, "alpha": self.epilogue.alpha, "beta": self.epilogue.beta,
                 "bias": self.epilogue.bias, "activation": self.epilogue.activation.value,
                 # omitted for per-tensor scaling, so problems written before the field existed stay identical
-                **({"scaling": self.scaling.value} if self.scaling is not Scaling.TENSOR else {})}
+                **({"scaling": self.scaling.value} if self.scaling is not Scaling.TENSOR else {}),
+                **({"row_sums": True} if self.epilogue.row_sums else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
-                          d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"))
+                          d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"),
+                          d.get("row_sums", False))
 
 
 def parse_dim(axis: str, value) -> int:

@@ -175,8 +175,15 @@ class DispatchKernel:
                                "bucketed", f"{n}x{k}")
         return self.kernels[table.kernel_for(m)]
 
-    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None):
-        """D = epilogue(A @ B) with the kernel of A's shape, on the stream current for D (or `stream`)."""
+    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, row_sums=None):
+        """D = epilogue(A @ B) with the kernel of A's shape, on the stream current for D (or `stream`); kernels
+        built with the row sums of A also write them into `row_sums` (see LoadedKernel)."""
+        if row_sums is not None:   # the bucket's kernel keys and checks the arrays itself
+            shape_a, shape_b = tuple(getattr(A, "shape", ())), tuple(getattr(B, "shape", ()))
+            if len(shape_a) != 2 or len(shape_b) != 2:
+                raise InvalidInput("A and B must be 2-D arrays on the GPU (A: M x K, B: K x N)", (shape_a, shape_b))
+            return self.kernel_for(shape_a[0], shape_b[1], shape_a[1])(A, B, D, C=C, bias=bias, stream=stream,
+                                                                       row_sums=row_sums)
         try:  # torch: the arrays' identity from its fast accessors (nothing else has data_ptr and stride())
             key = (A.data_ptr(), A.shape, A.stride(), A.dtype, B.data_ptr(), B.shape, B.stride(), B.dtype,
                    D.data_ptr(), D.shape, D.stride(), D.dtype,
@@ -198,12 +205,12 @@ class DispatchKernel:
         m, k = tuple(A.shape)
         return self.kernel_for(m, tuple(B.shape)[1], k).bind(A, B, D, C=C, bias=bias)
 
-    def bind_launch(self, A, B, D, C=None, bias=None):
+    def bind_launch(self, A, B, D, C=None, bias=None, row_sums=None):
         """A BoundLaunch of the kernel for these arrays' shape (see LoadedKernel.bind_launch): D may move."""
         if len(A.shape) != 2 or len(B.shape) != 2:
             raise InvalidInput("A and B must be 2-D (A: M x K, B: K x N)", (tuple(A.shape), tuple(B.shape)))
         (m, k), n = tuple(A.shape), tuple(B.shape)[1]
-        return self.kernel_for(m, n, k).bind_launch(A, B, D, C=C, bias=bias)
+        return self.kernel_for(m, n, k).bind_launch(A, B, D, C=C, bias=bias, row_sums=row_sums)
 
     def _bind(self, key: tuple, A, B, D, C, bias) -> tuple:
         """A new array set: the bucket's kernel, bound to the arrays (checked there), kept under `key`."""

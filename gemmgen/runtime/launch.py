@@ -21,7 +21,8 @@ _SCALAR_CTYPES = {
 }
 TENSORMAP_BYTES = 128
 # The tensor-valued names of the ABI; C and bias may be null (beta == 0, no bias).
-NULLABLE_TENSORS = frozenset({"C", "bias", "scale_a", "scale_b"})   # fp8 scales: null means 1
+# fp8 scales: null means 1; row_sums: null means the kernel skips the row sums of A
+NULLABLE_TENSORS = frozenset({"C", "bias", "scale_a", "scale_b", "row_sums"})
 
 
 @dataclass

@@ -154,6 +154,8 @@ def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple
         out["C"] = ((m, n), (n, 1))
     if problem.epilogue.bias:
         out["bias"] = ((n,), (1,))
+    if problem.epilogue.row_sums:
+        out["row_sums"] = ((m,), (1,))
     for name, shape in zip(SCALES, problem.scale_shapes):
         out[name] = (shape, (shape[1], 1) if len(shape) == 2 else (1,))
     return out
@@ -207,6 +209,10 @@ def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
         if info.ptr % 4:
             raise InvalidInput(f"{name} must be 4-byte aligned", hex(info.ptr))
         return
+    if name == "row_sums":   # written one element at a time
+        if info.ptr % problem.c_dtype.bytes:
+            raise InvalidInput(f"row_sums must be {problem.c_dtype.bytes}-byte aligned", hex(info.ptr))
+        return
     if info.ptr % 16:
         raise InvalidInput(f"{name} must start on a 16-byte boundary (the kernel's vector loads)", hex(info.ptr))
 
@@ -231,29 +237,33 @@ class LoadedKernel:
     def __repr__(self) -> str:
         return f"<gemmgen kernel {self.name} for {self.problem.label} from {self.source}>"
 
-    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, scale_a=None, scale_b=None):
+    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, scale_a=None, scale_b=None,
+                 row_sums=None):
         """D = epilogue(A @ B) on the stream current for D (or `stream`); returns D. fp8 kernels take scales as
         float32 GPU arrays, shaped by the kernel's scaling: one element each per tensor (D = alpha * scale_a *
         scale_b * A @ B ...), (M,)/(N,) per row and column (rowcol), or DeepGEMM's blocks (block:
-        docs/fp8-scaling.md); None means 1."""
-        sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b)
+        docs/fp8-scaling.md); None means 1. A kernel built with row sums also writes row_sums[m] = sum_k A[m, k]
+        (an (M,) array of D's dtype; None skips them)."""
+        sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b, row_sums)
         sequence.run(default_stream() if stream is None else int(stream))
         return D
 
-    def bind(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None):
+    def bind(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None, row_sums=None):
         """The launch sequence bound to these arrays (checked once): its run(stream) enqueues the kernel with no
         per-call work beyond the launch itself, e.g. inside a loop or a CUDA graph capture."""
-        return self._sequence(A, B, D, C, bias, scale_a, scale_b)[0]
+        return self._sequence(A, B, D, C, bias, scale_a, scale_b, row_sums)[0]
 
-    def bind_launch(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None) -> "BoundLaunch":
+    def bind_launch(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None,
+                    row_sums=None) -> "BoundLaunch":
         """A launch bound to these arrays (checked once) that the caller keeps and this kernel does not: calling
         it with D's address and a stream launches into that D, for a caller whose output moves every call (a new
         torch.empty) while the inputs stay (see BoundLaunch)."""
-        given = self._given(A, B, D, C, bias, scale_a, scale_b)
+        given = self._given(A, B, D, C, bias, scale_a, scale_b, row_sums)
         return BoundLaunch(self, {name: describe_array(x, name, stream=False) for name, x in given.items()})
 
-    def _given(self, A, B, D, C, bias, scale_a, scale_b) -> dict:
-        """The operands by name, after checking that C, bias and the scales match how the kernel was built."""
+    def _given(self, A, B, D, C, bias, scale_a, scale_b, row_sums=None) -> dict:
+        """The operands by name, after checking that C, bias, the scales and row_sums match how the kernel was
+        built."""
         ep = self.problem.epilogue
         given = {"A": A, "B": B, "D": D}
         if ep.beta != 0:
@@ -273,10 +283,15 @@ class LoadedKernel:
                 if self.problem.a_dtype.bytes != 1:
                     raise InvalidInput(f"{name} is for fp8 kernels: this one reads {self.problem.a_dtype.value}", name)
                 given[name] = scale
+        if row_sums is not None:
+            if not ep.row_sums:
+                raise InvalidInput("row_sums must be None: this kernel was built without the row sums of A",
+                                   "row_sums")
+            given["row_sums"] = row_sums
         return given
 
-    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None):
-        given = self._given(A, B, D, C, bias, scale_a, scale_b)
+    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None, row_sums=None):
+        given = self._given(A, B, D, C, bias, scale_a, scale_b, row_sums)
         # The arrays' identity (address, shape, strides, dtype, device) is the key of a bound launch sequence:
         # a call with arrays seen before skips the checks, the parameter packing and the tensor-map encoding.
         if all(_is_torch(x) for x in given.values()):
@@ -388,13 +403,19 @@ class BoundLaunch:
         self._generation = None
         self._d_ptr = None
         self._set_d = None
+        self._set_row_sums = None
         self._by_d: "dict[int, object]" = {}  # D address -> launch sequence, where a tensor map reads D
         self._point(infos["D"].ptr)  # binds (checks every operand) now, so a refusal surfaces at creation
 
-    def launch(self, d_ptr: int, stream: int) -> None:
-        """Enqueue the launches into the D at address `d_ptr` on `stream`."""
+    def launch(self, d_ptr: int, stream: int, row_sums_ptr: "int | None" = None) -> None:
+        """Enqueue the launches into the D at address `d_ptr` on `stream` (and, for a kernel built with the row
+        sums of A, into the row sums at `row_sums_ptr`; None: where they were bound, or skipped if unbound)."""
         if d_ptr != self._d_ptr or self._generation != self.kernel.generation:
             self._point(d_ptr)
+        if row_sums_ptr is not None:
+            if self._set_row_sums is None:
+                raise InvalidInput("row_sums is for kernels built with the row sums of A", self.kernel.name)
+            self._set_row_sums(row_sums_ptr)
         self._set_current()
         self._run(stream)
 
@@ -422,6 +443,9 @@ class BoundLaunch:
                     self._by_d[d_ptr] = sequence
                 self._set_current = kernel._device.current_setter()
             self._run = sequence.run
+            # A new output each call (torch.empty) for the row sums too: re-pointed in place like D's pointer.
+            # (None for a kernel without them: no parameter reads row_sums.)
+            self._set_row_sums = sequence.pointer_setter("row_sums")
         self._d_ptr = d_ptr
 
 

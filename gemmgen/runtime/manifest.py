@@ -34,9 +34,9 @@ def check_match(kernel: Kernel, problem: Problem) -> None:
     and leading dimensions at least as aligned as the kernel's vector accesses assume."""
     have, need = problem.operands, kernel.operands
     same = (have.a_dtype, have.b_dtype, have.c_dtype, have.a_layout, have.b_layout, have.bias, have.activation,
-            have.scaling) == \
+            have.scaling, have.row_sums) == \
            (need.a_dtype, need.b_dtype, need.c_dtype, need.a_layout, need.b_layout, need.bias, need.activation,
-            need.scaling)
+            need.scaling, need.row_sums)
     if not same:
         raise InvalidInput("the problem's dtypes, layouts, scaling and epilogue must match the kernel's", problem.label,
                            kernel.name)
@@ -51,7 +51,8 @@ def operands_dict(ops: Operands) -> dict:
     return {"a_dtype": ops.a_dtype.value, "b_dtype": ops.b_dtype.value, "c_dtype": ops.c_dtype.value,
             "acc_dtype": ops.acc_dtype.value, "a_layout": ops.a_layout.value, "b_layout": ops.b_layout.value,
             "align_a": ops.align_a, "align_b": ops.align_b, "align_c": ops.align_c, "bias": ops.bias,
-            "activation": ops.activation.value, "scaling": ops.scaling.value}
+            "activation": ops.activation.value, "scaling": ops.scaling.value,
+            **({"row_sums": True} if ops.row_sums else {})}
 
 
 def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:

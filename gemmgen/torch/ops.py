@@ -12,8 +12,9 @@ or 'silu' (no kernel fuses it: the bias kernel runs, then SiLU).
 Backward (register_autograd): dA = dD·Bᵀ and dB = Aᵀ·dD through gemmgen::mm, so each gradient is its own
 product with its own layouts and finds its own kernel. For linear: dZ from the activation (ReLU from the saved
 output; GELU/SiLU from the pre-activation, recomputed here through gemmgen::linear: gemmgen.nn.Linear avoids the
-recomputation by saving it, see nn.py), dX = dZ·W, dW = dZᵀ·X, and the bias gradient as a column-sum
-reduction of dZ (no kernel epilogue fuses it yet).
+recomputation by saving it, see nn.py), dX = dZ·W, dW = dZᵀ·X, and the bias gradient, the column sums of dZ:
+written by the weight-gradient kernel itself when the registry holds one built with row sums (Epilogue.row_sums:
+its producer warps sum dZᵀ's rows as the tiles pass through shared memory), else a reduction on torch.
 
 Eager fast path: `mm`, `linear` (and so gemmgen.nn.Linear) call the implementation (plans.py, shared with the
 custom ops) directly when nothing traces the call: not compiling, plain tensors (no subclass, no fake or meta
@@ -134,12 +135,21 @@ def _linear_backward(ctx, dY: Tensor):
 
 def linear_grads(needs, dZ: Tensor, X: Tensor, W: Tensor):
     """(dX, dW, db, None) from the pre-activation gradient dZ: dX = dZ·W and dW = dZᵀ·X through gemmgen::mm
-    (or its fast path), db the column sums of dZ."""
+    (or its fast path), db the column sums of dZ: the row sums of dZᵀ written by the weight-gradient kernel
+    when one has them (eager calls), else a reduction on torch."""
     out_features, in_features = W.shape
     dZ2 = dZ.reshape(-1, out_features).contiguous()
     dX = mm(dZ2, W).view(X.shape) if needs[0] else None
-    dW = mm(dZ2.t(), X.reshape(-1, in_features).contiguous()) if needs[1] else None
-    db = dZ2.sum(0) if needs[2] else None
+    dW = db = None
+    if needs[1]:
+        dZt, X2 = dZ2.t(), X.reshape(-1, in_features).contiguous()
+        if needs[2] and _eager(dZt, X2) and not (torch.is_grad_enabled() and (dZt.requires_grad or
+                                                                              X2.requires_grad)):
+            dW, db = plans.mm_row_sums(dZt, X2)
+        else:
+            dW = mm(dZt, X2)
+    if needs[2] and db is None:
+        db = dZ2.sum(0)
     return dX, dW, db, None
 
 

@@ -50,8 +50,9 @@ def _layouts(x: Tensor) -> "tuple[Layout, ...]":
     return tuple(out)
 
 
-def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation):
-    """(Found, '') for a kernel that takes D = epilogue(A·B), or (None, the fallback reason)."""
+def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation, row_sums: bool = False):
+    """(Found, '') for a kernel that takes D = epilogue(A·B) (row_sums: and writes A's row sums), or (None, the
+    fallback reason)."""
     if A.is_cuda:  # (is_cuda is an attribute read; .device builds an object per call)
         gpu = None
     elif A.device.type == "cpu" and REGISTRY.serves_cpu:
@@ -68,11 +69,14 @@ def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation):
     if not a_layouts or not b_layouts:
         return None, "an operand that is neither packed row- nor column-major"
     gpu = gpu or gpu_key(A.get_device())
-    for a in a_layouts:
-        for b in b_layouts:
-            found = REGISTRY.find(dtype, a, b, bias, activation, m, n, k, gpu)
-            if found is not None:
-                return found, ""
+    # A plain product may also run on a kernel built with row sums (called without them, it skips them): a layer
+    # whose store holds only the weight gradient with its bias gradient still finds it when the bias is frozen.
+    for with_sums in (True,) if row_sums else (False, True):
+        for a in a_layouts:
+            for b in b_layouts:
+                found = REGISTRY.find(dtype, a, b, bias, activation, m, n, k, gpu, with_sums)
+                if found is not None:
+                    return found, ""
     epilogue = Epilogue(bias=bias, activation=activation).tag
     where = gpu or f"{torch.cuda.get_device_name(A.get_device())} (not in gemmgen's catalogue)"
     return None, (f"no tuned kernel for {dtype.value} {a_layouts[0].letter}{b_layouts[0].letter} {epilogue} "
@@ -171,11 +175,18 @@ class _Kernel:
         self.ordinal = like.get_device()
         self.stream = _stream_getter() if like.is_cuda else _no_stream
 
-    def launch(self, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None") -> str:
-        """Run into D; '' on success, else why the kernel refused (nothing ran: torch can take over)."""
+    def launch(self, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None",
+               row_sums: "Tensor | None" = None) -> str:
+        """Run into D (and row_sums, for a kernel that writes A's row sums); '' on success, else why the kernel
+        refused (nothing ran: torch can take over)."""
         try:
             if self.bound is not None:
-                self.bound.launch(D.data_ptr(), self.stream(self.ordinal))
+                if row_sums is None:
+                    self.bound.launch(D.data_ptr(), self.stream(self.ordinal))
+                else:
+                    self.bound.launch(D.data_ptr(), self.stream(self.ordinal), row_sums.data_ptr())
+            elif row_sums is not None:
+                self.kernel(A, B, D, bias=bias, row_sums=row_sums)
             else:
                 self.kernel(A, B, D, bias=bias)
         except InvalidInput as exc:
@@ -189,6 +200,14 @@ class _Kernel:
             return _Fallback(why).mm(A, B)  # (not kept: it refused this output only)
         stats.kernel_call("mm")
         return D
+
+    def mm_row_sums(self, A: Tensor, B: Tensor) -> "tuple[Tensor, Tensor | None]":
+        D = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        row_sums = torch.empty(self.shape[:1], dtype=self.dtype, device=self.device)
+        if self.launch(A, B, D, None, row_sums):
+            return mm(A, B), None  # refused this output: the plain product, A's rows summed by the caller
+        stats.kernel_call("mm")
+        return D, row_sums
 
     def linear(self, X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
         Y = torch.empty(self.shape, dtype=self.dtype, device=self.device)
@@ -217,13 +236,16 @@ def _stream_getter():
     return lambda ordinal: int(torch.cuda.current_stream(ordinal).cuda_stream)
 
 
-def _kernel_plan(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None", shape, post: "str | None"):
+def _kernel_plan(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None", shape, post: "str | None",
+                 row_sums: "Tensor | None" = None):
     """(a _Kernel plan for `found` on these operands, '') or (None, why the kernel refused them)."""
     bind_launch = getattr(found.kernel, "bind_launch", None)
     bound = None
     if bind_launch is not None:
         try:
-            bound = bind_launch(A, B, D, bias=bias)  # checks every operand, binds the inputs
+            # checks every operand, binds the inputs
+            bound = bind_launch(A, B, D, bias=bias) if row_sums is None else \
+                bind_launch(A, B, D, bias=bias, row_sums=row_sums)
         except InvalidInput as exc:
             return None, f"kernel from {found.origin} refused the call: {exc.rule}"
     return _Kernel(found, bound, shape, D, post), ""
@@ -262,6 +284,42 @@ def mm(A: Tensor, B: Tensor) -> Tensor:
     plan = _Fallback(reason)
     _keep(key, plan)
     return plan.mm(A, B)
+
+
+class _NoRowSums:
+    """No kernel writes A's row sums beside this product: the plain product runs, the caller sums the rows."""
+
+    __slots__ = ()
+
+    def mm_row_sums(self, A: Tensor, B: Tensor) -> "tuple[Tensor, None]":
+        return mm(A, B), None
+
+
+_NO_ROW_SUMS = _NoRowSums()
+
+
+def mm_row_sums(A: Tensor, B: Tensor) -> "tuple[Tensor, Tensor | None]":
+    """(D = A·B, the row sums of A in A's dtype) from one kernel that writes both (the weight gradient dZᵀ·X and
+    the bias gradient), when the registry holds one for the product; else (mm(A, B), None)."""
+    key = ("row_sums", A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype,
+           A.get_device())
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan.mm_row_sums(A, B)
+    if not _mm_ok(A, B):
+        check_mm(A, B)  # raises, naming the rule
+    found, _ = _find(A, B, False, Activation.NONE, row_sums=True)
+    if found is not None:
+        shape = (A.shape[0], B.shape[1])
+        D = torch.empty(shape, dtype=A.dtype, device=A.device)
+        row_sums = torch.empty(shape[:1], dtype=A.dtype, device=A.device)
+        plan, _ = _kernel_plan(found, A, B, D, None, shape, None, row_sums)
+        if plan is not None and not plan.launch(A, B, D, None, row_sums):
+            _keep(key, plan)
+            stats.kernel_call("mm")
+            return D, row_sums
+    _keep(key, _NO_ROW_SUMS)
+    return _NO_ROW_SUMS.mm_row_sums(A, B)
 
 
 def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
@@ -303,4 +361,4 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
     return plan.linear(X, W, bias, activation)
 
 
-__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "linear", "mm"]
+__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "linear", "mm", "mm_row_sums"]

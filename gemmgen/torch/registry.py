@@ -6,8 +6,9 @@ A product (dtype, layouts, epilogue, M, N, K, GPU) is looked up among
      each folder loaded with `gemmgen.load(folder)` on first use.
 Registrations for the pseudo-GPU key "cpu" (CPU) serve CPU tensors, and only those do: a CPU implementation of
 one's own, or a test's or benchmark's fake kernel (the ops run CPU tensors on torch otherwise).
-A hit is any callable `k(A, B, D, C=None, bias=None)`: a loaded bundle (shape-generic within its manifest's
-`serves`) or a dispatch table loaded from a folder (one kernel per token bucket): the ops never ask which.
+A hit is any callable `k(A, B, D, C=None, bias=None)` (for a class with row_sums, also `row_sums=`): a loaded
+bundle (shape-generic within its manifest's `serves`) or a dispatch table loaded from a folder (one kernel per
+token bucket): the ops never ask which.
 `find` returns None when nothing fits; answers are cached per (class, shape, GPU), so a model's steady state
 costs one dict lookup per op call.
 """
@@ -90,16 +91,17 @@ class KernelRegistry:
             self.refresh_locked()
 
     def find(self, dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation,
-             m: int, n: int, k: int, gpu: "str | None") -> "Found | None":
+             m: int, n: int, k: int, gpu: "str | None", row_sums: bool = False) -> "Found | None":
         """The kernel for this product on GPU key `gpu` (None: an unknown GPU, registrations for any GPU
-        only; "cpu": registrations for CPU tensors only), or None."""
-        key = (dtype, a_layout, b_layout, bias, activation, m, n, k, gpu)
+        only; "cpu": registrations for CPU tensors only), or None. row_sums: one that also writes the row sums
+        of A."""
+        key = (dtype, a_layout, b_layout, bias, activation, m, n, k, gpu, row_sums)
         try:
             return self._answers[key]
         except KeyError:
             pass
         with self._lock:
-            operands = (dtype, a_layout, b_layout, bias, activation)
+            operands = (dtype, a_layout, b_layout, bias, activation, row_sums)
             found = None
             for kernel_class, kernel, for_gpu in self._registered:
                 if kernel_class.operands_key == operands and kernel_class.matches(m, n, k) and \

@@ -149,7 +149,7 @@ def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
 
 def _operands_key(problem: Problem) -> tuple:
     return (problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout, problem.b_layout, problem.epilogue.bias,
-            problem.epilogue.activation, problem.epilogue.beta != 0, problem.scaling)
+            problem.epilogue.activation, problem.epilogue.beta != 0, problem.scaling, problem.epilogue.row_sums)
 
 
 def log_distance(a: Problem, b: Problem) -> float:

@@ -47,6 +47,9 @@ class Sm90Wgmma(KernelFamily):
     # main loop's promotion of each k-tile (mainloop.cuh.j2, rules.py says which configurations take them).
     scalings = frozenset({Scaling.TENSOR, Scaling.ROWCOL, Scaling.BLOCK})
     fused_splitk = True
+    # Row sums of A (a Linear layer's bias gradient beside its weight gradient): two producer warps sum the A
+    # tiles as they pass through shared memory (rules.py says which configurations).
+    row_sums = True
     template_root = paths.TEMPLATES
     template = "sm90_wgmma/kernel.cu.j2"
     rules = _rules

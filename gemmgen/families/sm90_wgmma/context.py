@@ -73,6 +73,8 @@ def context(kernel: Kernel) -> dict:
         "pack": any(packed(kernel)) and not tile_pack(kernel), "tile_pack": tile_pack(kernel),
         "split3_pass": cfg.split3 and not tile_pack(kernel), "pack_elt": ops.a_dtype.bytes,
         "pack_tile_rows": TRANSPOSE_TILE_ROWS,
+        # The row sums of A (Epilogue.row_sums), written by two producer warps (rowsum.cuh.j2).
+        "row_sums": kernel.operands.row_sums,
         "pack_threads": PACK_THREADS, "pack_chunk": PACK_CHUNK, "pack_rows": PACK_ROWS,
     }
 

@@ -377,6 +377,9 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
                     "shape": list(shape_a)},
                    {"name": "scale_b", "ctype": "const float*", "kind": "tensor", "tensor": "scale_b",
                     "shape": list(shape_b)}]
+    if ops.row_sums:   # D's by-product: sum_k A[m, k] per row of A, in C's dtype (rows past M not written)
+        params.append({"name": "row_sums", "ctype": f"{ops.c_dtype.cuda_type}*", "kind": "tensor",
+                       "tensor": "row_sums", "shape": [problem.m]})
     params += [{"name": "workspace", "ctype": "float*", "kind": "workspace"}]
     params += [{"name": n, "ctype": "int", "kind": "scalar", "value": v} for n, v in scalars]
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},

@@ -30,6 +30,16 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              f"{who} {why}: cooperative schedule, no store warp",
              config.schedule.value + ("+sw" if config.store_warp else ""), Schedule.COOPERATIVE.value)
 
+    if operands is not None and operands.row_sums:
+        # Two warps of the producer warpgroup sum each stage's A tile in shared memory (templates/sm90_wgmma/
+        # rowsum.cuh.j2), in the CTAs of tile column 0, so each row of A is summed by one CTA over all of K.
+        rule(decomp.kind is DecompKind.DATA_PARALLEL, "row sums of A are written by data-parallel kernels only "
+             "(a K slice's CTA would hold part of a row's sum)", decomp.tag, "dp")
+        rule(not config.swap_ab, "row sums of A are not written by a swapped kernel (its main loop reads B^T as A)",
+             "swap", "no swap")
+        rule(operands.a_dtype.bytes == 2, "row sums of A are written for 16-bit A (bf16, f16)",
+             operands.a_dtype.value, "bf16 or f16")
+
     # The operand swap: the main loop computes D^T = B^T @ A^T, and the staged epilogue (data-parallel) or the
     # reduction launch (split-K) writes D in the caller's frame. Every rule below about A, B and the tile then
     # reads the swapped operands (cta.m tiles the problem's N, cta.n its M).
