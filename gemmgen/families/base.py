@@ -235,10 +235,19 @@ def reduce_launch(kernel: Kernel, problem: Problem, params: "list[dict]", thread
             "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
 
 
+def header_context(kernel: Kernel) -> dict:
+    """The template values every family's kernel header and the common sm80 helpers read: names, the
+    configuration as YAML comment lines, the input dtype's PTX and C names."""
+    cfg, ops = kernel.config, kernel.operands
+    return {"name": kernel.name, "arch": kernel.arch.value, "family": cfg.family,
+            "config_yaml": cfg.to_yaml().rstrip("\n").splitlines(),
+            "dtype": ops.a_dtype.ptx, "elem_ctype": ops.a_dtype.cuda_type}
+
+
 def require_family(config: TileConfig, family: KernelFamily) -> None:
     if config.family != family.name:
         raise InvalidInput(f"{family.name} needs a {family.name} configuration", config.family)
 
 
-__all__ = ["KernelFamily", "Launches", "Prepass", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "pointer_params",
+__all__ = ["KernelFamily", "Launches", "Prepass", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "header_context", "pointer_params",
            "pow2", "reduce_launch", "require_family", "scalar_param", "scalar_params", "tensor_param", "workspace_param"]

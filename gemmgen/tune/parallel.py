@@ -105,19 +105,25 @@ def plan_workers(devices: "list[str]", replay: bool) -> "list[WorkerSpec]":
     return specs
 
 
-def _worker_main(problem, gpu, options, spec: WorkerSpec, measurer_factory, engines_factory, results) -> None:
-    """A worker process: the search on its GPU, then its counts (or its one-line error) to the parent."""
+def enter_worker(options, spec: WorkerSpec) -> None:
+    """What a worker process does first: see only its GPU (the measuring child inherits it as its device 0) and
+    turn SIGTERM into KeyboardInterrupt, so a stopped worker records what it finished."""
     import signal
 
-    from .search import tune
-
     if not options.replay:
-        os.environ["CUDA_VISIBLE_DEVICES"] = spec.device  # the measuring child inherits it: its device 0
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _worker_main(problem, gpu, options, spec: WorkerSpec, measurer_factory, engines_factory, results) -> None:
+    """A worker process: the search on its GPU, then its counts (or its one-line error) to the parent."""
+    from .search import tune
+
+    enter_worker(options, spec)
     measurer = measurer_factory(spec)
     try:
         engines = engines_factory() if engines_factory is not None else None

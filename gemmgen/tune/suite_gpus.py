@@ -13,9 +13,7 @@ resumes there, and a trial the dead worker left RUNNING is failed at once (its p
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue as queue_mod
-import time
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
@@ -33,17 +31,10 @@ FORWARDED = ("start", "trial", "finalists")
 def _suite_worker(gpu, options, spec: WorkerSpec, measurer_factory, engines_factory, device, check_shapes,
                   inbox, outbox) -> None:
     """A worker process: take a job, tune it on this GPU, send its row; until the parent sends None."""
-    import signal
-
+    from .parallel import enter_worker
     from .search import default_engines
 
-    if not options.replay:
-        os.environ["CUDA_VISIBLE_DEVICES"] = spec.device  # the measuring child inherits it: its device 0
-
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    enter_worker(options, spec)
     measurer = measurer_factory(spec)
     engines = None
     try:

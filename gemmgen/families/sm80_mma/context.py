@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...model.problem import Layout
+from ..base import header_context
 from ...model.tiles import DecompKind, Kernel, SmemLayout
 from .launch import REDUCE_THREADS
 from .rules import PAD_BYTES, smem_bytes
@@ -10,13 +11,7 @@ from .rules import PAD_BYTES, smem_bytes
 def context(kernel: Kernel) -> dict:
     cfg, ops = kernel.config, kernel.operands
     return {
-        "name": kernel.name,
-        "arch": kernel.arch.value,
-        "family": cfg.family,
-        "config_yaml": cfg.to_yaml().rstrip("\n").splitlines(),
-        # operands
-        "dtype": ops.a_dtype.ptx,
-        "elem_ctype": ops.a_dtype.cuda_type,
+        **header_context(kernel),
         "a_layout": ops.a_layout.value,
         "b_layout": ops.b_layout.value,
         "a_kmajor": ops.a_layout is Layout.ROW,  # A row-major: K contiguous

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...model.problem import Layout
+from ..base import header_context
 from ...model.tiles import DecompKind, Kernel
 from .launch import REDUCE_THREADS
 from .rules import K_STEP, smem_bytes
@@ -10,12 +11,7 @@ from .rules import K_STEP, smem_bytes
 def context(kernel: Kernel) -> dict:
     cfg, ops = kernel.config, kernel.operands
     return {
-        "name": kernel.name,
-        "arch": kernel.arch.value,
-        "family": cfg.family,
-        "config_yaml": cfg.to_yaml().rstrip("\n").splitlines(),
-        "dtype": ops.a_dtype.ptx,
-        "elem_ctype": ops.a_dtype.cuda_type,
+        **header_context(kernel),
         "b_kmajor": ops.b_layout is Layout.COL,
         "align_a": ops.align_a,
         "align_b": ops.align_b,
