@@ -39,7 +39,7 @@ def reference_configs(problem: Problem, gpu: Gpu) -> "list[TileConfig]":
 
 def label(config: TileConfig) -> str:
     """A short human label: family, CTA/warp tiles, stages, decomposition, cluster, flags."""
-    # The architecture part of the family name is short, but two families may share it (sm80_mma, sm80_skinny):
+    # The architecture part of the family name is short, but two families may share it (the Ampere-style ones):
     # the one listed first in the registry keeps the short form, the others their whole name.
     first = next(f.name for f in families.all_families() if f.name.split("_")[0] == config.family.split("_")[0])
     short = config.family.split("_")[0] if config.family == first else config.family

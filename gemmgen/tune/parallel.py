@@ -105,6 +105,15 @@ def plan_workers(devices: "list[str]", replay: bool) -> "list[WorkerSpec]":
     return specs
 
 
+def stop_workers(procs) -> None:
+    """SIGTERM to every live worker (each fails and re-queues its trials in flight), then wait for them."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(30)
+
+
 def enter_worker(options, spec: WorkerSpec) -> None:
     """What a worker process does first: see only its GPU (the measuring child inherits it as its device 0) and
     turn SIGTERM into KeyboardInterrupt, so a stopped worker records what it finished."""
@@ -176,11 +185,7 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
             if snapshot is not None:
                 emit("progress", snapshot)
     except KeyboardInterrupt:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()  # SIGTERM: each worker fails and re-queues its trials in flight
-        for proc in procs:
-            proc.join(30)
+        stop_workers(procs)
         raise
     for proc in procs:
         proc.join()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..model.arch import Gpu
 from ..model.errors import UserError
-from .parallel import WorkerSpec, WorkersFailed
+from .parallel import WorkerSpec, WorkersFailed, enter_worker, stop_workers
 from .results import now, problem_key
 from .suite import Shape, SuiteReport, SuiteRow, row_for, same_as, suite_jobs, tune_row
 
@@ -31,7 +31,6 @@ FORWARDED = ("start", "trial", "finalists")
 def _suite_worker(gpu, options, spec: WorkerSpec, measurer_factory, engines_factory, device, check_shapes,
                   inbox, outbox) -> None:
     """A worker process: take a job, tune it on this GPU, send its row; until the parent sends None."""
-    from .parallel import enter_worker
     from .search import default_engines
 
     enter_worker(options, spec)
@@ -164,11 +163,7 @@ def run_suite_on_gpus(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, opti
                 shape, dtype = job[1], job[2]
                 emit("shape_assigned", {"worker": specs[i].label, "shape": shape.name, "dtype": dtype})
     except BaseException:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()  # SIGTERM: each worker fails and re-queues its trials in flight
-        for proc in procs:
-            proc.join(30)
+        stop_workers(procs)
         raise
     for i in range(len(specs)):
         if i not in gone:
