@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import time
 import os
 import sys
 from pathlib import Path
@@ -133,5 +134,9 @@ def test_ctrl_c_during_the_finalist_rounds_keeps_every_finished_trial(tmp_path, 
     assert len([t for t in record["trials"] if t["measured"]]) == 6
 
     again = ts.Recorded()  # the rerun measures no trial again: straight to the finalists
-    result = tune(ts.PROBLEM, ts.GPU, again, ts.options(tmp_path, trials=6, top_k=4), engines=ts.engines())
+    options = ts.options(tmp_path, trials=6, top_k=4)
+    started = time.monotonic()
+    result = tune(ts.PROBLEM, ts.GPU, again, options, engines=ts.engines())
     assert result.counts["measured"] == 0 and result.counts["resumed"] == 6 and result.winner is not None
+    # Regression: the interrupted leader kept its finalist lease, so the rerun waited out --grace (60 s) first.
+    assert time.monotonic() - started < options.grace_s / 2

@@ -92,10 +92,20 @@ class Leadership:
     # -- the leader's round --------------------------------------------------------------------
     def _lead(self, k: int, lock) -> None:
         self.leading = True
-        self._wait_quiet()
-        self._sync()
-        last_trial = max((s.number for s in self.summaries.values() if s.measured), default=-1)
-        self.choose()
+        try:
+            self._wait_quiet()
+            self._sync()
+            last_trial = max((s.number for s in self.summaries.values() if s.measured), default=-1)
+            self.choose()
+        except BaseException:
+            # Stopped before publishing (Ctrl-C, SIGTERM): give the lease up, so a rerun of the same tune or another
+            # worker leads round k at once rather than waiting out --grace for a leader that is gone.
+            self.heartbeat.also = None
+            try:
+                lock.set_user_attr("lease", 0.0)
+            except Exception:  # noqa: BLE001 - the storage may be what failed; the lease then expires on its own
+                pass
+            raise
         payload = {"round": k, "last_trial": last_trial, "owner": _owner(), "worker": self.options.worker,
                    "date": now(), "finalists": [f.to_dict() for f in self.finalists],
                    "winner": self.winner.config.tag if self.winner else None,
