@@ -114,7 +114,35 @@ def prepare_store(mode: str, tokens: int, in_f: int, out_f: int, case_dir: Path,
     return root
 
 
-def bench_case(tokens: int, in_f: int, out_f: int, store: Path) -> dict:
+def profile_step(step, steps: int = 20) -> dict:
+    """GPU time per step of each kernel (torch.profiler, CUDA activity), the GPU busy total and the wall time per
+    step with the host waiting on each: where a forward+backward's time goes."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - t0) / steps * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = {}
+    for event in prof.key_averages():
+        gpu_us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        if gpu_us and event.count >= steps and not event.key.startswith(("cuda", "Memcpy")):
+            kernels[event.key[:90]] = gpu_us / steps
+    return {"wall_us_per_step": wall_us, "gpu_us_per_step": sum(kernels.values()), "kernels_us": kernels}
+
+
+def bench_case(tokens: int, in_f: int, out_f: int, store: Path, profile: bool = False) -> dict:
     import torch
 
     import gemmgen
@@ -149,6 +177,8 @@ def bench_case(tokens: int, in_f: int, out_f: int, store: Path) -> dict:
         both = eager_time_s(step)
         row[name] = {"forward_timing": timing, "forward_s": fwd, "forward_tflops": flops / fwd / 1e12, "fwd_bwd_s": both,
                      "fwd_bwd_tflops": 3 * flops / both / 1e12, "stats": gemmgen.stats()}
+        if profile:
+            row[name]["profile"] = profile_step(step)
     row["forward_speedup"] = row["torch"]["forward_s"] / row["gemmgen"]["forward_s"]
     row["fwd_bwd_speedup"] = row["torch"]["fwd_bwd_s"] / row["gemmgen"]["fwd_bwd_s"]
     return row
@@ -184,6 +214,9 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="--kernels tune: measured trials per product")
     parser.add_argument("--case", action="append", default=None, metavar="T,IN,OUT", help="a case (repeatable)")
     parser.add_argument("--out", default="out/linear", help="folder for linear_bench.json (default out/linear)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one forward+backward step per layer: GPU µs per kernel, wall µs per step")
+    parser.add_argument("--no-host", action="store_true", help="skip the 256^3 host-time table")
     parser.add_argument("--host-only", action="store_true",
                         help="only the host time per call at 256^3 (no throughput cases): about a minute")
     args = parser.parse_args(argv)
@@ -208,9 +241,11 @@ def main(argv=None) -> int:
     for tokens, in_f, out_f in cases:
         print(f"case {tokens}x{in_f}->{out_f}: kernels ({args.kernels})", flush=True)
         store = prepare_store(args.kernels, tokens, in_f, out_f, work / f"{tokens}x{in_f}x{out_f}", gpu, args.trials)
-        rows.append(bench_case(tokens, in_f, out_f, store))
-    print(f"case {256}^3 host overhead: kernels ({args.kernels})", flush=True)
-    overhead = host_overhead(prepare_store(args.kernels, 256, 256, 256, work / "256", gpu, args.trials))
+        rows.append(bench_case(tokens, in_f, out_f, store, args.profile))
+    overhead = {}
+    if not args.no_host:
+        print(f"case {256}^3 host overhead: kernels ({args.kernels})", flush=True)
+        overhead = host_overhead(prepare_store(args.kernels, 256, 256, 256, work / "256", gpu, args.trials))
 
     print(f"\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}, kernels: {args.kernels}")
     if rows:
@@ -222,11 +257,20 @@ def main(argv=None) -> int:
         print(f"| {r['case']} | {t['forward_tflops']:.0f} | {m['forward_tflops']:.0f} | {r['forward_speedup']:.2f} | "
               f"{t['fwd_bwd_tflops']:.0f} | {m['fwd_bwd_tflops']:.0f} | {r['fwd_bwd_speedup']:.2f} | "
               f"{m['stats']['kernel_calls']} / {m['stats']['fallbacks']} | {r['rel_error_vs_fp32']:.1e} |")
-    print("\nhost time per call at 256^3 bf16 (µs; GPU time per call beside it)")
-    for name, v in overhead.items():
-        if name != "stats":
-            print(f"  {name:22s} host {v['host_us']:7.1f}   gpu {v['gpu_us']:7.1f}")
-    print(f"  gemmgen stats: {overhead['stats']}")
+    for r in rows:
+        for name in ("torch", "gemmgen"):
+            prof = r[name].get("profile")
+            if prof:
+                print(f"\n{r['case']} {name}: wall {prof['wall_us_per_step']:.1f} µs/step, "
+                      f"GPU busy {prof['gpu_us_per_step']:.1f} µs/step")
+                for kernel, us in sorted(prof["kernels_us"].items(), key=lambda kv: -kv[1]):
+                    print(f"  {us:8.1f}  {kernel}")
+    if overhead:
+        print("\nhost time per call at 256^3 bf16 (µs; GPU time per call beside it)")
+        for name, v in overhead.items():
+            if name != "stats":
+                print(f"  {name:22s} host {v['host_us']:7.1f}   gpu {v['gpu_us']:7.1f}")
+        print(f"  gemmgen stats: {overhead['stats']}")
     fallbacks = {reason for r in rows for reason in r["gemmgen"]["stats"]["fallbacks_by_reason"]}
     if fallbacks:
         print("note: some gemmgen calls ran on torch: " + "; ".join(sorted(fallbacks)))

@@ -14,6 +14,7 @@ from gemmgen.model.arch import lookup_gpu
 from gemmgen.model.errors import InvalidInput
 from gemmgen.model.linear import KernelClass
 from gemmgen.runtime.loader import ArrayInfo, LoadedKernel, check_operand, expected_layout
+from gemmgen.runtime.bundle import check_schema
 from gemmgen.runtime.manifest import make_manifest
 from test_inputs import refused  # the one CLI-refusal check (exit 2, one line, no traceback)
 
@@ -137,6 +138,7 @@ def _loaded(problem: Problem, config: dict) -> LoadedKernel:
 def test_manifest_lists_row_sums_as_an_m_long_tensor_and_the_loader_checks_it():
     problem = wgrad()
     manifest = make_manifest(kernel(problem, COOP), problem)
+    check_schema({**manifest, "cubin_sha256": "0" * 64})  # what gemmgen.load checks first (export adds the digest)
     assert manifest["operands"]["row_sums"] is True
     main = next(l for l in manifest["launches"] if l["entry"] == manifest["name"])
     names = [p["name"] for p in main["params"]]

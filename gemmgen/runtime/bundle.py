@@ -17,7 +17,7 @@ from ..model.tiles import Kernel, TileConfig
 
 EM_CUDA = 190  # ELF e_machine of CUDA cubins
 PARAM_KINDS = {"tensor", "tensormap", "scalar", "workspace"}
-TENSORS = {"A", "B", "C", "D", "bias", "scale_a", "scale_b"}
+TENSORS = {"A", "B", "C", "D", "bias", "scale_a", "scale_b", "row_sums"}
 
 
 def cubin_sm(cubin: bytes) -> int:
