@@ -142,6 +142,26 @@ def profile_step(step, steps: int = 20) -> dict:
     return {"wall_us_per_step": wall_us, "gpu_us_per_step": sum(kernels.values()), "kernels_us": kernels}
 
 
+def host_profile(step, steps: int = 300, top: int = 22) -> str:
+    """cProfile of `steps` steps (the host's view: Python and the torch calls it makes), top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def bench_case(tokens: int, in_f: int, out_f: int, store: Path, profile: bool = False) -> dict:
     import torch
 
@@ -179,6 +199,7 @@ def bench_case(tokens: int, in_f: int, out_f: int, store: Path, profile: bool = 
                      "fwd_bwd_tflops": 3 * flops / both / 1e12, "stats": gemmgen.stats()}
         if profile:
             row[name]["profile"] = profile_step(step)
+            row[name]["host_profile"] = host_profile(step)
     row["forward_speedup"] = row["torch"]["forward_s"] / row["gemmgen"]["forward_s"]
     row["fwd_bwd_speedup"] = row["torch"]["fwd_bwd_s"] / row["gemmgen"]["fwd_bwd_s"]
     return row
@@ -265,6 +286,7 @@ def main(argv=None) -> int:
                       f"GPU busy {prof['gpu_us_per_step']:.1f} µs/step")
                 for kernel, us in sorted(prof["kernels_us"].items(), key=lambda kv: -kv[1]):
                     print(f"  {us:8.1f}  {kernel}")
+                print(r[name]["host_profile"])
     if overhead:
         print("\nhost time per call at 256^3 bf16 (µs; GPU time per call beside it)")
         for name, v in overhead.items():

@@ -172,3 +172,25 @@ def test_a_row_sums_bundle_serves_other_token_counts_but_not_a_plain_problem():
     check_serves(k, wgrad(1000, 777, 4097))
     with pytest.raises(InvalidInput, match="must match the kernel's"):
         check_serves(k, Problem.create(1000, 777, 4097, "bf16", "col", "row"))
+
+
+def test_the_tuner_allocates_verifies_and_times_the_row_sums_as_an_output():
+    """A row-sums problem's operand set has an M-long row_sums buffer in D's dtype, passed to the kernel (so the
+    timing includes them); the verdict is the worse of D's and the sums' errors, and a NaN sum never passes."""
+    import numpy as np
+
+    from gemmgen.tune.reference import Comparison, GemmPointers, _with_row_sums, operand_bytes, storage_shapes
+
+    problem = wgrad()
+    assert storage_shapes(problem)["row_sums"] == (problem.m,)
+    assert operand_bytes(problem)["row_sums"] == problem.m * 2
+    assert "row_sums" not in storage_shapes(Problem.create(1000, 777, 333, "bf16", "col", "row"))
+    assert GemmPointers(1, 2, 3, row_sums=9).as_dict() == {"A": 1, "B": 2, "D": 3, "row_sums": 9}
+    d_ok = Comparison(1e-3, 0, "torch", None, "")
+    want = np.arange(1.0, 5.0)
+    assert _with_row_sums(d_ok, None) is d_ok
+    assert _with_row_sums(d_ok, (want, want)).rel_error == 1e-3
+    worse = _with_row_sums(d_ok, (want * 1.1, want))
+    assert abs(worse.rel_error - 0.1) < 1e-9 and "row sums of A: error 1.000e-01" in worse.detail
+    unwritten = _with_row_sums(d_ok, (np.array([1.0, np.nan, 3.0, 4.0]), want))
+    assert unwritten.rel_error == float("inf") and unwritten.nonfinite == 1

@@ -29,6 +29,10 @@ def register(subparsers) -> None:
                         "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
     p.add_argument("--dtype", default="bf16", type=text_arg("--dtype"), help="bf16 (default) or f16")
     p.add_argument("--bias", action="store_true", help="the layer has a bias")
+    p.add_argument("--bias-grad", default="auto", type=text_arg("--bias-grad"),
+                   help="with --bias: auto (default: also tune a weight-gradient kernel that writes the bias "
+                        "gradient, used up to 1024 tokens, where a family can) or separate (always a reduction "
+                        "on torch)")
     p.add_argument("--activation", default="none", type=text_arg("--activation"),
                    help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
                                                         "approximation; silu runs after the bias kernel)")
@@ -55,7 +59,8 @@ def run(args) -> int:
     from ..tune.buckets import BUCKETINGS
 
     refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
-    layer = LinearLayer.create(args.IN, args.OUT, args.dtype, args.bias, str(args.activation).lower(), args.tokens)
+    layer = LinearLayer.create(args.IN, args.OUT, args.dtype, args.bias, str(args.activation).lower(), args.tokens,
+                               str(args.bias_grad).lower())
     if args.buckets not in BUCKETINGS + ("none",):
         raise InvalidInput(f"--buckets must be one of {', '.join(BUCKETINGS + ('none',))}", args.buckets)
     bucketing = None if args.buckets == "none" else args.buckets

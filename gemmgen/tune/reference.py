@@ -36,11 +36,12 @@ class GemmPointers:
     bias: int = 0
     scale_a: int = 0   # fp8 rowcol or block scaling's float32 scales (Problem.scale_shapes); 0 for per-tensor (1)
     scale_b: int = 0
+    row_sums: int = 0  # a kernel built with the row sums of A writes them here (M values of D's dtype)
 
     def as_dict(self) -> "dict[str, int]":
         """Names as the kernel ABI and the manifest's 'tensor' fields spell them."""
         out = {"A": self.a, "B": self.b, "D": self.d}
-        for name in ("c", "bias", "scale_a", "scale_b"):
+        for name in ("c", "bias", "scale_a", "scale_b", "row_sums"):
             if getattr(self, name):
                 out["C" if name == "c" else name] = getattr(self, name)
         return out
@@ -81,13 +82,15 @@ def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
         shapes["bias"] = (n,)
     if problem.scaling is not Scaling.TENSOR:
         shapes["scale_a"], shapes["scale_b"] = problem.scale_shapes
+    if problem.epilogue.row_sums:
+        shapes["row_sums"] = (m,)
     return shapes
 
 
 def operand_dtypes(problem: Problem) -> "dict[str, DType]":
     """The dtype of each operand storage_shapes names."""
     return {"A": problem.a_dtype, "B": problem.b_dtype, "C": problem.c_dtype, "D": problem.c_dtype,
-            "bias": problem.c_dtype, "scale_a": DType.F32, "scale_b": DType.F32}
+            "bias": problem.c_dtype, "scale_a": DType.F32, "scale_b": DType.F32, "row_sums": problem.c_dtype}
 
 
 def operand_bytes(problem: Problem) -> "dict[str, int]":
@@ -131,10 +134,12 @@ def torch_operands(problem: Problem, pointers: GemmPointers) -> dict:
     dtypes = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32,
               DType.E4M3: torch.float8_e4m3fn, DType.E5M2: torch.float8_e5m2}
     addresses = {"A": pointers.a, "B": pointers.b, "C": pointers.c, "D": pointers.d, "bias": pointers.bias,
-                 "scale_a": pointers.scale_a, "scale_b": pointers.scale_b}
+                 "scale_a": pointers.scale_a, "scale_b": pointers.scale_b, "row_sums": pointers.row_sums}
     kinds = operand_dtypes(problem)
     out = {}
     for name, shape in shapes.items():
+        if name == "row_sums" and not addresses[name]:
+            continue  # a row-sums kernel run without them (it skips them)
         dt = kinds[name]
         # CAI has no bf16 typestr: wrap the 16 bits as int16 and reinterpret.
         typestr = {1: "|u1", 2: "<i2", 4: "<f4"}[dt.bytes]
@@ -169,9 +174,31 @@ def _compare_torch(problem: Problem, pointers: GemmPointers) -> Comparison:
     diff = torch.where(finite, out - ref, torch.zeros_like(ref))
     rel = _ratio(float(torch.linalg.vector_norm(diff.double()).item()),
                  float(torch.linalg.vector_norm(ref.double()).item()))
+    sums = None
+    if problem.epilogue.row_sums and pointers.row_sums:
+        sums = (ops["row_sums"].double().cpu().numpy(), ops["A"].double().sum(dim=1).cpu().numpy())
     torch.cuda.synchronize()
-    return Comparison(math.inf if nonfinite else rel, nonfinite, "torch", None,
-                      f"finite-part error {rel:.3e}" if nonfinite else "")
+    return _with_row_sums(Comparison(math.inf if nonfinite else rel, nonfinite, "torch", None,
+                                     f"finite-part error {rel:.3e}" if nonfinite else ""), sums)
+
+
+def _with_row_sums(result: Comparison, sums) -> Comparison:
+    """`result` (D's comparison) with the row sums of A folded in, for a kernel built to write them: `sums` is
+    (what the kernel wrote, the float64 sums of A's rows) as NumPy arrays, or None. The verdict is the worse of
+    the two errors, and unwritten or non-finite sums count as non-finite outputs."""
+    if sums is None:
+        return result
+    import numpy as np
+
+    got, want = sums
+    finite = np.isfinite(got)
+    bad = int(got.size - finite.sum())
+    rel = _ratio(float(np.linalg.norm(np.where(finite, got - want, 0.0))), float(np.linalg.norm(want)))
+    detail = "; ".join(filter(None, (result.detail, f"row sums of A: error {rel:.3e}, {bad} not finite")))
+    nonfinite = result.nonfinite + bad
+    worst = math.inf if nonfinite else max(result.rel_error, rel)
+    sample = None if result.sample_rel_error is None else max(result.sample_rel_error, rel)
+    return Comparison(worst, nonfinite, result.backend, sample, detail)
 
 
 def dequantize_blocks(torch, a, b, scale_a, scale_b):
@@ -228,9 +255,13 @@ def _compare_cupy(problem: Problem, pointers: GemmPointers) -> Comparison:
     nonfinite = int(out.size - int(finite.sum()))
     diff = cp.where(finite, out - x, 0)
     rel = _ratio(float(cp.linalg.norm(diff.astype(cp.float64))), float(cp.linalg.norm(x.astype(cp.float64))))
+    sums = None
+    if ep.row_sums and pointers.row_sums:
+        sums = (cp.asnumpy(_cupy_float(cp, pointers.row_sums, shapes["row_sums"], problem.c_dtype)).astype("f8"),
+                cp.asnumpy(a.astype(cp.float64).sum(axis=1)))
     cp.cuda.runtime.deviceSynchronize()
-    return Comparison(math.inf if nonfinite else rel, nonfinite, "cupy", None,
-                      f"finite-part error {rel:.3e}" if nonfinite else "")
+    return _with_row_sums(Comparison(math.inf if nonfinite else rel, nonfinite, "cupy", None,
+                                     f"finite-part error {rel:.3e}" if nonfinite else ""), sums)
 
 
 # --- gemmgen's own kernel + float64 samples -------------------------------------------------------
@@ -350,7 +381,10 @@ def _compare_kernel(device, problem: Problem, pointers: GemmPointers, seed: int)
     detail = f"fp32 reference kernel vs float64 at {SAMPLES} samples: {ref_check:.1e}"
     if ref_check > 1e-4:
         detail = "the reference kernel disagrees with float64; " + detail
-    return Comparison(math.inf if nonfinite else rel, nonfinite, "kernel", sample_rel, detail)
+    sums = None
+    if problem.epilogue.row_sums and pointers.row_sums:
+        sums = (host(pointers.row_sums, (m,), problem.c_dtype), a.sum(axis=1))
+    return _with_row_sums(Comparison(math.inf if nonfinite else rel, nonfinite, "kernel", sample_rel, detail), sums)
 
 
 def epilogue_numpy(acc, problem: Problem, c=None, bias=None):

@@ -146,6 +146,8 @@ class GpuBenchmark:
                 first = self._sets_for(problem, 1)[0]
                 self._refill(first, problem)  # fresh inputs for every check
                 dev.poison(first.buffers["D"], problem.c_dtype)
+                if "row_sums" in first.buffers:
+                    dev.poison(first.buffers["row_sums"], problem.c_dtype)
                 if workspace is not None:
                     # Partials a kernel reads before writing would pass on a previous run's values; NaN
                     # shows them. Binding re-zeroes whatever prefix the manifest's workspace_zero names.
@@ -247,7 +249,8 @@ class GpuBenchmark:
             buffers = {name: self.device.alloc(nbytes) for name, nbytes in operand_bytes(problem).items()}
             ptr = {name: buf.ptr for name, buf in buffers.items()}
             entry = _OperandSet(buffers, GemmPointers(ptr["A"], ptr["B"], ptr["D"], ptr.get("C", 0), ptr.get("bias", 0),
-                                                      ptr.get("scale_a", 0), ptr.get("scale_b", 0)))
+                                                      ptr.get("scale_a", 0), ptr.get("scale_b", 0),
+                                                      ptr.get("row_sums", 0)))
             self._refill(entry, problem)
             self._sets.append(entry)
         return self._sets[:count]
@@ -257,8 +260,8 @@ class GpuBenchmark:
         dtypes = operand_dtypes(problem)
         shapes = storage_shapes(problem)
         for name, buf in entry.buffers.items():
-            if name == "D":
-                continue  # poisoned before each check; its content does not matter for timing
+            if name in ("D", "row_sums"):
+                continue  # outputs: poisoned before each check; their content does not matter for timing
             count = math.prod(shapes[name])
             # Scales away from 1 (and apart per row and column), so a kernel that drops or swaps one fails.
             lo, hi = (0.25, 4.0) if name in ("scale_a", "scale_b") else (-1.0, 1.0)
@@ -341,13 +344,24 @@ class GpuBenchmark:
             else:
                 torch.mm(o["A"], o["B"], out=o["D"])
 
+        run = run_one or run_dense
+        if ep.row_sums:
+            # The row sums of A beside D: what a framework without the fused kernel runs, cuBLAS then torch's
+            # reduction (a Linear layer's bias gradient, dZ.sum(0), is the row sums of the weight gradient's A).
+            product = run
+
+            def run(i: int) -> None:
+                product(i)
+                o = ops[i % len(ops)]
+                torch.sum(o["A"], dim=1, out=o["row_sums"])
+
         stream = torch.cuda.current_stream().cuda_stream
-        return median(self._timed(run_one or run_dense, stream, "timing cuBLAS"))
+        return median(self._timed(run, stream, "timing cuBLAS"))
 
     def _time_cublas_cupy(self, problem: Problem, sets) -> "float | None":
         import cupy as cp  # noqa: F401 - ImportError means no cuBLAS here
 
-        if problem.a_dtype is not DType.F16 or problem.epilogue.beta or problem.epilogue.bias:
+        if problem.a_dtype is not DType.F16 or problem.epilogue.beta or problem.epilogue.bias or problem.epilogue.row_sums:
             return None  # cupy has no bf16, and its matmul has no epilogue
         from ..reference import _CudaArray
 
@@ -369,4 +383,5 @@ def _storage_key(problem: Problem) -> tuple:
     """What decides the buffers' sizes and fill (not alpha, beta's value or the activation): B's dtype too, as
     e4m3 and e5m2 operands are the same size but not the same values."""
     return (problem.m, problem.n, problem.k, problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout,
-            problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias, problem.scaling)
+            problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias, problem.scaling,
+            problem.epilogue.row_sums)
