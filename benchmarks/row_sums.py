@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                    "cublas_reduce_us": cub_fused * 1e6}
             if not isinstance(plain, list) or not isinstance(fused, list):
                 failed += 1
-                row["error"] = plain if isinstance(plain, str) else fused
+                row["error"] = plain if isinstance(plain, str) else fused if isinstance(fused, str) else "not run"
                 print(f"  FAIL {config.tag}: {row['error']}", flush=True)
             else:
                 p, f = statistics.median(plain), statistics.median(fused)

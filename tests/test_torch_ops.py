@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import gemmgen  # noqa: E402
 from gemmgen.model.arch import DType  # noqa: E402
 from gemmgen.model.errors import InvalidInput  # noqa: E402
-from gemmgen.model.linear import FUSED_BIAS_GRAD_TOKENS, KernelClass, LinearLayer, read_class  # noqa: E402
+from gemmgen.model.linear import KernelClass, LinearLayer, read_class  # noqa: E402
 from gemmgen.model.problem import Activation, Layout  # noqa: E402
 from gemmgen.torch import ops, stats  # noqa: E402
 from gemmgen.torch.nn import Linear  # noqa: E402
@@ -271,21 +271,15 @@ def test_linear_layer_products_have_the_layouts_and_dimensions_of_the_three_gemm
     assert (p["dgrad"].m, p["dgrad"].n, p["dgrad"].k) == (4096, 4096, 14336)
     assert (p["wgrad"].m, p["wgrad"].n, p["wgrad"].k) == (14336, 4096, 4096)
     assert [(q.a_layout.value, q.b_layout.value) for q in p.values()] == [("row", "col"), ("row", "row"),
-                                                                           ("col", "row"), ("col", "row")]
+                                                                           ("col", "row")]
     assert p["forward"].epilogue.bias and p["forward"].epilogue.activation is Activation.NONE  # SiLU runs after
     assert not p["dgrad"].epilogue.bias and not p["wgrad"].epilogue.bias
-    assert layer.classes()["wgrad"].key == "bf16_cr_linear_m14336_n4096_kT"
-    # The bias gradient also from a weight-gradient kernel that writes the row sums of dZᵀ, tuned at the top of
-    # the token counts it serves (up to FUSED_BIAS_GRAD_TOKENS), unless asked otherwise or out of its range.
-    fused = p["wgrad_bias"]
-    assert fused.epilogue.row_sums and (fused.m, fused.n, fused.k) == (14336, 4096, FUSED_BIAS_GRAD_TOKENS)
-    assert layer.classes()["wgrad_bias"].key == "bf16_cr_rowsum_m14336_n4096_kT"
-    assert LinearLayer.create(64, 32, "bf16", True, "none", "1..100").problems()["wgrad_bias"].k == 100
+    # The bias gradient comes from the weight-gradient kernel (the row sums of dZᵀ), unless asked otherwise.
+    assert p["wgrad"].epilogue.row_sums and layer.classes()["wgrad"].key == "bf16_cr_rowsum_m14336_n4096_kT"
     for other in (LinearLayer.create(4096, 14336, "bf16", True, "silu", "1..4096", bias_grad="separate"),
-                  LinearLayer.create(4096, 14336, "bf16", False, "silu", "1..4096"),
-                  LinearLayer.create(4096, 14336, "bf16", True, "silu", f"{FUSED_BIAS_GRAD_TOKENS + 1}..8192")):
-        assert set(other.problems()) == {"forward", "dgrad", "wgrad"}
-    with pytest.raises(InvalidInput, match="--bias-grad must be one of auto, separate"):
+                  LinearLayer.create(4096, 14336, "bf16", False, "silu", "1..4096")):
+        assert other.classes()["wgrad"].key == "bf16_cr_linear_m14336_n4096_kT"
+    with pytest.raises(InvalidInput, match="--bias-grad must be one of fused, separate"):
         LinearLayer.create(64, 64, bias=True, bias_grad="sometimes")
 
 
@@ -303,9 +297,8 @@ def test_tune_linear_dry_run_stores_the_three_products_where_the_registry_finds_
     assert code == 0, out
     store = tmp_path / "kernels" / "h100-sxm"
     folders = sorted(p.name for p in store.iterdir())
-    # A layer with a bias, on Hopper: also a weight gradient that writes the bias gradient (the row sums of dZᵀ).
-    assert folders == ["bf16_cr_linear_m200_n256_kT", "bf16_cr_rowsum_m200_n256_kT", "bf16_rc_bias_gelu_mT_n200_k256",
-                       "bf16_rr_linear_mT_n256_k200"]
+    # A layer with a bias, on Hopper: the weight gradient writes the bias gradient too (the row sums of dZᵀ).
+    assert folders == ["bf16_cr_rowsum_m200_n256_kT", "bf16_rc_bias_gelu_mT_n200_k256", "bf16_rr_linear_mT_n256_k200"]
     for folder in store.iterdir():
         kernel_class, raw = read_class(folder)
         assert raw["measured"] is False and raw["layer"]["tokens"] == [64, 128]
@@ -317,11 +310,9 @@ def test_tune_linear_dry_run_stores_the_three_products_where_the_registry_finds_
             assert len(manifests) == 1 and json.loads(manifests[0].read_text())["problem"]["K"] == 128
             assert not (folder / "dispatch.json").exists()
     registry = KernelRegistry()
-    found = registry.find(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 200, 256, 77, "h100-sxm")
+    found = registry.find(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 200, 256, 77, "h100-sxm", True)
     assert found is not None and found.kernel.name.startswith("gemmgen_sm_90a_bf16bf16_bf16_f32_cr")
-    assert not found.kernel.problem.epilogue.row_sums
-    fused = registry.find(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 200, 256, 77, "h100-sxm", True)
-    assert fused is not None and fused.kernel.problem.epilogue.row_sums
+    assert found.kernel.problem.epilogue.row_sums
     assert registry.find(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 200, 256, 77, "a100-sxm",
                          True) is None
     forward = registry.find(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 100, 200, 256, "h100-sxm")
@@ -365,9 +356,8 @@ def test_tune_linear_reduces_the_bias_gradient_separately_where_no_family_writes
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"NVRTC unavailable: {exc}")
     layer = LinearLayer.create(256, 200, "bf16", True, "none", "64")
-    assert "wgrad_bias" in layer.problems()
-    (product,) = tune_linear(layer, lookup_gpu("a100"), dry_run=True, top_k=1, roles=("wgrad", "wgrad_bias"),
-                             root=tmp_path)
+    assert layer.problems()["wgrad"].epilogue.row_sums
+    (product,) = tune_linear(layer, lookup_gpu("a100"), dry_run=True, top_k=1, roles=("wgrad",), root=tmp_path)
     assert product.folder.name == "bf16_cr_linear_m200_n256_kT" and not product.problem.epilogue.row_sums
     kernel_class, raw = read_class(product.folder)
     assert not kernel_class.row_sums and raw["layer"]["bias_grad"] == "separate"

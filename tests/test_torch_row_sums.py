@@ -88,20 +88,3 @@ def test_a_weight_gradient_without_bias_runs_on_the_row_sums_kernel_without_them
     assert kernel.calls == [((OUT, 5), (5, IN), False)]   # called without row_sums: the kernel skips them
     torch.testing.assert_close(layer.weight.grad.float(), torch.ones(5, OUT).t() @ x.float(), rtol=2e-2, atol=2e-2)
 
-
-def test_above_the_fused_token_count_the_plain_kernel_runs_and_torch_sums(kernel):
-    """Past FUSED_BIAS_GRAD_TOKENS the row-sum warps cost more than torch's reduction (measured): the plain
-    weight-gradient kernel runs when one is stored, else the row-sums kernel without them; torch sums dZ."""
-    from gemmgen.model.linear import FUSED_BIAS_GRAD_TOKENS
-
-    tokens = FUSED_BIAS_GRAD_TOKENS + 1
-    layer, x, dy = _layer_grads(tokens)
-    assert kernel.calls == [((OUT, tokens), (tokens, IN), False)]
-    torch.testing.assert_close(layer.bias.grad, dy.sum(0))
-    plain = RowSumKernel()
-    register(KernelClass(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, OUT, IN, None), plain, gpu=CPU)
-    layer, x, dy = _layer_grads(tokens)
-    assert plain.calls == [((OUT, tokens), (tokens, IN), False)] and len(kernel.calls) == 1
-    layer, x, dy = _layer_grads(FUSED_BIAS_GRAD_TOKENS)   # at the count itself: fused
-    assert kernel.calls[-1] == ((OUT, FUSED_BIAS_GRAD_TOKENS), (FUSED_BIAS_GRAD_TOKENS, IN), True)
-    torch.testing.assert_close(layer.bias.grad.float(), dy.float().sum(0) + 1000.0, rtol=1e-2, atol=1.0)

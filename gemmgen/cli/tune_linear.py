@@ -29,10 +29,9 @@ def register(subparsers) -> None:
                         "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
     p.add_argument("--dtype", default="bf16", type=text_arg("--dtype"), help="bf16 (default) or f16")
     p.add_argument("--bias", action="store_true", help="the layer has a bias")
-    p.add_argument("--bias-grad", default="auto", type=text_arg("--bias-grad"),
-                   help="with --bias: auto (default: also tune a weight-gradient kernel that writes the bias "
-                        "gradient, used up to 1024 tokens, where a family can) or separate (always a reduction "
-                        "on torch)")
+    p.add_argument("--bias-grad", default="fused", type=text_arg("--bias-grad"),
+                   help="with --bias: fused (default: the weight-gradient kernel also writes the bias gradient, "
+                        "where a family can) or separate (a reduction on torch)")
     p.add_argument("--activation", default="none", type=text_arg("--activation"),
                    help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
                                                         "approximation; silu runs after the bias kernel)")

@@ -24,14 +24,12 @@ CLASS_FILE = "class.json"
 # Activations a Linear layer takes. SiLU has no kernel epilogue: its forward runs the bias-only kernel and
 # applies SiLU after it.
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
-ROLES = ("forward", "dgrad", "wgrad", "wgrad_bias")
-# A layer's bias gradient: 'auto', from a weight-gradient kernel that also writes the row sums of dZᵀ at token
-# counts up to FUSED_BIAS_GRAD_TOKENS and a reduction on torch above; 'separate', always the reduction.
-BIAS_GRADS = ("auto", "separate")
-# Measured on the H100 (benchmarks/row_sums.py, docs/perf-notes.md): the fused kernel against the plain one plus
-# torch's reduction is 1.18-1.21x at 16 tokens and 1.00-1.16x at 777, but 0.89-1.01x at 4096 and 0.80-0.99x at
-# 8192 (the row-sum warps of tile column 0 slow those CTAs by 12-38% when K, the token count, is long).
-FUSED_BIAS_GRAD_TOKENS = 1024
+ROLES = ("forward", "dgrad", "wgrad")
+# A layer's bias gradient: 'fused', written by the weight-gradient kernel beside dW (the row sums of dZᵀ, where a
+# family writes them: one launch and one read of dZ fewer); 'separate', a reduction of dZ on torch. Measured on
+# the H100 (benchmarks/row_sums.py, docs/perf-notes.md), the fused kernel against the best plain one plus torch's
+# reduction: 1.21x at 16 tokens, 1.11x at 1024, 0.99x at 4096 (out 14336) and 1.02x at 8192.
+BIAS_GRADS = ("fused", "separate")
 
 
 def kernel_activation(activation: str) -> Activation:
@@ -110,14 +108,13 @@ class LinearLayer:
     activation: str = "none"
     tokens_min: int = 1
     tokens_max: int = 8192
-    # Where a layer with a bias gets its bias gradient (BIAS_GRADS): 'auto' adds the product 'wgrad_bias', a
-    # weight gradient that also writes the row sums of dZᵀ (one launch and one read of dZ fewer), for token
-    # counts up to FUSED_BIAS_GRAD_TOKENS; 'separate' leaves it to a reduction on torch.
-    bias_grad: str = "auto"
+    # Where a layer with a bias gets its bias gradient (BIAS_GRADS): 'fused' tunes the weight gradient as a
+    # kernel that also writes it; 'separate' leaves it to a reduction on torch.
+    bias_grad: str = "fused"
 
     @classmethod
     def create(cls, in_features, out_features, dtype="bf16", bias=False, activation="none",
-               tokens="1..8192", bias_grad="auto") -> "LinearLayer":
+               tokens="1..8192", bias_grad="fused") -> "LinearLayer":
         """Validated from loose values (CLI text): tokens is 'LO..HI' or one count."""
         lo, hi = parse_tokens(tokens)
         kernel_activation(str(activation))
@@ -140,13 +137,8 @@ class LinearLayer:
         dgrad = Problem(t, self.in_features, self.out_features, self.dtype, self.dtype, self.dtype,
                         a_layout=Layout.ROW, b_layout=Layout.ROW, epilogue=plain)
         wgrad = Problem(self.out_features, self.in_features, t, self.dtype, self.dtype, self.dtype,
-                        a_layout=Layout.COL, b_layout=Layout.ROW, epilogue=plain)
-        out = {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
-        if self.fused_bias_grad:
-            # Tuned at the top of the token counts it serves (the largest K it runs).
-            fused_t = min(t, FUSED_BIAS_GRAD_TOKENS) if tokens is None else t
-            out["wgrad_bias"] = replace(wgrad, k=fused_t, epilogue=Epilogue(row_sums=True))
-        return out
+                        a_layout=Layout.COL, b_layout=Layout.ROW, epilogue=Epilogue(row_sums=self.fused_bias_grad))
+        return {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
 
     def classes(self) -> "dict[str, KernelClass]":
         """The kernel class of each product (the token dimension free)."""
@@ -155,9 +147,8 @@ class LinearLayer:
 
     @property
     def fused_bias_grad(self) -> bool:
-        """Whether the layer has the product 'wgrad_bias' (its bias gradient from a weight-gradient kernel at
-        token counts up to FUSED_BIAS_GRAD_TOKENS)."""
-        return self.bias and self.bias_grad == "auto" and self.tokens_min <= FUSED_BIAS_GRAD_TOKENS
+        """Whether the weight gradient is tuned as a kernel that also writes the bias gradient."""
+        return self.bias and self.bias_grad == "fused"
 
     def without_fused_bias_grad(self) -> "LinearLayer":
         return replace(self, bias_grad="separate")
@@ -195,5 +186,5 @@ def parse_tokens(text) -> "tuple[int, int]":
     return lo, hi
 
 
-__all__ = ["ACTIVATIONS", "BIAS_GRADS", "FUSED_BIAS_GRAD_TOKENS", "CLASS_FILE", "CLASS_FORMAT", "KernelClass", "LinearLayer", "ROLES", "kernel_activation",
+__all__ = ["ACTIVATIONS", "BIAS_GRADS", "CLASS_FILE", "CLASS_FORMAT", "KernelClass", "LinearLayer", "ROLES", "kernel_activation",
            "parse_tokens", "read_class"]

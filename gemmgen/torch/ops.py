@@ -14,8 +14,7 @@ product with its own layouts and finds its own kernel. For linear: dZ from the a
 output; GELU/SiLU from the pre-activation, recomputed here through gemmgen::linear: gemmgen.nn.Linear avoids the
 recomputation by saving it, see nn.py), dX = dZ·W, dW = dZᵀ·X, and the bias gradient, the column sums of dZ:
 written by the weight-gradient kernel itself when the registry holds one built with row sums (Epilogue.row_sums:
-its producer warps sum dZᵀ's rows as the tiles pass through shared memory) at token counts up to
-model.linear.FUSED_BIAS_GRAD_TOKENS, else a reduction on torch.
+its producer warps sum dZᵀ's rows as the tiles pass through shared memory), else a reduction on torch.
 
 Eager fast path: `mm`, `linear` (and so gemmgen.nn.Linear) call the implementation (plans.py, shared with the
 custom ops) directly when nothing traces the call: not compiling, plain tensors (no subclass, no fake or meta
@@ -33,7 +32,6 @@ import torch
 from torch import Tensor
 
 from ..model.errors import InvalidInput
-from ..model.linear import FUSED_BIAS_GRAD_TOKENS
 from . import plans
 from .plans import check_linear, check_mm
 
@@ -145,10 +143,8 @@ def linear_grads(needs, dZ: Tensor, X: Tensor, W: Tensor):
     dW = db = None
     if needs[1]:
         dZt, X2 = dZ2.t(), X.reshape(-1, in_features).contiguous()
-        # The fused bias gradient only up to FUSED_BIAS_GRAD_TOKENS tokens: above, its row-sum warps cost the
-        # weight-gradient kernel more than torch's reduction costs (measured, model/linear.py).
-        if needs[2] and dZ2.shape[0] <= FUSED_BIAS_GRAD_TOKENS and _eager(dZt, X2) and not (
-                torch.is_grad_enabled() and (dZt.requires_grad or X2.requires_grad)):
+        if needs[2] and _eager(dZt, X2) and not (torch.is_grad_enabled() and (dZt.requires_grad or
+                                                                              X2.requires_grad)):
             dW, db = plans.mm_row_sums(dZt, X2)
         else:
             dW = mm(dZt, X2)

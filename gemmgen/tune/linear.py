@@ -8,12 +8,11 @@ The forward and data-grad products have the token count as M: over a token range
 into one callable picking the kernel per call. The weight gradient has the token count as K, which dispatch tables
 do not bucket: it is tuned once, at the top of the range.
 
-A layer with a bias also gets the product 'wgrad_bias' (LinearLayer.bias_grad 'auto', the default, for token
-ranges that reach down to model.linear.FUSED_BIAS_GRAD_TOKENS): the weight gradient with the row sums of dZᵀ, the
-bias gradient, written by the same kernel, tuned at min(HI, that count), timed with the sums and verified on
-them, against cuBLAS followed by torch's reduction. gemmgen.nn.Linear runs it up to that token count and the plain
-weight gradient plus a reduction above, where the fused kernel measured slower. Where no family writes row sums
-for the GPU, or with --bias-grad separate, the reduction always runs on torch.
+A layer with a bias gets its bias gradient from the weight-gradient kernel (LinearLayer.bias_grad 'fused', the
+default): that product is tuned as one that also writes the row sums of dZᵀ, timed with them and verified on them,
+against cuBLAS followed by torch's reduction (a row-sums kernel also serves the plain product, called without
+them: a frozen bias). Where no family writes row sums for the GPU, or with --bias-grad separate, the plain
+product is tuned and gemmgen.nn.Linear reduces dZ on torch.
 
 The kernels dir is model/paths.kernels_dir() (the per-user data directory). class.json names the class (dtype,
 layouts, epilogue, fixed dimensions), the layer role and the token count tuned at. A folder is replaced whole:
@@ -65,15 +64,13 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
 
     from ..rank.space import enumerate_space, families_for
 
-    if layer.fused_bias_grad and "wgrad_bias" in roles:
-        fused = layer.problems()["wgrad_bias"]
+    if layer.fused_bias_grad and "wgrad" in roles:
+        fused = layer.problems()["wgrad"]
         if not any(enumerate_space(name, gpu, problem=fused) for name in families_for(gpu.arch)):
             layer = layer.without_fused_bias_grad()  # no family writes the row sums here: torch reduces dZ
     problems, classes = layer.problems(), layer.classes()
     out = []
     for role in roles:
-        if role not in problems:
-            continue  # wgrad_bias of a layer without a bias, or whose bias gradient is reduced on torch
         problem, kernel_class = problems[role], classes[role]
         folder = class_folder(gpu, kernel_class, root)
         staging = folder.with_name(f".{folder.name}.{os.getpid()}")

@@ -39,6 +39,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              "swap", "no swap")
         rule(operands.a_dtype.bytes == 2, "row sums of A are written for 16-bit A (bf16, f16)",
              operands.a_dtype.value, "bf16 or f16")
+        # Each of the two warps owns one 64-row block of a 128-row tile; with two blocks each (192 or 256 rows)
+        # they fell behind the consumers: 35-37% slower kernels at 8192 tokens against 2% for 128-row tiles
+        # (benchmarks/row_sums.py, docs/perf-notes.md).
+        rule(config.cta.m <= 128, "row sums of A need a CTA tile of at most 128 rows (two 64-row blocks, one per "
+             "row-sum warp)", config.cta.m, "<= 128")
 
     # The operand swap: the main loop computes D^T = B^T @ A^T, and the staged epilogue (data-parallel) or the
     # reduction launch (split-K) writes D in the caller's frame. Every rule below about A, B and the tile then
