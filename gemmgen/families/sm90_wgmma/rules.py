@@ -97,7 +97,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     acc = warp.m * warp.n // 128
     if config.promote:
         # A second accumulator set holds each interval's wgmma partial sums.
-        rule(config.promote in (1, 2, 4), "fp8 promotion interval must be 1, 2 or 4 k-tiles", config.promote, "1,2,4")
+        # fp8: 1-4 k-tiles of 128 (DeepSeek-V3 promotes every 128 elements); tf32 k-tiles are 32 wide, so 8 of
+        # them are 256 elements (3xTF32 measured 4.1e-7 at 4 against cuBLAS fp32's 1.1e-6: room for 8).
+        intervals = (1, 2, 4, 8) if elt == 4 else (1, 2, 4)
+        rule(config.promote in intervals, f"promotion interval must be {', '.join(map(str, intervals))} k-tiles "
+             f"for {8 * elt}-bit inputs", config.promote, ",".join(map(str, intervals)))
         rule(elt != 2, "promotion into fp32 accumulators is for fp8 and tf32 inputs", f"{8 * elt}-bit",
              "fp8 or fp32")
         acc *= 2
@@ -110,8 +114,8 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              "3xTF32 (split3) runs data-parallel or split-K tiles, unswapped", decomp.tag, "dp or splitk<S>")
         # wgmma adds tf32 products into its accumulators with reduced precision: without promotion the three
         # products reach 2e-5, with it 2-4e-7 (H100, tests/test_hopper_paths_gpu.py), fp32's class.
-        rule(config.promote >= 1, "3xTF32 (split3) promotes its partial sums into fp32 (promote 1, 2 or 4)",
-             config.promote, "1, 2 or 4")
+        rule(config.promote >= 1, "3xTF32 (split3) promotes its partial sums into fp32 (promote 1, 2, 4 or 8)",
+             config.promote, "1, 2, 4 or 8")
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
     # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
     # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
