@@ -84,9 +84,11 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
             # fp8 and tf32 copies (the tile copy, a mode per copy): a transposed copy has a row per source column.
             transposed = bool(p[f"mode{z}"]["value"] & 1) if f"mode{z}" in p else False
             out_rows, out_cols = (cols, rows) if transposed else (rows, cols)
-            copies.append((p[f"dst{z}"]["offset_bytes"], out_rows * p[f"ld_dst{z}"]["value"] * elt))
-            # A split3 copy's rows hold three K-long segments.
-            assert p[f"ld_dst{z}"]["value"] >= out_cols * (3 if getattr(config, "split3", False) else 1)
+            # 3xTF32: the tile copy writes the copy and its small parts (two planes); the split pass of aligned
+            # rows only the small parts (the operand itself is the big part).
+            planes = 2 if getattr(config, "split3", False) and f"mode{z}" in p else 1
+            copies.append((p[f"dst{z}"]["offset_bytes"], planes * out_rows * p[f"ld_dst{z}"]["value"] * elt))
+            assert p[f"ld_dst{z}"]["value"] >= out_cols
             # The tile copy runs a CTA per 128 bytes of source columns, the row copy a thread per 16 bytes.
             per_cta = 128 // elt if f"mode{z}" in p else 256 * (16 // elt)
             assert pack["grid"][0] * per_cta >= cols
@@ -113,12 +115,20 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
         swapped = getattr(config, "swap_ab", False)
         sources = {p["tensor"] for l in packs for p in l["params"]
                    if p["name"].startswith("src") and int(p["name"][3:]) < l["grid"][2]}
+        split3 = getattr(config, "split3", False)
+        tile_copy = any(q["name"] == "mode0" for l in packs for q in l["params"])
+        in_place = split3 and not tile_copy   # 3xTF32 on aligned K-major rows reads them as the big part
         for tm, tensor in (("tmA", "B" if swapped else "A"), ("tmB", "A" if swapped else "B")):
-            assert maps[tm] == ("workspace" if tensor in sources else tensor)
-        assert len(sources) == sum(m == "workspace" for m in maps.values())
+            assert maps[tm] == ("workspace" if tensor in sources and not in_place else tensor)
+            if split3:   # the small parts' maps
+                assert maps[tm + "2"] == "workspace"
+        assert sum(m == "workspace" for m in maps.values()) == (0 if in_place else len(sources)) + 2 * split3
     scalars = {p["name"]: p["value"] for p in main["params"] if p["kind"] == "scalar"}
-    k_factor = 3 if getattr(config, "split3", False) else 1
-    assert (scalars["M"], scalars["N"], scalars["K"]) == (gemm.m, gemm.n, gemm.k * k_factor)
+    if getattr(config, "split3", False):   # three segments of K rounded up to whole k-tiles
+        assert scalars["K"] == 3 * math.ceil(gemm.k / config.cta.k) * config.cta.k
+    else:
+        assert scalars["K"] == gemm.k
+    assert (scalars["M"], scalars["N"]) == (gemm.m, gemm.n)
     assert scalars["ldc"] == problem.ldc
 
 

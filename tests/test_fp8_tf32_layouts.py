@@ -155,12 +155,40 @@ def test_3xtf32_splits_transposed_and_misaligned_operands_in_the_tile_copy(a, b)
         params = {p["name"]: p for p in pack["params"]}
         old_pass = (a, b) == ("row", "col") and k == 1024   # aligned K-major rows keep the split3 entry
         assert pack["entry"] == kernel.name + ("_split3" if old_pass else "_pack")
+        maps = {p["name"]: p for p in gemm["params"] if p["kind"] == "tensormap"}
         if not old_pass:
-            # mode: bit 0 transposes, bits 1-2 split (A: [big|big|small] = 1, B: [big|small|big] = 2).
+            # mode: bit 0 transposes, bit 1 splits (the copy, then its small parts one plane further).
             assert params["mode0"]["value"] == int(a == "col") | 1 << 1
-            assert params["mode1"]["value"] == int(b == "row") | 2 << 1
-        assert params["ld_dst0"]["value"] >= 3 * k and params["ld_dst0"]["value"] % 32 == 0
-        assert {p["name"]: p.get("value") for p in gemm["params"]}["K"] == 3 * k
+            assert params["mode1"]["value"] == int(b == "row") | 1 << 1
+            plane = 1000 * params["ld_dst0"]["value"] * 4   # A's copy: M rows of K
+            assert maps["tmA"]["offset_bytes"] == params["dst0"]["offset_bytes"]
+            assert maps["tmA2"]["offset_bytes"] == params["dst0"]["offset_bytes"] + plane
+        else:   # the operands themselves are the big parts; the split pass writes the small ones
+            assert maps["tmA"]["tensor"] == "A" and maps["tmB"]["tensor"] == "B"
+            assert maps["tmA2"]["offset_bytes"] == params["dst0"]["offset_bytes"]
+            assert maps["tmB2"]["offset_bytes"] == params["dst1"]["offset_bytes"]
+        assert maps["tmA2"]["tensor"] == maps["tmB2"]["tensor"] == "workspace"
+        assert maps["tmA2"]["dims"] == [k, 1000] and maps["tmB2"]["dims"] == [k, 777]
+        assert params["ld_dst0"]["value"] >= k and params["ld_dst0"]["value"] % 32 == 0
+        # three K segments, each rounded up to whole 32-wide k-tiles (each map zero-fills its tail)
+        assert {p["name"]: p.get("value") for p in gemm["params"]}["K"] == 3 * -(-k // 32) * 32
+
+
+@pytest.mark.parametrize("a,b,k", [("row", "col", 2052), ("col", "row", 1001)], ids=["in-place", "tile-copy"])
+def test_every_3xtf32_launch_takes_the_manifest_s_parameters_in_order(a, b, k):
+    """The split-K reduction is launched with the GEMM's parameter list (the manifest gives both one list), so
+    both entry points declare exactly those parameters, tmA2 and tmB2 (the small parts' maps) included."""
+    config = TileConfig.from_dict({**SPLIT3, "decomposition": {"kind": "splitk", "splits": 2}})
+    problem = Problem.create(1000, 1004, k, "f32", a, b, bias=True)
+    kernel = kernel_of(problem, config)
+    source = render(kernel, H100)
+    launches = make_manifest(kernel, problem)["launches"]
+    assert [l["entry"] for l in launches][-2:] == [kernel.name, kernel.name + "_reduce"]
+    for launch in launches[-2:]:
+        signature = re.search(rf"{launch['entry']}\((.*?)\)\s*{{", source, re.S).group(1)
+        declared = [re.sub(r"\[.*\]", "", part).split()[-1].lstrip("*") for part in signature.split(",")]
+        assert declared == [p["name"] for p in launch["params"]], launch["entry"]
+        assert "tmA2" in declared and "tmB2" in declared
 
 
 def _functions(cubin: bytes) -> "dict[str, dict]":

@@ -173,6 +173,7 @@ CASES = [
     ("f32", "row", "row", 100, 65, 129, False, 4),         # A straight (misaligned rows), B transposed
     ("f32", "col", "row", 1000, 777, 1001, True, 0),       # 3xTF32: transposed, split, K not a multiple of 4
     ("f32", "row", "row", 200, 130, 1001, True, 0),        # 3xTF32: A straight + split, B transposed + split
+    ("f32", "col", "col", 333, 411, 257, True, 0),         # 3xTF32: planes of 333 x 288 floats (not 1 KB multiples)
 ]
 SPLIT3 = {"family": "sm90_wgmma", "cta": "128x128x32", "warp": "64x128x32", "mma": "64x128x8", "stages": 4,
           "warp_specialized": True, "persistent": True, "split3": True, "promote": 1}
@@ -224,13 +225,18 @@ def check_pack(build, tmp_path, dtype, a, b, m, n, k, split3, pad, config=None):
         src = data[name]
         # K-major: A as M rows of K, B as N rows of K.
         kmajor = src if (name, (a if name == "A" else b)) in (("A", "row"), ("B", "col")) else src.T
-        if split3:
-            big = tf32(kmajor)
-            small = tf32(kmajor - big)
-            kmajor = np.concatenate([big, big, small] if name == "A" else [big, small, big], axis=1)
         offset, ld = params[f"dst{z}"]["offset_bytes"], params[f"ld_dst{z}"]["value"]
-        tm = maps[offset]   # the GEMM reads this copy: the map's extent and stride are the copy's
-        assert tm["dims"] == [kmajor.shape[1], kmajor.shape[0]] and tm["strides_bytes"] == [ld * elt]
-        rows_bytes = ws[offset: offset + kmajor.shape[0] * ld * elt].reshape(kmajor.shape[0], ld * elt)
-        got = rows_bytes[:, : kmajor.shape[1] * elt].copy().view(kmajor.dtype)
-        np.testing.assert_array_equal(got, kmajor, err_msg=f"copy {z} of {name}")
+        planes = [(offset, kmajor)]
+        if split3:
+            # The copy is the big part (wgmma reads it truncated to tf32); one plane further, the small part
+            # tf32(x - trunc(x)), rounded to nearest: 3xTF32's three K segments read both (tmA2 / tmB2).
+            trunc = (kmajor.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+            plane = kmajor.shape[0] * ld * elt
+            planes.append((offset + plane, tf32(kmajor - trunc)))
+            assert maps[offset + plane]["name"] == ("tmA2" if name == "A" else "tmB2")
+        for where, want in planes:
+            tm = maps[where]   # the GEMM reads this copy: the map's extent and stride are the copy's
+            assert tm["dims"] == [want.shape[1], want.shape[0]] and tm["strides_bytes"] == [ld * elt]
+            rows_bytes = ws[where: where + want.shape[0] * ld * elt].reshape(want.shape[0], ld * elt)
+            got = rows_bytes[:, : want.shape[1] * elt].copy().view(want.dtype)
+            np.testing.assert_array_equal(got, want, err_msg=f"copy {z} of {name} at {where}")

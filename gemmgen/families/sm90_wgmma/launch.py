@@ -64,7 +64,10 @@ PACK_CHUNK = 8             # elements one thread copies per step: one 16-byte st
 PACK_ROWS = 4              # rows one thread copies per step, loads before stores (more bytes in flight)
 PACK_ROW_BYTES = 128       # leading dimension of a packed copy: a multiple of this many bytes
 PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride loop
-SPLIT_FACTOR = 3           # 3xTF32: each K-major row becomes three (big, big, small for A; big, small, big for B)
+# 3xTF32: the main loop runs three K segments, big·big + big·small + small·big. big is the fp32 operand itself
+# (wgmma reads the top 19 bits: the value truncated to tf32) and small = tf32(x - trunc(x)) a copy the pre-pass
+# writes; A's segments read [big, big, small] and B's [big, small, big] through two tensor maps per operand.
+SPLIT_FACTOR = 3
 
 
 # fp8 and tf32: wgmma reads these operands K-major only (its transpose bits are for 16-bit types), so an operand
@@ -125,7 +128,10 @@ def pack_plan(kernel: Kernel, problem: Problem) -> "list[dict]":
     gp, ops = gemm_problem(kernel, problem), gemm_operands(kernel)
     pack_a, pack_b = packed(kernel)
     t_a, t_b = transposed(kernel)
-    split = kernel.config.split3   # 3xTF32: both operands' K-major rows of K fp32 become rows of 3K (rules: unswapped)
+    split = kernel.config.split3   # 3xTF32: both operands get a small part (rules: unswapped)
+    # Aligned K-major fp32 rows are read in place as the big part; the tile pack copies them (transposed or
+    # realigned) into a big plane beside the small one.
+    big_in_place = split and not tile_pack(kernel)
     a_name, b_name = ("B", "A") if kernel.config.swap_ab else ("A", "B")
     plan = []
     # Storage of the main loop's A (M x K): K-major rows are M of K, MN-major rows are K of M; B likewise.
@@ -140,9 +146,13 @@ def pack_plan(kernel: Kernel, problem: Problem) -> "list[dict]":
     for p in plan:
         per_row = PACK_ROW_BYTES // p["elt"]
         out_rows, out_cols = (p["cols"], p["rows"]) if p["transpose"] else (p["rows"], p["cols"])
-        p["out_rows"], p["out_cols"] = out_rows, out_cols * SPLIT_FACTOR if split else out_cols
+        p["out_rows"], p["out_cols"] = out_rows, out_cols
         p["packed_ld"] = -(-p["out_cols"] // per_row) * per_row
-        p["bytes"] = out_rows * p["packed_ld"] * p["elt"]
+        p["plane_bytes"] = out_rows * p["packed_ld"] * p["elt"]
+        # planes written: the copy; for 3xTF32 the small part too, or only it where big is read in place
+        p["planes"] = (1 if big_in_place else 2) if split else 1
+        p["big_in_place"] = big_in_place
+        p["bytes"] = p["plane_bytes"] * p["planes"]
     return plan
 
 
@@ -151,6 +161,9 @@ def _place(plan: "list[dict]", base: int) -> int:
     offset = -(-base // 1024) * 1024
     for p in plan:
         p["offset"] = offset
+        if p.get("split3"):   # the small part's plane: the whole copy, or right after the big plane (the pack
+            # kernel writes it there; rows are 128-byte multiples, so the plane starts on a 128-byte boundary)
+            p["small_offset"] = offset + (0 if p["big_in_place"] else p["plane_bytes"])
         offset += -(-p["bytes"] // 1024) * 1024
     return offset
 
@@ -177,8 +190,10 @@ def pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
 
 
 def _copy_params(z: int, copy: dict, ctype: str) -> "list[dict]":
+    # The split pass of aligned rows writes only the small part; the tile pack writes planes from `offset` on.
+    dst = copy["small_offset"] if copy.get("big_in_place") else copy["offset"]
     return [{"name": f"src{z}", "ctype": f"const {ctype}*", "kind": "tensor", "tensor": copy["tensor"]},
-            {"name": f"dst{z}", "ctype": f"{ctype}*", "kind": "workspace", "offset_bytes": copy["offset"]},
+            {"name": f"dst{z}", "ctype": f"{ctype}*", "kind": "workspace", "offset_bytes": dst},
             {"name": f"rows{z}", "ctype": "int", "kind": "scalar", "value": copy["rows"]},
             {"name": f"cols{z}", "ctype": "int", "kind": "scalar", "value": copy["cols"]},
             {"name": f"ld_src{z}", "ctype": "int", "kind": "scalar", "value": copy["ld"]},
@@ -188,11 +203,11 @@ def _copy_params(z: int, copy: dict, ctype: str) -> "list[dict]":
 def _tile_pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
     """<name>_pack for fp8 and tf32: one CTA per tile of the source's storage (TRANSPOSE_TILE_BYTES of columns by
     TRANSPOSE_TILE_ROWS rows), y walking the rows in a grid-stride loop. Per copy,
-    `mode`: bit 0 transposes, bits 1-2 the 3xTF32 split (1: [big|big|small], A's; 2: [big|small|big], B's)."""
+    `mode`: bit 0 transposes, bit 1 the 3xTF32 split (the copy, then the small part one plane further)."""
     params = []
     for z in range(2):
         copy = plan[min(z, len(plan) - 1)]
-        split = (1 if copy["operand"] == "A" else 2) if copy["split3"] else 0
+        split = 1 if copy["split3"] else 0
         params += _copy_params(z, copy, "unsigned char")
         params.append({"name": f"mode{z}", "ctype": "int", "kind": "scalar",
                        "value": int(copy["transpose"]) | split << 1})
@@ -205,8 +220,9 @@ def _tile_pack_launch(kernel: Kernel, plan: "list[dict]") -> dict:
 
 def prepass_bytes(kernel: Kernel, problem: Problem) -> int:
     """DRAM bytes the pack launches move: each packed operand read once and its copy (transposed, or 3xTF32's
-    three parts) written once."""
-    return sum((p["rows"] * p["cols"] + p["out_rows"] * p["out_cols"]) * p["elt"] for p in pack_plan(kernel, problem))
+    small part, beside the copy where the operand is packed anyway) written once."""
+    return sum((p["rows"] * p["cols"] + p["planes"] * p["out_rows"] * p["out_cols"]) * p["elt"]
+               for p in pack_plan(kernel, problem))
 
 
 def has_scales(kernel: Kernel) -> bool:
@@ -298,10 +314,24 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
             "box": [SWIZZLE_ROW_BYTES // elt, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
             "l2_promotion": L2_PROMOTION}
     for copy in plan or ():
+        if copy.get("big_in_place"):
+            continue   # 3xTF32 reads the aligned operand itself as its big part
         spec = tm_a if copy["operand"] == "A" else tm_b
         spec.update(tensor="workspace", offset_bytes=copy["offset"], strides_bytes=[copy["packed_ld"] * elt],
                     dims=[copy["out_cols"], copy["out_rows"]])
     return tm_a, tm_b
+
+
+def split3_tensormaps(kernel: Kernel, problem: Problem, plan: "list[dict]") -> "list[dict]":
+    """3xTF32's tmA2 and tmB2: the small parts' planes in the workspace, with the big maps' boxes (K-major,
+    `plan` placed). The main loop reads A's third K segment and B's second through them."""
+    tm_a, tm_b = tensormap_specs(kernel, problem, None)
+    out = []
+    for name, spec in (("A", tm_a), ("B", tm_b)):
+        copy = next(c for c in plan if c["operand"] == name)
+        out.append({**spec, "name": f"tm{name}2", "tensor": "workspace", "offset_bytes": copy["small_offset"],
+                    "strides_bytes": [copy["packed_ld"] * copy["elt"]], "dims": [copy["out_cols"], copy["out_rows"]]})
+    return out
 
 
 def tensormap_d(kernel: Kernel, problem: Problem) -> dict:
@@ -361,11 +391,13 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     ctype = f"const {ops.c_dtype.cuda_type}*"
     tm_a, tm_b = tensormap_specs(kernel, problem, plan)
     gp = gemm_problem(kernel, problem)
-    lds = {copy["operand"]: copy["packed_ld"] for copy in plan or ()}
-    k = gp.k * SPLIT_FACTOR if cfg.split3 else gp.k   # 3xTF32: the main loop runs over the split copies' 3K
+    lds = {copy["operand"]: copy["packed_ld"] for copy in plan or () if not copy.get("big_in_place")}
+    # 3xTF32: the main loop runs three segments of K rounded up to whole k-tiles (each map zero-fills its tail).
+    k = SPLIT_FACTOR * -(-gp.k // cfg.cta.k) * cfg.cta.k if cfg.split3 else gp.k
     scalars = [("M", gp.m), ("N", gp.n), ("K", k), ("lda", lds.get("A", gp.lda)), ("ldb", lds.get("B", gp.ldb)),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
-    params = [tm_a, tm_b] + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
+    small = split3_tensormaps(kernel, problem, plan) if cfg.split3 and plan else []
+    params = [tm_a, tm_b] + small + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
               {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
                "tensor": "A" if cfg.swap_ab else "B"},
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
@@ -444,6 +476,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["SPLIT_FACTOR", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
