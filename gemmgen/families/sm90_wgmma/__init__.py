@@ -91,8 +91,11 @@ class Sm90Wgmma(KernelFamily):
     def prepass(self, config: Sm90Config, problem: Problem) -> Prepass:
         kernel = Kernel(self.min_arch, problem.operands, config)
         pack_a, pack_b = _launch.packed(kernel)
-        if config.split3:   # both operands split (and so packed: 128-byte rows) by one launch
-            return Prepass(_launch.prepass_bytes(kernel, problem), 1, True, True, _launch.SPLIT_FACTOR)
+        if config.split3:
+            # One launch writes both operands' small parts; the main loop reads their big parts from the operands
+            # themselves where they are aligned and K-major, else from the tile pack's copies (128-byte rows).
+            copied = _launch.tile_pack(kernel)
+            return Prepass(_launch.prepass_bytes(kernel, problem), 1, copied, copied, _launch.SPLIT_FACTOR)
         return Prepass(_launch.prepass_bytes(kernel, problem), int(pack_a or pack_b), pack_a, pack_b)  # one launch
 
     def gemm_problem(self, config, problem: Problem) -> Problem:
