@@ -680,3 +680,37 @@ def test_burst_timing_leaves_the_measurer_alone_and_a_bad_timing_is_one_rule(tmp
     tune(PROBLEM, GPU, Strict(), options(tmp_path, trials=6, finalists=2, rounds=2), engines=engines())
     with pytest.raises(InvalidInput, match="--timing must be one of burst, sustained"):
         options(tmp_path, timing="fast").validate()
+
+
+def test_a_space_no_larger_than_the_lookahead_is_measured_whole(tmp_path):
+    """Every configuration in flight (compiled ahead) before any is measured: the search stops asking but still
+    measures them. It used to cancel them all and export nothing (fp8 block scaling's 4 configurations on the
+    H100, 2026-11-25: '0 measured, 4 cancelled')."""
+    from gemmgen.tune.bench.policy import Measurement
+    from gemmgen.tune.search import Engines, tune
+
+    def tiny(problem, gpu, arch):
+        return synthetic_space(problem, gpu, arch)[:4]
+
+    class Timed:
+        def __init__(self):
+            self.calls = []
+
+        def measure(self, manifest, cubin, problem):
+            tag = TileConfig.from_dict(manifest["config"]).tag
+            self.calls.append(tag)
+            t = 1e-3 * (1 + len(tag) % 5)
+            return Measurement(True, t, (t,), 1e-3, "", problem.flops, 1e-2, "fake")
+
+        def cublas_time(self, problem, fresh=False):
+            return 1e-3
+
+        def close(self):
+            pass
+
+    bench = Timed()
+    eng = Engines(tiny, synthetic_predict, CountingCompiler(), fake_manifest, lambda: "13.5-fake")
+    result = tune(PROBLEM, GPU, bench, options(tmp_path, trials=20, top_k=4, rounds=1), engines=eng)
+    assert result.stop_reason == "every configuration of the space was tried"
+    assert result.winner is not None and result.counts["cancelled"] == 0
+    assert sorted(set(bench.calls)) == sorted(c.tag for c in tiny(PROBLEM, GPU, GPU.arch))

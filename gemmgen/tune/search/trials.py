@@ -65,13 +65,19 @@ class TrialLoop:
                 if self._time_up():
                     self.stop_reason = f"timeout ({opts.timeout_s:g}s)"
                     break
+                # Nothing left to ask for: stop asking, but the trials already in flight (compiled ahead) are
+                # still measured; the search ends once they are. (A space no larger than the lookahead, e.g.
+                # fp8 block scaling's 4 configurations, is wholly in flight before any is measured.)
                 if len(self.tried) + len(inflight) + len(self.quarantine.entries) >= len(self.space) and \
                         all(self._unavailable(r.config, inflight) for r in self.ranking):
-                    self.stop_reason = "every configuration of the space was tried"
+                    if not inflight:
+                        self.stop_reason = "every configuration of the space was tried"
                     break
                 if idle >= opts.max_idle_asks:
-                    self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
-                                        "quarantined or tried already")
+                    if not inflight:
+                        self.stop_reason = (f"the sampler proposed {idle} points in a row that were infeasible, "
+                                            "quarantined or tried already")
+                    idle = 0
                     break
                 try:
                     entry = self._ask(inflight)
@@ -80,7 +86,9 @@ class TrialLoop:
                 if entry is None:
                     idle += 1
                     if idle % FALLBACK_AFTER == 0 and not self._enqueue_fallback(inflight):
-                        self.stop_reason = "every configuration of the space was tried"
+                        if not inflight:
+                            self.stop_reason = "every configuration of the space was tried"
+                        break
                     continue
                 idle = 0
                 inflight.append(entry)
