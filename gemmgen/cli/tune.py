@@ -401,8 +401,11 @@ def print_result(result) -> None:
     if result.cublas_time_s:
         print(f"cuBLAS: {result.cublas_time_s * 1e3:.4f} ms = {p.flops / result.cublas_time_s / 1e12:.1f} TFLOP/s "
               "(same run)")
+    elif result.winner is None:
+        print("cuBLAS: not measured (it is timed beside the finalists, and no configuration got that far)")
     else:
-        print("cuBLAS: not measured (neither torch nor cupy importable in the worker)")
+        print("cuBLAS: not measured (no baseline for this product in the worker: torch is not importable there, "
+              "or its cuBLAS does not run this product)")
     if result.top:
         rows = [[str(i + 1), r.tag, f"{r.tflops:.1f}" + ("" if r.remeasured else "*"), f"{r.predicted_tflops:.1f}",
                  f"{r.pct_of_prediction:.0f}%",
