@@ -29,7 +29,7 @@ def register(subparsers) -> None:
                         "within 1%%), none (one kernel, tuned at HI); the weight gradient is tuned at HI")
     p.add_argument("--dtype", default="bf16", type=text_arg("--dtype"), help="bf16 (default) or f16")
     p.add_argument("--bias", action="store_true", help="the layer has a bias")
-    p.add_argument("--bias-grad", default="fused", type=text_arg("--bias-grad"),
+    p.add_argument("--bias-grad", default=None, type=text_arg("--bias-grad"),
                    help="with --bias: fused (default: the weight-gradient kernel also writes the bias gradient, "
                         "where a family can) or separate (a reduction on torch)")
     p.add_argument("--activation", default="none", type=text_arg("--activation"),
@@ -58,8 +58,10 @@ def run(args) -> int:
     from ..tune.buckets import BUCKETINGS
 
     refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
+    if args.bias_grad is not None and not args.bias:
+        raise InvalidInput("--bias-grad needs --bias (a layer without a bias has no bias gradient)", args.bias_grad)
     layer = LinearLayer.create(args.IN, args.OUT, args.dtype, args.bias, str(args.activation).lower(), args.tokens,
-                               str(args.bias_grad).lower())
+                               str(args.bias_grad or "fused").lower())
     if args.buckets not in BUCKETINGS + ("none",):
         raise InvalidInput(f"--buckets must be one of {', '.join(BUCKETINGS + ('none',))}", args.buckets)
     bucketing = None if args.buckets == "none" else args.buckets
