@@ -23,7 +23,6 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from harness import ROOT, run_main, write_report

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import run_main, write_report
+from harness import detected_gpu, run_main, write_report
 from host_overhead import per_call_us
 
 
@@ -35,11 +35,10 @@ def main(argv=None) -> int:
 
     import gemmgen
     from gemmgen import Problem
-    from gemmgen.runtime.detect import detect_gpu
     from gemmgen.tune.buckets import pow2_buckets
     from gemmgen.tune.dispatch import model_buckets
 
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     n = args.size
     folder = Path(tempfile.mkdtemp(prefix="gemmgen-dispatch-overhead-"))
     built = model_buckets(Problem.create(n, n, n, "bf16"), pow2_buckets(1, n, n, n), gpu, jobs=8, out=str(folder))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192),
@@ -61,14 +61,13 @@ def main(argv=None) -> int:
     import gemmgen
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.runtime.detect import detect_gpu
 
     torch.backends.cuda.matmul.allow_tf32 = False
     b_dtype = args.b_dtype or args.dtype
     pair = args.dtype if b_dtype == args.dtype else f"{args.dtype}{b_dtype}"
     fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
     fp8_a, fp8_b = fp8[args.dtype], fp8[b_dtype]
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     device = torch.cuda.get_device_name()
 
     scalings = [x for x in args.scaling.split(",") if x]

@@ -23,6 +23,18 @@ def run_main(main: Callable[[], int], script: str) -> None:
         sys.exit(2)
 
 
+def detected_gpu():
+    """The catalogue GPU the driver reports as device 0; without one (no driver, no GPU, a GPU gemmgen does not
+    know) an InvalidInput naming why, which run_main prints as one line with exit status 2."""
+    from gemmgen.model.errors import InvalidInput
+    from gemmgen.runtime.detect import detect_gpu
+
+    detected = detect_gpu()
+    if detected.gpu is None:
+        raise InvalidInput("this benchmark runs on a GPU in gemmgen's catalogue", detected.reason)
+    return detected.gpu
+
+
 def write_report(out_dir, filename: str, report: dict) -> Path:
     """The benchmark's JSON record under --out (created if missing); values JSON cannot hold are written as text."""
     out = Path(out_dir)

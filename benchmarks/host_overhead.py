@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.harness import detected_gpu, run_main  # noqa: E402
+
 
 def per_call_us(fn, calls: int, repeats: int = 5) -> float:
     """Median over `repeats` of the host wall time per call of `calls` back-to-back calls."""
@@ -46,13 +48,12 @@ def main(argv=None) -> int:
     import torch
 
     import gemmgen
-    from gemmgen import Arch, Kernel, Problem
+    from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_kernel
     from gemmgen.rank.space import default_config
-    from gemmgen.runtime.detect import detect_gpu
     from gemmgen.tune.export import export_bundle
 
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     n = args.size
     problem = Problem.create(n, n, n, "bf16")
     kernel = Kernel(gpu.arch, problem.operands, default_config(problem, gpu))
@@ -127,4 +128,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, __file__)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import load_compiled, run_main, verify_shapes, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, verify_shapes, write_report  # noqa: E402
 
 CASES = {  # name: (M, N, K, A layout, B layout)
     "sq4095_rr": (4095, 4095, 4095, "row", "row"),
@@ -129,10 +129,9 @@ def main(argv=None) -> int:
 
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.runtime.detect import detect_gpu
 
     torch.backends.cuda.matmul.allow_tf32 = False   # the reference accumulates in true fp32
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     device = torch.cuda.get_device_name()
     rows, summary = [], []
     for name, (m, n, k, la, lb) in CASES.items():

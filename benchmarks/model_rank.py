@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
 
 SHAPES = ("4096x4096x4096", "8192x8192x8192", "4096x14336x4096")
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from gemmgen.tune.bench import GpuBenchmark
     from gemmgen.tune.calibrate import spearman
 
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     params, source = params_for(gpu)
     rng = random.Random(args.seed)
     rows = []

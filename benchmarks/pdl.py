@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, operand, rel_error  # noqa: E402
 
 CASES = {  # name: (M, N, K, A layout, B layout)
@@ -70,11 +70,10 @@ def main(argv=None) -> int:
 
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.runtime.detect import detect_gpu
     from gemmgen.runtime.launch import LaunchSequence
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     device = torch.cuda.get_device_name()
     stream = torch.cuda.current_stream()
     handle = stream.cuda_stream

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates  # noqa: E402
 
 CASES = ((8192, 4096, 4096), (4096, 4096, 14336), (16, 4096, 4096), (777, 1000, 333))
@@ -40,11 +40,10 @@ def main(argv=None) -> int:
     from gemmgen import Kernel
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.model.linear import LinearLayer
-    from gemmgen.runtime.detect import detect_gpu
     from gemmgen.runtime.manifest import make_manifest
     from gemmgen.tune.bench import GpuBenchmark
 
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     device = torch.cuda.get_device_name()
     cases = [tuple(int(v) for v in c.split(",")) for c in args.case] if args.case else list(CASES)
     rows, failed = [], 0

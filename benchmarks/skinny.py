@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import load_compiled, run_main, verify_shapes, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, verify_shapes, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, operand, rel_error  # noqa: E402
 
 CASES = {  # name: (M, N, K[, B layout]); B column-major unless named (A always row-major)
@@ -82,12 +82,11 @@ def main(argv=None) -> int:
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.rank.space import enumerate_space
-    from gemmgen.runtime.detect import detect_gpu
     from gemmgen.runtime.manifest import make_manifest
     from gemmgen.tune.bench import GpuBenchmark
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     device = torch.cuda.get_device_name()
     skinny = gemmgen.families.get("sm80_skinny")
     rows, summary = [], []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096)}
@@ -43,9 +43,8 @@ def main(argv=None) -> int:
 
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.runtime.detect import detect_gpu
 
-    gpu = detect_gpu().gpu
+    gpu = detected_gpu()
     device = torch.cuda.get_device_name()
 
     def cublas_mm(a, b, out, tf32: bool):
