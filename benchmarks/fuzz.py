@@ -70,17 +70,19 @@ def problem_of(spec: dict):
                           **{key: spec[key] for key in keys if spec.get(key) is not None})
 
 
-def rank_one(spec: dict):
-    """The model's top configuration over every family for the drawn product (a dict), or the refusal."""
+def rank_one(spec: dict, gpu_key: str = "h100"):
+    """The model's top configuration over every family for the drawn product (a dict) on `gpu_key`, or the
+    refusal (check_target's, up front, or the families' rules)."""
     from gemmgen import lookup_gpu
     from gemmgen.model.errors import UserError
     from gemmgen.rank.predict import predict
     from gemmgen.rank.ranking import model_top, rank_configs
-    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+    from gemmgen.rank.space import check_target, enumerate_space, families_for, heuristic_time
 
-    gpu = lookup_gpu("h100")
+    gpu = lookup_gpu(gpu_key)
     try:
         problem = problem_of(spec)
+        check_target(gpu, gpu.arch, problem.a_dtype, problem.b_dtype)
         picks = []
         for family in families_for(gpu.arch):
             configs = enumerate_space(family, gpu, problem=problem)
