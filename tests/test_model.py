@@ -129,3 +129,27 @@ def test_the_strategies_reach_accepted_configurations_of_every_family():
     assert names == {f.name for f in families.all_families()} and names
     assert all(feasible_pairs(name) for name in names)
     assert accepted == names and rejected == names
+
+
+def test_sm80_mma_on_unaligned_rows_is_priced_at_its_measured_fifth_and_the_packed_hopper_kernel_ranks_first():
+    """2-byte rows are copied element by element through registers: on the H100 sm80_mma ran 72-99 TFLOP/s on
+    4095³ against 430-441 aligned (docs/lab-data/h100-sxm/misaligned-20261125-0406.json). Priced at the aligned
+    rate, it was the model's pick for mid-size misaligned products over the packed sm90 kernel."""
+    from gemmgen.families.sm80_mma import UNALIGNED_COMPUTE_EFFICIENCY
+    from gemmgen.model.arch import lookup_gpu as gpu_of
+    from gemmgen.rank.predict import predict as model
+    from gemmgen.rank.ranking import rank_configs
+    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+
+    h100 = gpu_of("h100")
+    aligned = Problem.create(4096, 4096, 4096, "bf16", "row", "col")
+    odd = Problem.create(4095, 4095, 4095, "bf16", "row", "col")
+    config = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                   "stages": 4})
+    ratio = model(odd, config, h100).tflops / model(aligned, config, h100).tflops
+    assert UNALIGNED_COMPUTE_EFFICIENCY * 0.8 < ratio < UNALIGNED_COMPUTE_EFFICIENCY * 1.25
+    mid = Problem.create(2794, 1400, 1392, "bf16", "col", "col")   # A's rows 5588 bytes apart
+    best = min((r for family in families_for(h100.arch)
+                for r in rank_configs(enumerate_space(family, h100, problem=mid), mid, h100, model, heuristic_time)),
+               key=lambda r: r.time_s)
+    assert best.config.family == "sm90_wgmma"

@@ -163,6 +163,12 @@ class KernelFamily:
         family's way of reading some operands, e.g. unaligned rows read as shifted pairs, measurably costs more)."""
         return 1.0
 
+    def compute_efficiency(self, config: TileConfig, problem: Problem) -> float:
+        """Fraction of its main loop's rate (traits' tensor_efficiency) this kernel keeps on `problem` (1 unless a
+        family's way of reading some operands, e.g. unaligned rows copied through registers, takes issue slots and
+        latency the main loop needs: a cost on every tile, not only on the bytes from DRAM)."""
+        return 1.0
+
     def context(self, kernel: Kernel) -> dict:
         """Every value the family's templates read, derived from the Kernel alone."""
         raise NotImplementedError

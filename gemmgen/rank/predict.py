@@ -256,6 +256,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # Compute: the tensor cores do whole tiles, padding included.
     executed = 2.0 * (tiles_m * cta.m) * (tiles_n * cta.n) * (k_tiles * cta.k)
     fam_eff = min(1.0, traits.tensor_efficiency * p.scale_of(config.family))
+    fam_eff *= families.of(config).compute_efficiency(config, problem)
     if traits.tma_loads and any(ld * elt % 128 and not packed
                                 for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
         # The slowdown is per TMA request, and a cluster multicasts: its CTAs along N share A's tile and those

@@ -26,6 +26,12 @@ EFFICIENCY_OTHER = 0.80
 # in 54.3, against 21.6-22.3 at the aligned shapes (docs/lab-data/h100-sxm/skinny-*-20261125-*.json): ~0.4 of the
 # memory rate. Measured on skinny shapes only; refit when large unaligned shapes are measured.
 UNALIGNED_LOAD_EFFICIENCY = 0.40
+# The same copies on compute-bound products: the H100 ran the model's top sm80_mma configurations at 72-99 TFLOP/s
+# on 4095³ (all four layouts) and 3001x5003x4093 (2-byte rows), against 430-441 on aligned 4096³ and 8192³
+# (docs/lab-data/h100-sxm/misaligned-20261125-0406.json; docs/perf-notes.md, sm80_mma): the copies, issued per
+# element and waited on, leave the main loop about a fifth of its aligned rate. Measured for 2-byte rows; rows of
+# 4 or 8 bytes (narrower cp.async) are charged the same, unmeasured.
+UNALIGNED_COMPUTE_EFFICIENCY = 0.20
 
 
 class Sm80Mma(KernelFamily):
@@ -62,6 +68,10 @@ class Sm80Mma(KernelFamily):
     def load_efficiency(self, config: TileConfig, problem) -> float:
         aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
         return 1.0 if aligned else UNALIGNED_LOAD_EFFICIENCY
+
+    def compute_efficiency(self, config: TileConfig, problem) -> float:
+        aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
+        return 1.0 if aligned else UNALIGNED_COMPUTE_EFFICIENCY
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)
