@@ -105,9 +105,17 @@ def run(args) -> int:
     print(f"\nbound: {top_pred.bound} (model's pick {label(top)}: {top_pred.time_s * 1e6:.1f} us, "
           f"{top_pred.tflops:.1f} TFLOP/s, {top_pred.tflops * 1e12 / roof.peak_flops:.0%} of peak)")
     if top_pred.prepass_bytes:
+        # Why there is a copy: TMA reads rows whose starts are 16-byte multiples; fp8 and tf32 wgmma read K-major
+        # operands only; 3xTF32 writes the operands' small parts.
+        why = []
+        if (problem.lda * problem.a_dtype.bytes) % 16 or (problem.ldb * problem.b_dtype.bytes) % 16:
+            why.append("rows that are not 16-byte multiples apart are copied to aligned ones")
+        if problem.a_dtype.bytes != 2:
+            why.append("fp8 and tf32 run K-major: A row-major, B column-major need no transpose")
+        if getattr(top, "split3", False):
+            why.append("3xTF32 writes the operands' small parts")
         print(f"pack: {top_pred.prepass_bytes / 1e6:.1f} MB read and written before the main loop, "
-              f"{top_pred.prepass_s * 1e6:.1f} us of the time (fp8 and tf32 run K-major: A row-major, B column-major "
-              "needs no copy when rows are 16-byte aligned)")
+              f"{top_pred.prepass_s * 1e6:.1f} us of the time ({'; '.join(why)})")
     if args.plot:
         print(f"plot: {args.plot}")
     return 0

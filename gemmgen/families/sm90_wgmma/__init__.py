@@ -70,6 +70,12 @@ class Sm90Wgmma(KernelFamily):
         {"family": "sm90_wgmma", "cta": "128x128x128", "warp": "128x128x128", "mma": "64x128x32", "stages": 6,
          "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True,
          "schedule": "pingpong"},
+        # tf32 (fp32 inputs): BK 32 elements is the 128-byte row, wgmma k8; the first is the tuned 8192³ winner
+        {"family": "sm90_wgmma", "cta": "128x256x32", "warp": "64x256x32", "mma": "64x256x8", "stages": 4,
+         "raster": {"order": "row", "group": 8}, "cluster": "2x1", "warp_specialized": True, "persistent": True},
+        {"family": "sm90_wgmma", "cta": "128x128x32", "warp": "128x128x32", "mma": "64x128x8", "stages": 6,
+         "raster": {"order": "row", "group": 8}, "warp_specialized": True, "persistent": True,
+         "schedule": "pingpong"},
     )
 
     def regs_allocated(self, config):
