@@ -59,6 +59,19 @@ def test_roofline_8192_cubed_on_h100_reports_compute_bound(capsys):
     assert "compute-bound" in out and "\nbound: compute" in out
 
 
+@pytest.mark.parametrize("dtype", ["f32", "e4m3", "bf16"])
+def test_roofline_answers_every_dtype_the_h100_runs_and_says_why_it_packs(capsys, dtype):
+    # fp32 inputs run as tf32 (K-major only: the default row-major B is transposed by the pack); no --config needed.
+    code, out, _ = run_cli(capsys, "roofline", "4096", "4096", "4096", "--gpu", "h100", "--dtype", dtype)
+    assert code == 0 and "\nbound: compute" in out
+    if dtype == "bf16":
+        assert "pack:" not in out   # wgmma transposes 16-bit operands itself
+    else:
+        assert "fp8 and tf32 run K-major" in out and "16-byte multiples" not in out
+    code, out, _ = run_cli(capsys, "roofline", "4095", "4095", "4095", "--gpu", "h100", "--dtype", "bf16")
+    assert code == 0 and "rows that are not 16-byte multiples apart are copied" in out
+
+
 def test_roofline_skinny_on_h100_reports_memory_bound_in_json(capsys):
     code, out, _ = run_cli(capsys, "roofline", "16", "4096", "4096", "--gpu", "h100", "--json")
     data = json.loads(out)
