@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         if args.only and name not in args.only:
             continue
         problem = Problem.create(m, n, k, "f32", "row" if layout[0] == "r" else "col",
-                                 "row" if layout[1] == "r" else "col")
+                                 "row" if layout[1] == "r" else "col", fp32_math="3xtf32" if args.x3 else None)
         if args.x3:
             from gemmgen.rank.predict import predict
             from gemmgen.rank.ranking import model_top, rank_configs

@@ -22,12 +22,15 @@ PROBLEMS = {
     "deep": Problem.create(1024, 1024, 65536, "bf16", "row", "row"),
     # Leading dimensions 4093 and 3001 bf16 are not 16-byte multiples: TMA kernels pack them first.
     "misaligned": Problem.create(4095, 3001, 4093, "bf16", "row", "col", bias=True),
-    # fp32 inputs (tf32, and 3xTF32 whose split pre-pass triples K) and fp8, K-major, fp32 D.
+    # fp32 inputs (tf32) and fp8, K-major, fp32 D.
     "fp32": Problem.create(1000, 1004, 2052, "f32", "row", "col", bias=True),
     "fp8": Problem.create(2000, 1040, 784, "e4m3", "row", "col", c_dtype="f32"),
     # fp8 and tf32 stored MN-major: the pack launch transposes them into K-major copies (odd rows as well).
     "fp8-mn": Problem.create(1000, 777, 1100, "e4m3", "col", "row", b_dtype="e5m2"),
     "tf32-mn": Problem.create(333, 4099, 257, "f32", "col", "col", bias=True),
+    # 3xTF32 (--math 3xtf32): the split3 kernels, in place (aligned K-major) and through the tile pack.
+    "3xtf32": Problem.create(1000, 1004, 2052, "f32", "row", "col", bias=True, fp32_math="3xtf32"),
+    "3xtf32-mn": Problem.create(333, 4099, 257, "f32", "col", "row", fp32_math="3xtf32"),
 }
 
 

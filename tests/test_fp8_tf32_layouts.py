@@ -134,8 +134,8 @@ def test_3xtf32_swapped_stays_refused_on_a_transposed_layout_naming_the_rule(cap
               "warp_specialized": True, "persistent": True, "split3": True, "promote": 1, "swap_ab": True}
     path = tmp_path / "split3.json"
     path.write_text(__import__("json").dumps(split3))
-    line = refused(capsys, "roofline", "16", "4096", "4096", "--dtype", "f32", "--a", "col", "--gpu", "h100",
-                   "--config", str(path))
+    line = refused(capsys, "roofline", "16", "4096", "4096", "--dtype", "f32", "--math", "3xtf32", "--a", "col",
+                   "--gpu", "h100", "--config", str(path))
     assert "3xTF32 (split3) runs data-parallel or split-K tiles, unswapped" in line
 
 
@@ -147,7 +147,7 @@ SPLIT3 = {"family": "sm90_wgmma", "cta": "128x128x32", "warp": "64x128x32", "mma
 def test_3xtf32_splits_transposed_and_misaligned_operands_in_the_tile_copy(a, b):
     config = TileConfig.from_dict(SPLIT3)
     for k in (1024, 1001):   # K-major rows of 1001 fp32 are not 16-byte multiples
-        problem = Problem.create(1000, 777, k, "f32", a, b)
+        problem = Problem.create(1000, 777, k, "f32", a, b, fp32_math="3xtf32")
         assert not rules.check(config, H100, problem=problem)
         kernel = kernel_of(problem, config)
         launches = families.of(config).launches(kernel, problem).launches
@@ -179,7 +179,7 @@ def test_every_3xtf32_launch_takes_the_manifest_s_parameters_in_order(a, b, k):
     """The split-K reduction is launched with the GEMM's parameter list (the manifest gives both one list), so
     both entry points declare exactly those parameters, tmA2 and tmB2 (the small parts' maps) included."""
     config = TileConfig.from_dict({**SPLIT3, "decomposition": {"kind": "splitk", "splits": 2}})
-    problem = Problem.create(1000, 1004, k, "f32", a, b, bias=True)
+    problem = Problem.create(1000, 1004, k, "f32", a, b, bias=True, fp32_math="3xtf32")
     kernel = kernel_of(problem, config)
     source = render(kernel, H100)
     launches = make_manifest(kernel, problem)["launches"]
@@ -244,3 +244,21 @@ def test_tune_dry_run_ranks_and_exports_a_transposing_kernel_with_the_pack_in_it
     # Swapped or not, the one transposed copy is of the caller's B.
     copies = [z for z in range(pack["grid"][2]) if params[f"mode{z}"]["value"] & 1]
     assert [params[f"src{z}"]["tensor"] for z in copies] == ["B"]
+
+
+def test_math_chooses_3xtf32_or_tf32_kernels_for_fp32_inputs_and_is_refused_for_others(capsys):
+    """--math 3xtf32 asks for fp32-class accuracy: only the split3 kernels serve it (verified against fp32's
+    tolerance, timed against cuBLAS fp32); plain f32 runs the tf32 kernels; other dtypes have no choice."""
+    h100 = lookup_gpu("h100")
+    x3 = Problem.create(4096, 4096, 4096, "f32", "row", "col", fp32_math="3xtf32")
+    tf32 = Problem.create(4096, 4096, 4096, "f32", "row", "col")
+    assert x3.label.endswith("_3xtf32") and Problem.from_dict(x3.to_dict()) == x3
+    assert "fp32_math" not in tf32.to_dict()   # older records stay identical
+    assert all(c.split3 for c in enumerate_space("sm90_wgmma", h100, problem=x3))
+    assert not any(c.split3 for c in enumerate_space("sm90_wgmma", h100, problem=tf32))
+    assert "3xTF32 (split3) kernels serve --math 3xtf32 problems" in rules.check(
+        TileConfig.from_dict(SPLIT3), h100, problem=tf32)[0].rule
+    line = refused(capsys, "tune", "64", "64", "64", "--math", "3xtf32", "--dry-run", "--gpu", "h100")
+    assert "--math 3xtf32 is for fp32 inputs (--dtype f32)" in line
+    line = refused(capsys, "tune", "64", "64", "64", "--dtype", "f32", "--math", "fp64", "--dry-run", "--gpu", "h100")
+    assert "--math must be one of tf32, 3xtf32" in line

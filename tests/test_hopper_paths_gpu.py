@@ -206,7 +206,7 @@ def test_3xtf32_reaches_fp32_accuracy(decomposition):
     config = {"family": "sm90_wgmma", "cta": "128x128x32", "warp": "64x128x32", "mma": "64x128x8", "stages": 4,
               "warp_specialized": True, "persistent": True, "split3": True, "decomposition": decomposition,
               "promote": promote}
-    gemm = load(Problem.create(1000, 1004, 2052, "f32", "row", "col", bias=True), config)
+    gemm = load(Problem.create(1000, 1004, 2052, "f32", "row", "col", bias=True, fp32_math="3xtf32"), config)
     for m, n, k in ((1000, 1004, 2052), (77, 3000, 516)):
         A, B = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda").t()
         bias = torch.randn(n, device="cuda")

@@ -90,7 +90,7 @@ def test_the_swapped_kernel_transposes_the_operands_its_main_loop_reads_mn_major
 def test_3xtf32_on_every_layout_reaches_fp32_accuracy(a, b):
     config = dict(TF32, split3=True, promote=1)
     for m, n, k in ((1000, 777, 1001), (333, 4099, 257)):   # K not a multiple of 4: split parts stored by element
-        gemm = load(Problem.create(m, n, k, "f32", a, b), config)
+        gemm = load(Problem.create(m, n, k, "f32", a, b, fp32_math="3xtf32"), config)
         err = check(gemm, "f32", "f32", a, b, m, n, k)
         print(f"3xTF32 {a[0]}{b[0]} {m}x{n}x{k}: {err:.2e}")
         assert err < 1e-5, ((m, n, k), err)

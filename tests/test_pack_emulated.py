@@ -205,7 +205,7 @@ def test_the_swapped_kernel_s_copies_are_the_caller_s_operands_k_major(build, tm
 
 
 def check_pack(build, tmp_path, dtype, a, b, m, n, k, split3, pad, config=None):
-    problem = Problem.create(m, n, k, dtype, a, b)
+    problem = Problem.create(m, n, k, dtype, a, b, fp32_math="3xtf32" if split3 else None)
     config = TileConfig.from_dict(config or SPLIT3) if split3 or config else default_config(problem, H100,
                                                                                               Arch.SM90A)
     kernel = Kernel(Arch.SM90A, problem.operands, config)

@@ -91,13 +91,16 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
     parser.add_argument("--row-sums", action="store_true",
                         help="also write the row sums of A (a Linear layer's bias gradient beside its weight "
                              "gradient): an (M,) output row_sums in D's dtype")
+    parser.add_argument("--math", dest="fp32_math", default=None, type=text_arg("--math"),
+                        help="fp32 inputs only: tf32 (default: one product, inputs truncated to tf32, ~1e-3 "
+                             "error) or 3xtf32 (three tf32 products: fp32-class accuracy, about a third of the speed)")
 
 
 def problem_from_args(args) -> Problem:
     return Problem.create(args.M, args.N, args.K, args.dtype, args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
                           getattr(args, "b_dtype", None), getattr(args, "scaling", None),
-                          getattr(args, "row_sums", False))
+                          getattr(args, "row_sums", False), getattr(args, "fp32_math", None))
 
 
 def add_gpu_arg(parser: argparse.ArgumentParser) -> None:

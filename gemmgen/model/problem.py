@@ -107,6 +107,27 @@ def _alignment(leading_dim: int, dtype: DType) -> int:
     return 1
 
 
+class Fp32Math(str, Enum):
+    """How fp32 inputs reach the tensor cores.
+
+    tf32: one product, each input truncated to tf32 by wgmma (about 1e-3 relative error; the default).
+    3xtf32: three tf32 products, big·big + big·small + small·big (big the input truncated to tf32, small the
+    rest rounded to tf32), partial sums promoted into fp32: fp32-class accuracy at about a third of tf32's speed
+    (the `split3` kernels). Only fp32 inputs have a choice."""
+
+    TF32 = "tf32"
+    X3 = "3xtf32"
+
+    @classmethod
+    def parse(cls, text: "str | Fp32Math | None") -> "Fp32Math":
+        if text is None:
+            return cls.TF32
+        if isinstance(text, Fp32Math):
+            return text
+        return cls(parse.name("--math", text, [m.value for m in cls], {"3xtf32": "3xtf32", "x3": "3xtf32",
+                                                                         "fp32": "3xtf32"}))
+
+
 @dataclass(frozen=True)
 class Operands:
     """The compile-time description of a product: dtypes, layouts, alignment and epilogue kind."""
@@ -158,6 +179,7 @@ class Problem:
     b_layout: Layout = Layout.ROW
     epilogue: Epilogue = field(default_factory=Epilogue)
     scaling: Scaling = Scaling.TENSOR
+    fp32_math: Fp32Math = Fp32Math.TF32   # fp32 inputs: one tf32 product, or 3xTF32's fp32-class accuracy
 
     def __post_init__(self):
         for axis in ("m", "n", "k"):
@@ -178,13 +200,17 @@ class Problem:
             # Scales dequantize fp8 values; 16- and 32-bit inputs carry their own range and take alpha only.
             raise InvalidInput(f"scaling '{self.scaling.value}' needs fp8 inputs (e4m3, e5m2)",
                                f"{self.a_dtype.value}/{self.b_dtype.value}")
+        if self.fp32_math is Fp32Math.X3 and self.a_dtype is not DType.F32:
+            raise InvalidInput("--math 3xtf32 is for fp32 inputs (--dtype f32)", self.a_dtype.value)
 
     @classmethod
     def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
-               bias=False, activation=None, b_dtype=None, scaling=None, row_sums=False) -> "Problem":
+               bias=False, activation=None, b_dtype=None, scaling=None, row_sums=False,
+               fp32_math=None) -> "Problem":
         """Build a Problem from loose values (strings from a CLI or YAML), validating each. `dtype` is A's
         (and B's unless `b_dtype` names another: fp8 pairs only); `scaling` is fp8's (Scaling, default tensor);
-        `row_sums` asks for the row sums of A beside D (Epilogue.row_sums)."""
+        `row_sums` asks for the row sums of A beside D (Epilogue.row_sums); `fp32_math` is fp32 inputs' (Fp32Math,
+        default tf32)."""
         ab = DType.parse(dtype)
         bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
@@ -193,7 +219,7 @@ class Problem:
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
                    Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
                                              Activation.parse(activation), _flag("row_sums", row_sums)),
-                   Scaling.parse(scaling))
+                   Scaling.parse(scaling), Fp32Math.parse(fp32_math))
 
     @property
     def flops(self) -> int:
@@ -253,7 +279,9 @@ class Problem:
     @property
     def label(self) -> str:
         scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"
-        return f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}{scaled}"
+        x3 = "_3xtf32" if self.fp32_math is Fp32Math.X3 else ""
+        return (f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}"
+                f"{scaled}{x3}")
 
     def swapped(self) -> "Problem":
         """The product a swapped kernel's main loop computes: D^T (N x M) = B^T @ A^T over the same memory.
@@ -273,14 +301,15 @@ class Problem:
                 "bias": self.epilogue.bias, "activation": self.epilogue.activation.value,
                 # omitted for per-tensor scaling, so problems written before the field existed stay identical
                 **({"scaling": self.scaling.value} if self.scaling is not Scaling.TENSOR else {}),
-                **({"row_sums": True} if self.epilogue.row_sums else {})}
+                **({"row_sums": True} if self.epilogue.row_sums else {}),
+                **({"fp32_math": self.fp32_math.value} if self.fp32_math is Fp32Math.X3 else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
                           d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"),
-                          d.get("row_sums", False))
+                          d.get("row_sums", False), d.get("fp32_math"))
 
 
 def parse_dim(axis: str, value) -> int:

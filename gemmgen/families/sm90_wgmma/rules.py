@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ...model.arch import Arch, DType, Gpu, catalogue
-from ...model.problem import SCALE_BLOCK, Operands, Problem, Scaling
+from ...model.problem import SCALE_BLOCK, Fp32Math, Operands, Problem, Scaling
 from ...model.tiles import DecompKind, SmemLayout
 from ..base import Rule, elt_bytes
 from .config import Schedule, Sm90Config
@@ -108,6 +108,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
     if operands is not None and operands.scaling is Scaling.BLOCK:
         _check_block_scaling(config, rule)
+    if problem is not None and elt == 4:
+        # fp32 inputs: the problem says which math (Problem.fp32_math); 3xTF32's kernels are the split3 ones.
+        x3 = problem.fp32_math is Fp32Math.X3
+        rule(config.split3 == x3, "3xTF32 (split3) kernels serve --math 3xtf32 problems, tf32 kernels the others",
+             "split3" if config.split3 else "tf32 kernel", f"--math {problem.fp32_math.value}")
     if config.split3:
         rule(elt == 4, "3xTF32 (split3) is for fp32 inputs", f"{8 * elt}-bit", "fp32")
         rule(not config.swap_ab and decomp.kind is not DecompKind.STREAM_K,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...model.arch import DType
 from ...model.errors import CudaError
-from ...model.problem import Problem, Scaling
+from ...model.problem import Fp32Math, Problem, Scaling
 from .policy import HOLD_BASE_S, HOLD_BATCH, HOLD_MAX_S, HOLD_PER_RUN_S, HOST_BOUND_S, Measurement, TimingPolicy, describe, failed, manifest_mismatch, median, plan_runs, rotation_count, threshold, timing_policy, verdict
 from .. import utility
 from ..reference import GemmPointers, operand_bytes, operand_dtypes, storage_shapes
@@ -141,6 +141,8 @@ class GpuBenchmark:
             workspace = self._workspace_for(int(manifest.get("workspace_bytes", 0) or 0))
             # A mixed fp8 pair is held to the looser of its two inputs' floors.
             limit = max(threshold(problem.c_dtype, problem.k, dt) for dt in (problem.a_dtype, problem.b_dtype))
+            if problem.fp32_math is Fp32Math.X3:   # asked for fp32-class accuracy: no tf32 input floor
+                limit = threshold(problem.c_dtype, problem.k)
             rel, backend = None, ""
             if self.verify_first:
                 first = self._sets_for(problem, 1)[0]
@@ -309,10 +311,13 @@ class GpuBenchmark:
                     return None   # this torch/cuBLAS has no rowwise scaling for these dtypes: no baseline
 
         elif problem.a_dtype is DType.F32:
-            # fp32 inputs run as tf32 here, so cuBLAS is timed with TF32 allowed too.
+            # fp32 inputs run as tf32 here, so cuBLAS is timed with TF32 allowed too; a 3xTF32 problem asked for
+            # fp32 accuracy, so against cuBLAS's fp32 (TF32 off).
+            tf32 = problem.fp32_math is not Fp32Math.X3
+
             def run_one(i: int) -> None:
                 previous = torch.backends.cuda.matmul.allow_tf32
-                torch.backends.cuda.matmul.allow_tf32 = True
+                torch.backends.cuda.matmul.allow_tf32 = tf32
                 try:
                     run_dense(i)
                 finally:
