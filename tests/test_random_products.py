@@ -19,7 +19,7 @@ from benchmarks.fuzz import draw, problem_of, rank_one  # noqa: E402
 from gemmgen import Kernel, lookup_gpu  # noqa: E402
 from gemmgen.model.tiles import TileConfig  # noqa: E402
 
-SEEDS = range(16)
+SEEDS = range(20)   # seed 1016 draws a 3xTF32 product
 
 
 @pytest.fixture(scope="module", params=["h100", "a100"])
@@ -50,7 +50,8 @@ def test_every_drawn_product_gets_a_kernel_or_a_named_refusal(compiled):
             continue
         else:   # fp8 and fp32 need Hopper's families
             assert ranked["config"]["family"] == "sm90_wgmma", spec
-    sixteen = [ranked for spec, ranked in cases if spec["dtype"] in ("bf16", "f16")]
+    # Every 16-bit product has a kernel, but for the row sums of A, which only sm90_wgmma writes.
+    sixteen = [ranked for spec, ranked in cases if spec["dtype"] in ("bf16", "f16") and not spec.get("row_sums")]
     assert sixteen and all("config" in ranked for ranked in sixteen), "every 16-bit product has a kernel"
 
 
