@@ -79,7 +79,7 @@ def rank_one(spec: dict, gpu_key: str = "h100"):
     from gemmgen.model.errors import UserError
     from gemmgen.rank.predict import predict
     from gemmgen.rank.ranking import model_top, rank_configs
-    from gemmgen.rank.space import check_target, enumerate_space, families_for, heuristic_time
+    from gemmgen.rank.space import check_target, enumerate_space, excluded_families, families_for, heuristic_time
 
     gpu = lookup_gpu(gpu_key)
     try:
@@ -89,8 +89,9 @@ def rank_one(spec: dict, gpu_key: str = "h100"):
         for family in families_for(gpu.arch):
             configs = enumerate_space(family, gpu, problem=problem)
             picks += model_top(rank_configs(configs, problem, gpu, predict, heuristic_time), 1)
-        if not picks:
-            return {"refused": "no family's space has a configuration for it"}
+        if not picks:   # the rule that rules each family out, as `gemmgen tune` names it
+            why = "; ".join(f"{family}: {rule}" for family, rule in excluded_families(problem, gpu))
+            return {"refused": f"no kernel family can run this problem ({why or 'no configuration'})"}
         return {"config": min(picks, key=lambda r: r.time_s).config.to_dict()}
     except UserError as exc:
         return {"refused": str(exc)}
