@@ -67,12 +67,17 @@ class Scaling(str, Enum):
 
     @classmethod
     def parse(cls, text: "str | Scaling | None") -> "Scaling":
-        if text is None:
-            return cls.TENSOR
-        if isinstance(text, Scaling):
-            return text
-        return cls(parse.name("scaling", text, [s.value for s in cls], {"rowwise": "rowcol", "blockwise": "block",
-                                                                            "per-tensor": "tensor"}))
+        return _parse_choice(cls, text, cls.TENSOR, "scaling",
+                             {"rowwise": "rowcol", "blockwise": "block", "per-tensor": "tensor"})
+
+
+def _parse_choice(cls, text, default, what: str, aliases: dict):
+    """A str-valued Enum member from loose text (None: `default`; a member: itself), naming the rule if not one."""
+    if text is None:
+        return default
+    if isinstance(text, cls):
+        return text
+    return cls(parse.name(what, text, [member.value for member in cls], aliases))
 
 
 @dataclass(frozen=True)
@@ -120,12 +125,7 @@ class Fp32Math(str, Enum):
 
     @classmethod
     def parse(cls, text: "str | Fp32Math | None") -> "Fp32Math":
-        if text is None:
-            return cls.TF32
-        if isinstance(text, Fp32Math):
-            return text
-        return cls(parse.name("--math", text, [m.value for m in cls], {"3xtf32": "3xtf32", "x3": "3xtf32",
-                                                                         "fp32": "3xtf32"}))
+        return _parse_choice(cls, text, cls.TF32, "--math", {"x3": "3xtf32", "fp32": "3xtf32"})
 
 
 @dataclass(frozen=True)
