@@ -108,7 +108,7 @@ def run(args) -> int:
         # Why there is a copy: TMA reads rows whose starts are 16-byte multiples; fp8 and tf32 wgmma read K-major
         # operands only; 3xTF32 writes the operands' small parts.
         why = []
-        if (problem.lda * problem.a_dtype.bytes) % 16 or (problem.ldb * problem.b_dtype.bytes) % 16:
+        if not all(problem.operands.rows_aligned):
             why.append("rows that are not 16-byte multiples apart are copied to aligned ones")
         if problem.a_dtype.bytes != 2:
             why.append("fp8 and tf32 run K-major: A row-major, B column-major need no transpose")

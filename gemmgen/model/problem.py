@@ -156,6 +156,11 @@ class Operands:
         return (f"{dts}_{self.a_layout.letter}{self.b_layout.letter}_a{self.align_a}x{self.align_b}x{self.align_c}_"
                 f"{epi}{scaled}")
 
+    @property
+    def rows_aligned(self) -> "tuple[bool, bool]":
+        """(A, B) whose rows all start on 16-byte boundaries: the widest vector loads, and what TMA requires."""
+        return self.align_a * self.a_dtype.bytes >= 16, self.align_b * self.b_dtype.bytes >= 16
+
     def swapped(self) -> "Operands":
         """The operands of D^T = B^T @ A^T as a swapped kernel's main loop sees them: A' = B^T and B' = A^T
         (dtypes, flipped layouts and alignments exchanged). C, D, the bias and align_c stay the caller's: only

@@ -66,12 +66,10 @@ class Sm80Mma(KernelFamily):
                            epilogue_exposed=1.0, consumer_tile=config.cta, stages_ahead=config.stages - 1)
 
     def load_efficiency(self, config: TileConfig, problem) -> float:
-        aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
-        return 1.0 if aligned else UNALIGNED_LOAD_EFFICIENCY
+        return 1.0 if all(problem.operands.rows_aligned) else UNALIGNED_LOAD_EFFICIENCY
 
     def compute_efficiency(self, config: TileConfig, problem) -> float:
-        aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
-        return 1.0 if aligned else UNALIGNED_COMPUTE_EFFICIENCY
+        return 1.0 if all(problem.operands.rows_aligned) else UNALIGNED_COMPUTE_EFFICIENCY
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)

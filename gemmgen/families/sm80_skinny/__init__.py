@@ -72,8 +72,7 @@ class Sm80Skinny(KernelFamily):
         return config.threads * config.stages * steps * vectors * 16
 
     def sm_load_rate(self, config: TileConfig, problem, warps_per_sm: float) -> float:
-        aligned = problem.operands.align_a == 8 and problem.operands.align_b == 8
-        per_warp, cap = SM_LOAD_RATE[(problem.b_layout.value, aligned)]
+        per_warp, cap = SM_LOAD_RATE[(problem.b_layout.value, all(problem.operands.rows_aligned))]
         return min(cap, warps_per_sm * per_warp)
 
     def serves(self, kernel: Kernel) -> dict:

@@ -109,7 +109,8 @@ def tile_pack(kernel: Kernel) -> bool:
 
 def _misaligned(ops: Operands) -> "tuple[bool, bool]":
     """(A, B) whose rows do not start on 16-byte boundaries, which TMA cannot read."""
-    return ops.align_a * ops.a_dtype.bytes < 16, ops.align_b * ops.b_dtype.bytes < 16
+    a, b = ops.rows_aligned
+    return not a, not b
 
 
 def packed(kernel: Kernel) -> "tuple[bool, bool]":
