@@ -288,12 +288,18 @@ def rowwise_fp8(rows, k, fp8=torch.float8_e4m3fn):
     return (x / scale[:, None]).to(fp8), scale.float().contiguous()
 
 
+def scaled_fp8_bundle(knobs: dict, shapes, scaling: str):
+    """The bundle of an e4m3 rc product with bias and `scaling`, built for the first of `shapes` (the case's
+    tile knobs on the persistent warp-specialized kernel)."""
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
+    m0, n0, k0 = shapes[0]
+    return load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling=scaling), config)
+
+
 @pytest.mark.parametrize("case", sorted(ROWCOL_CASES))
 def test_fp8_rowcol_scales_match_the_fp64_reference_on_every_epilogue_path(case):
     knobs, shapes = ROWCOL_CASES[case]
-    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
-    m0, n0, k0 = shapes[0]
-    gemm = load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling="rowcol"), config)
+    gemm = scaled_fp8_bundle(knobs, shapes, "rowcol")
     for i, (m, n, k) in enumerate(shapes):   # the second a shape the bundle serves
         A, sa = rowwise_fp8(m, k)
         Bt, sb = rowwise_fp8(n, k)
@@ -370,9 +376,7 @@ def dequantized(q, scale, rows_per_block):
 @pytest.mark.parametrize("case", sorted(BLOCK_CASES))
 def test_fp8_block_scales_match_the_fp64_reference(case):
     knobs, shapes = BLOCK_CASES[case]
-    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **knobs}
-    m0, n0, k0 = shapes[0]
-    gemm = load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling="block"), config)
+    gemm = scaled_fp8_bundle(knobs, shapes, "block")
     for m, n, k in shapes:   # the second a shape the bundle serves
         A, sa = blockwise_fp8(m, k, 1)       # [M, ceil(K/128)]
         Bt, sb = blockwise_fp8(n, k, 128)    # [ceil(N/128), ceil(K/128)]
