@@ -103,6 +103,15 @@ def problem_from_args(args) -> Problem:
                           getattr(args, "row_sums", False), getattr(args, "fp32_math", None))
 
 
+def progress_bar(total: int, desc: str, unit: str, initial: int = 0):
+    """A tqdm bar on stderr for a terminal, or None where tqdm is not installed (progress lines still print)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
 def add_gpu_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default=None, type=text_arg("--gpu"),
                         help="catalogue name (h100, h100-pcie, h200, a100, l40s, rtx4090, ...); default: the GPU found")

@@ -6,8 +6,8 @@ import sys
 
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
-from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, float_arg, int_arg, refuse_together,
-                      resolve_gpu, table, text_arg)
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, float_arg, int_arg, progress_bar,
+                      refuse_together, resolve_gpu, table, text_arg)
 from .tune import (MEASURING_FLAGS, Progress, add_timing_arg, add_worker_args, gpus_plan, measurer_for,
                    options_from_args, sigterm_as_interrupt)
 
@@ -177,13 +177,7 @@ class SuiteProgress:
             print(f"{len(info['workers'])} workers, {info['jobs']} problems: {', '.join(info['workers'])}",
                   file=sys.stderr)
             if self.tty:
-                try:
-                    from tqdm import tqdm
-
-                    self.bar = tqdm(total=info["jobs"], desc="suite", unit="shape", file=sys.stderr,
-                                    dynamic_ncols=True)
-                except ImportError:
-                    self.bar = None
+                self.bar = progress_bar(info["jobs"], "suite", "shape")
         elif kind == "shape_assigned":
             self.current[gpu] = f"{info['shape']} {info['dtype']}"
             self._say(f"[{gpu}] {info['shape']} {info['dtype']}: tuning")

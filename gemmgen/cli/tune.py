@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput, NoGpu
 from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, add_problem_args, float_arg, int_arg,
-                      problem_from_args, refuse_together, table, text_arg)
+                      problem_from_args, progress_bar, refuse_together, table, text_arg)
 from ._tune_set import add_shape_set_args, is_shape_set, run_shape_set
 
 DRY_RUN_HINT = "to rank by the model and compile without a GPU: gemmgen tune M N K --gpu h100 --dry-run --out DIR"
@@ -168,13 +168,7 @@ class Progress:
                 print(f"{self.label}transfer: {len(info['transferred'])} winners/finalists of the nearest stored "
                       f"shapes ({', '.join(shapes)}) measured early, in turn with the model's picks", file=sys.stderr)
             if self.tty:
-                try:
-                    from tqdm import tqdm
-
-                    self.bar = tqdm(total=info["target"], initial=min(info["resumed"], info["target"]),
-                                    desc="tune", unit="trial", file=sys.stderr, dynamic_ncols=True)
-                except ImportError:
-                    self.bar = None
+                self.bar = progress_bar(info["target"], "tune", "trial", min(info["resumed"], info["target"]))
         elif kind == "trial":
             best = f"best {info['best']:.1f} TFLOP/s"
             if self.bar is not None:
@@ -189,13 +183,7 @@ class Progress:
                   file=sys.stderr)
             self.target = info["target"]
             if self.tty:
-                try:
-                    from tqdm import tqdm
-
-                    self.bar = tqdm(total=info["target"], desc="tune", unit="trial", file=sys.stderr,
-                                    dynamic_ncols=True)
-                except ImportError:
-                    self.bar = None
+                self.bar = progress_bar(info["target"], "tune", "trial")
         elif kind == "progress":
             per = " | ".join(f"{label.rpartition('/')[2]} {n} ({b:.0f})" for label, (n, b) in
                              sorted(info["workers"].items()))
