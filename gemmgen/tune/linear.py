@@ -59,10 +59,9 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
     M bucket over the layer's token range (`bucketing` 'pow2' or 'auto'; None: once, at the top of the range)."""
     from .buckets import pow2_buckets
     from .dispatch import model_buckets, tune_buckets
+    from ..rank.space import enumerate_space, families_for
     from .dryrun import dry_run as run_dry
     from .search import tune
-
-    from ..rank.space import enumerate_space, families_for
 
     if layer.fused_bias_grad and "wgrad" in roles:
         fused = layer.problems()["wgrad"]
