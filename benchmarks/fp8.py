@@ -27,6 +27,7 @@ is skipped with a printed note. Prints one summary table last, with a row per sh
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -153,8 +154,11 @@ def main(argv=None) -> int:
             from gemmgen.rank.ranking import model_top, rank_configs
             from gemmgen.rank.space import enumerate_space, heuristic_time
 
+            # The model's top N at each promotion interval, so the interval's cost and accuracy can be read apart.
             promoted = [c for c in enumerate_space("sm90_wgmma", gpu, problem=problem) if getattr(c, "promote", 0)]
-            ranked += model_top(rank_configs(promoted, problem, gpu, predict, heuristic_time), args.promote)
+            for interval in sorted({c.promote for c in promoted}):
+                ranked += model_top(rank_configs([c for c in promoted if c.promote == interval], problem, gpu,
+                                                 predict, heuristic_time), args.promote)
         kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
         built = compile_many(kernels)
         sets = []
@@ -168,8 +172,15 @@ def main(argv=None) -> int:
         ref = reference(A, B, sa, sb) if scaling != "block" else A.double() @ B.double()
         cublas_err = rel_error(torch, torch._scaled_mm(*kmajor(A, B), *scales[0], out_dtype=torch.bfloat16), ref)
 
-        def cublas(s):   # the K-major copies (none for rc) are part of cuBLAS's call, as the pack is of gemmgen's
-            torch._scaled_mm(*kmajor(s[0], s[1]), *scales[s[5]], out_dtype=torch.bfloat16, out=s[2])
+        # cuBLAS's fast accumulation (use_fast_accum: wgmma's reduced-precision adds, no promotion), for the
+        # unpromoted kernels' like-for-like comparison; per-tensor scaling only (its rowwise path ignores it).
+        fast = scaling == "tensor"
+        fast_err = rel_error(torch, torch._scaled_mm(*kmajor(A, B), *scales[0], out_dtype=torch.bfloat16,
+                                                     use_fast_accum=True), ref) if fast else None
+
+        def cublas(s, fast_accum=False):   # the K-major copies (none for rc) are part of cuBLAS's call, as the
+            torch._scaled_mm(*kmajor(s[0], s[1]), *scales[s[5]], out_dtype=torch.bfloat16, out=s[2],  # pack is
+                             use_fast_accum=fast_accum)                                               # gemmgen's
 
         loaded = []
         for r, kernel, result in zip(ranked, kernels, built):
@@ -202,13 +213,16 @@ def main(argv=None) -> int:
             summary.append({"case": name, "scaling": scaling, "layout": layout, "best": None})
             continue
         call = lambda g: (lambda s: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]))  # noqa: E731
-        for fn in [cublas] + [call(g) for _, g in loaded]:
+        cublas_fast = lambda s: cublas(s, fast_accum=True)  # noqa: E731
+        for fn in [cublas, cublas_fast] + [call(g) for _, g in loaded]:
             for s in sets:
                 fn(s)
         torch.cuda.synchronize()
-        times = {"cublas": [], **{row["config"]: [] for row, _ in loaded}}
+        times = {"cublas": [], **({"cublas_fast": []} if fast else {}), **{row["config"]: [] for row, _ in loaded}}
         for _ in range(3):
             times["cublas"].append(timed(torch, cublas, sets))
+            if fast:
+                times["cublas_fast"].append(timed(torch, cublas_fast, sets))
             for row, g in loaded:
                 times[row["config"]].append(timed(torch, call(g), sets))
         flops = 2.0 * m * n * k
@@ -216,12 +230,18 @@ def main(argv=None) -> int:
         for row, _ in loaded:
             row.update(tflops=tf[row["config"]], vs_cublas=tf[row["config"]] / tf["cublas"])
         best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
-        promoted = [row for row, _ in loaded if "_pr" in row["config"]]
-        best_promoted = max(promoted, key=lambda r: r["tflops"]) if promoted else None
+        by_interval = {}
+        for row, _ in loaded:
+            interval = re.search(r"_pr(\d+)", row["config"])
+            if interval:
+                key = int(interval.group(1))
+                if key not in by_interval or row["tflops"] > by_interval[key]["tflops"]:
+                    by_interval[key] = row
         summary.append({"case": name, "scaling": scaling, "layout": layout, "shape": best["shape"],
                         "best": best["config"], "tflops": best["tflops"],
-                        "promoted": best_promoted and {k: best_promoted[k] for k in ("config", "tflops", "vs_cublas",
-                                                                                      "rel_errors")},
+                        "promoted": [{k: row[k] for k in ("config", "tflops", "vs_cublas", "rel_errors")}
+                                     for _, row in sorted(by_interval.items())],
+                        "cublas_fast_tflops": tf.get("cublas_fast"), "cublas_fast_rel_error": fast_err,
                         "cublas_tflops": tf["cublas"], "vs_cublas": best["vs_cublas"],
                         "rel_error": best["rel_errors"][0], "cublas_rel_error": cublas_err})
         for _, g in loaded:
@@ -244,8 +264,10 @@ def main(argv=None) -> int:
         print(f"{s['case']:10} {s['scaling']:7} {s['layout']:3} {s['shape']:18} {s['tflops']:8.1f} "
               f"{s['cublas_tflops']:8.1f} {s['vs_cublas']:8.3f} {s['rel_error']:8.1e} {s['cublas_rel_error']:8.1e}  "
               f"{s['best'][:70]}")
-        if s.get("promoted"):
-            p = s["promoted"]
+        if s.get("cublas_fast_tflops"):
+            print(f"{'  cuBLAS fast accumulation':48} {s['cublas_fast_tflops']:8.1f} {'':8} "
+                  f"{s['cublas_fast_rel_error']:8.1e}  (use_fast_accum=True)")
+        for p in s.get("promoted") or []:
             print(f"{'  promoted':10} {'':7} {'':3} {'':18} {p['tflops']:8.1f} {'':8} {p['vs_cublas']:8.3f} "
                   f"{p['rel_errors'][0]:8.1e} {'':8}  {p['config'][:70]}")
     return 0 if all(r.get("ok") for r in rows) else 1

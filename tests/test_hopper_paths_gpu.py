@@ -411,3 +411,46 @@ def test_the_tuner_s_worker_fills_verifies_and_times_scaled_fp8(scaling, knobs):
         assert cublas is None or cublas > 0
     finally:
         bench.close()
+
+
+# Overlapped promotion (promote_overlap): the same wgmma partial sums, added into acc in the same order, only one
+# k-tile later and while the next interval's wgmmas run. So its D must equal the plain promoted kernel's bit for
+# bit, and match the reference. K values: fewer k-tiles than one interval (K = 200 at promote 2/4), an odd count
+# of intervals, a K that is not a multiple of 128, and split-K's shorter per-split k-ranges.
+OVERLAP_CASES = {
+    "pr1": ({**_SQUARE, "promote": 1}, "tensor", ((1000, 1048, 1104), (77, 3000, 200))),
+    "pr2": ({**_SQUARE, "promote": 2}, "tensor", ((1000, 1048, 1104), (77, 3000, 200), (300, 520, 656))),
+    "pr4": ({**_SQUARE, "promote": 4}, "tensor", ((1000, 1048, 2960), (77, 3000, 200), (300, 520, 1424))),
+    "pr2_cluster": ({**_SQUARE, "promote": 2, "cluster": "2x1"}, "tensor", ((1000, 1048, 1104), (300, 520, 656))),
+    "pr2_splitk": ({**_SQUARE, "promote": 2, "decomposition": {"kind": "splitk", "splits": 3}}, "tensor",
+                   ((1000, 777, 1104), (300, 500, 4112))),
+    "block": (_BLOCK_SQUARE, "block", ((1000, 1048, 1104), (77, 3000, 1040), (333, 1001, 528))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAP_CASES))
+def test_overlapped_promotion_equals_plain_promotion_bit_for_bit(case):
+    knobs, scaling, shapes = OVERLAP_CASES[case]
+    plain = scaled_fp8_bundle(knobs, shapes, scaling)
+    overlapped = scaled_fp8_bundle({**knobs, "promote_overlap": True}, shapes, scaling)
+    for m, n, k in shapes:
+        if scaling == "block":
+            A, sa = blockwise_fp8(m, k, 1)
+            Bt, sb = blockwise_fp8(n, k, 128)
+            ref = dequantized(A, sa, 1) @ dequantized(Bt, sb, 128).t()
+        else:
+            a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+            sa, sb = (a.abs().max() / 200).reshape(()), (b.abs().max() / 200).reshape(())
+            A, Bt = (a / sa).to(torch.float8_e4m3fn), (b / sb).to(torch.float8_e4m3fn)
+            ref = (A.double() @ Bt.double().t()) * float(sa * sb)
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        outs = []
+        for gemm in (plain, overlapped):
+            D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm(A, Bt.t(), D, bias=bias, scale_a=sa, scale_b=sb)
+            torch.cuda.synchronize()
+            outs.append(D)
+        err = rel_error(outs[1], ref + bias.double())
+        print(f"overlap {case} {m}x{n}x{k}: {err:.2e}")
+        assert err < TOLERANCE
+        assert torch.equal(outs[0], outs[1]), f"{case} {m}x{n}x{k}: overlapped D differs from plain promotion's"

@@ -104,7 +104,10 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              f"for {8 * elt}-bit inputs", config.promote, ",".join(map(str, intervals)))
         rule(elt != 2, "promotion into fp32 accumulators is for fp8 and tf32 inputs", f"{8 * elt}-bit",
              "fp8 or fp32")
-        acc *= 2
+        # Overlapped promotion alternates two partial-sum sets: a third set of accumulators.
+        acc *= 3 if config.promote_overlap else 2
+    rule(not config.promote_overlap or config.promote >= 1, "overlapped promotion (promote_overlap) needs a "
+         "promotion interval (promote >= 1)", config.promote, ">= 1")
     rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
     if operands is not None and operands.scaling is Scaling.BLOCK:
         _check_block_scaling(config, rule)
@@ -250,9 +253,11 @@ def epi_warp_bytes(config: Sm90Config, operands: "Operands | None" = None) -> in
 
 
 def regs_estimate(config: Sm90Config) -> int:
-    """The consumer warpgroup's accumulators (warp.m*warp.n/128) plus ~40; the producer needs few."""
+    """The consumer warpgroup's accumulators (warp.m*warp.n/128, times the partial-sum sets of promotion) plus
+    ~40; the producer needs few."""
     w = config.warp
-    return w.m * w.n // 128 * (2 if config.promote else 1) + 40
+    sets = 1 + (config.promote > 0) + config.promote_overlap
+    return w.m * w.n // 128 * sets + 40
 
 
 def regs_allocated(config: Sm90Config, per_thread: int) -> int:
