@@ -154,11 +154,12 @@ def main(argv=None) -> int:
             from gemmgen.rank.ranking import model_top, rank_configs
             from gemmgen.rank.space import enumerate_space, heuristic_time
 
-            # The model's top N at each promotion interval, so the interval's cost and accuracy can be read apart.
+            # The model's top N at each promotion interval, plain and staggered, so each one's cost and accuracy
+            # can be read apart.
             promoted = [c for c in enumerate_space("sm90_wgmma", gpu, problem=problem) if getattr(c, "promote", 0)]
-            for interval in sorted({c.promote for c in promoted}):
-                ranked += model_top(rank_configs([c for c in promoted if c.promote == interval], problem, gpu,
-                                                 predict, heuristic_time), args.promote)
+            for key in sorted({(c.promote, c.promote_stagger) for c in promoted}):
+                same = [c for c in promoted if (c.promote, c.promote_stagger) == key]
+                ranked += model_top(rank_configs(same, problem, gpu, predict, heuristic_time), args.promote)
         kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
         built = compile_many(kernels)
         sets = []
@@ -232,9 +233,9 @@ def main(argv=None) -> int:
         best = max((row for row, _ in loaded), key=lambda r: r["tflops"])
         by_interval = {}
         for row, _ in loaded:
-            interval = re.search(r"_pr(\d+)", row["config"])
+            interval = re.search(r"_pr(\d+)(_ps)?", row["config"])   # each interval, plain and staggered
             if interval:
-                key = int(interval.group(1))
+                key = (int(interval.group(1)), bool(interval.group(2)))
                 if key not in by_interval or row["tflops"] > by_interval[key]["tflops"]:
                     by_interval[key] = row
         summary.append({"case": name, "scaling": scaling, "layout": layout, "shape": best["shape"],

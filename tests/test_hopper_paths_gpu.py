@@ -413,44 +413,52 @@ def test_the_tuner_s_worker_fills_verifies_and_times_scaled_fp8(scaling, knobs):
         bench.close()
 
 
-# Overlapped promotion (promote_overlap): the same wgmma partial sums, added into acc in the same order, only one
-# k-tile later and while the next interval's wgmmas run. So its D must equal the plain promoted kernel's bit for
-# bit, and match the reference. K values: fewer k-tiles than one interval (K = 200 at promote 2/4), an odd count
-# of intervals, a K that is not a multiple of 128, and split-K's shorter per-split k-ranges.
-OVERLAP_CASES = {
-    "pr1": ({**_SQUARE, "promote": 1}, "tensor", ((1000, 1048, 1104), (77, 3000, 200))),
-    "pr2": ({**_SQUARE, "promote": 2}, "tensor", ((1000, 1048, 1104), (77, 3000, 200), (300, 520, 656))),
-    "pr4": ({**_SQUARE, "promote": 4}, "tensor", ((1000, 1048, 2960), (77, 3000, 200), (300, 520, 1424))),
-    "pr2_cluster": ({**_SQUARE, "promote": 2, "cluster": "2x1"}, "tensor", ((1000, 1048, 1104), (300, 520, 656))),
-    "pr2_splitk": ({**_SQUARE, "promote": 2, "decomposition": {"kind": "splitk", "splits": 3}}, "tensor",
+# Staggered promotion (promote_stagger): the second warpgroup's intervals end promote/2 k-tiles earlier, so its
+# first interval is shorter and its partial sums are promoted at other k-tiles: not the same bits as plain
+# promotion, but the same accuracy. Checked against float64 and against plain promotion's error on the same
+# inputs (within 5%). K values: fewer k-tiles than the stagger (K = 200), an odd count of intervals, a K that is not
+# a multiple of 128, split-K's shorter per-split k-ranges, a 2x1 cluster, 3xTF32's split3 kernel.
+STAGGER_CASES = {
+    "pr2": ({**_SQUARE, "promote": 2}, ((1000, 1048, 1104), (77, 3000, 200), (300, 520, 656))),
+    "pr4": ({**_SQUARE, "promote": 4}, ((1000, 1048, 2960), (77, 3000, 200), (300, 520, 1424))),
+    "pr4_n192": ({"cta": "128x192x128", "warp": "64x192x128", "mma": "64x192x32", "stages": 4, "promote": 4},
+                 ((1000, 1048, 2960), (300, 520, 1424))),
+    "pr2_cluster": ({**_SQUARE, "promote": 2, "cluster": "2x1"}, ((1000, 1048, 1104), (300, 520, 656))),
+    "pr2_splitk": ({**_SQUARE, "promote": 2, "decomposition": {"kind": "splitk", "splits": 3}},
                    ((1000, 777, 1104), (300, 500, 4112))),
-    "block": (_BLOCK_SQUARE, "block", ((1000, 1048, 1104), (77, 3000, 1040), (333, 1001, 528))),
 }
 
 
-@pytest.mark.parametrize("case", sorted(OVERLAP_CASES))
-def test_overlapped_promotion_equals_plain_promotion_bit_for_bit(case):
-    knobs, scaling, shapes = OVERLAP_CASES[case]
-    plain = scaled_fp8_bundle(knobs, shapes, scaling)
-    overlapped = scaled_fp8_bundle({**knobs, "promote_overlap": True}, shapes, scaling)
+@pytest.mark.parametrize("case", sorted(STAGGER_CASES))
+def test_staggered_promotion_is_as_accurate_as_plain_promotion(case):
+    knobs, shapes = STAGGER_CASES[case]
+    plain = scaled_fp8_bundle(knobs, shapes, "tensor")
+    staggered = scaled_fp8_bundle({**knobs, "promote_stagger": True}, shapes, "tensor")
     for m, n, k in shapes:
-        if scaling == "block":
-            A, sa = blockwise_fp8(m, k, 1)
-            Bt, sb = blockwise_fp8(n, k, 128)
-            ref = dequantized(A, sa, 1) @ dequantized(Bt, sb, 128).t()
-        else:
-            a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
-            sa, sb = (a.abs().max() / 200).reshape(()), (b.abs().max() / 200).reshape(())
-            A, Bt = (a / sa).to(torch.float8_e4m3fn), (b / sb).to(torch.float8_e4m3fn)
-            ref = (A.double() @ Bt.double().t()) * float(sa * sb)
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        sa, sb = (a.abs().max() / 200).reshape(()), (b.abs().max() / 200).reshape(())
+        A, Bt = (a / sa).to(torch.float8_e4m3fn), (b / sb).to(torch.float8_e4m3fn)
         bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        outs = []
-        for gemm in (plain, overlapped):
+        ref = (A.double() @ Bt.double().t()) * float(sa * sb) + bias.double()
+        errors = []
+        for gemm in (plain, staggered):
             D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             gemm(A, Bt.t(), D, bias=bias, scale_a=sa, scale_b=sb)
             torch.cuda.synchronize()
-            outs.append(D)
-        err = rel_error(outs[1], ref + bias.double())
-        print(f"overlap {case} {m}x{n}x{k}: {err:.2e}")
-        assert err < TOLERANCE
-        assert torch.equal(outs[0], outs[1]), f"{case} {m}x{n}x{k}: overlapped D differs from plain promotion's"
+            errors.append(rel_error(D, ref))
+        print(f"stagger {case} {m}x{n}x{k}: plain {errors[0]:.3e}, staggered {errors[1]:.3e}")
+        assert errors[1] < TOLERANCE and errors[1] <= 1.05 * errors[0]
+
+
+def test_staggered_3xtf32_keeps_fp32_accuracy():
+    config = {"family": "sm90_wgmma", "cta": "128x128x32", "warp": "64x128x32", "mma": "64x128x8", "stages": 4,
+              "warp_specialized": True, "persistent": True, "split3": True, "promote": 8, "promote_stagger": True}
+    m, n, k = 1000, 1048, 2052
+    gemm = load(Problem.create(m, n, k, "f32", "row", "col", fp32_math="3xtf32"), config)
+    A, B = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda").t()
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    gemm(A, B, D)
+    torch.cuda.synchronize()
+    err = rel_error(D, A.double() @ B.double())
+    print(f"3xTF32 staggered {m}x{n}x{k}: {err:.2e}")
+    assert err < 2e-6   # cuBLAS fp32: ~1e-6 at this K

@@ -94,13 +94,18 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
     parser.add_argument("--math", dest="fp32_math", default=None, type=text_arg("--math"),
                         help="fp32 inputs only: tf32 (default: one product, inputs truncated to tf32, ~1e-3 "
                              "error) or 3xtf32 (three tf32 products: fp32-class accuracy, about a third of the speed)")
+    parser.add_argument("--accumulate", dest="fp8_accum", default=None, type=text_arg("--accumulate"),
+                        help="fp8 inputs only: fast (default: wgmma's own reduced-precision accumulation, as "
+                             "torch._scaled_mm's use_fast_accum=True) or fp32 (partial sums promoted into fp32 every "
+                             "1-4 k-tiles: cuBLAS's default accuracy, slower)")
 
 
 def problem_from_args(args) -> Problem:
     return Problem.create(args.M, args.N, args.K, args.dtype, args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
                           getattr(args, "b_dtype", None), getattr(args, "scaling", None),
-                          getattr(args, "row_sums", False), getattr(args, "fp32_math", None))
+                          getattr(args, "row_sums", False), getattr(args, "fp32_math", None),
+                          getattr(args, "fp8_accum", None))
 
 
 def progress_bar(total: int, desc: str, unit: str, initial: int = 0):

@@ -128,6 +128,22 @@ class Fp32Math(str, Enum):
         return _parse_choice(cls, text, cls.TF32, "--math", {"x3": "3xtf32", "fp32": "3xtf32"})
 
 
+class Fp8Accum(str, Enum):
+    """How fp8 products accumulate along K (torch._scaled_mm's use_fast_accum).
+
+    fast: the wgmma accumulators hold the whole sum; Hopper's fp8 wgmma adds into them with reduced precision
+    (about 1.3x the error of fp32 accumulation at K = 4096 with a bf16 D; the default).
+    fp32: the partial sums are promoted into fp32 accumulators every 1-4 k-tiles of 128 (the `promote` knob):
+    cuBLAS's default accuracy, at a cost in speed. Only fp8 inputs have a choice."""
+
+    FAST = "fast"
+    FP32 = "fp32"
+
+    @classmethod
+    def parse(cls, text: "str | Fp8Accum | None") -> "Fp8Accum":
+        return _parse_choice(cls, text, cls.FAST, "--accumulate", {"promoted": "fp32", "f32": "fp32"})
+
+
 @dataclass(frozen=True)
 class Operands:
     """The compile-time description of a product: dtypes, layouts, alignment and epilogue kind."""
@@ -185,6 +201,7 @@ class Problem:
     epilogue: Epilogue = field(default_factory=Epilogue)
     scaling: Scaling = Scaling.TENSOR
     fp32_math: Fp32Math = Fp32Math.TF32   # fp32 inputs: one tf32 product, or 3xTF32's fp32-class accuracy
+    fp8_accum: Fp8Accum = Fp8Accum.FAST   # fp8 inputs: wgmma's own accumulation, or promoted into fp32
 
     def __post_init__(self):
         for axis in ("m", "n", "k"):
@@ -207,15 +224,18 @@ class Problem:
                                f"{self.a_dtype.value}/{self.b_dtype.value}")
         if self.fp32_math is Fp32Math.X3 and self.a_dtype is not DType.F32:
             raise InvalidInput("--math 3xtf32 is for fp32 inputs (--dtype f32)", self.a_dtype.value)
+        if self.fp8_accum is Fp8Accum.FP32 and self.a_dtype.bytes != 1:
+            raise InvalidInput("--accumulate fp32 is for fp8 inputs (e4m3, e5m2); other dtypes accumulate in fp32",
+                               self.a_dtype.value)
 
     @classmethod
     def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
                bias=False, activation=None, b_dtype=None, scaling=None, row_sums=False,
-               fp32_math=None) -> "Problem":
+               fp32_math=None, fp8_accum=None) -> "Problem":
         """Build a Problem from loose values (strings from a CLI or YAML), validating each. `dtype` is A's
         (and B's unless `b_dtype` names another: fp8 pairs only); `scaling` is fp8's (Scaling, default tensor);
         `row_sums` asks for the row sums of A beside D (Epilogue.row_sums); `fp32_math` is fp32 inputs' (Fp32Math,
-        default tf32)."""
+        default tf32), `fp8_accum` fp8 inputs' accumulation (Fp8Accum, default fast)."""
         ab = DType.parse(dtype)
         bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
@@ -224,7 +244,7 @@ class Problem:
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
                    Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
                                              Activation.parse(activation), _flag("row_sums", row_sums)),
-                   Scaling.parse(scaling), Fp32Math.parse(fp32_math))
+                   Scaling.parse(scaling), Fp32Math.parse(fp32_math), Fp8Accum.parse(fp8_accum))
 
     @property
     def flops(self) -> int:
@@ -285,8 +305,9 @@ class Problem:
     def label(self) -> str:
         scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"
         x3 = "_3xtf32" if self.fp32_math is Fp32Math.X3 else ""
+        acc = "_acc32" if self.fp8_accum is Fp8Accum.FP32 else ""
         return (f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}"
-                f"{scaled}{x3}")
+                f"{scaled}{x3}{acc}")
 
     def swapped(self) -> "Problem":
         """The product a swapped kernel's main loop computes: D^T (N x M) = B^T @ A^T over the same memory.
@@ -307,14 +328,15 @@ class Problem:
                 # omitted for per-tensor scaling, so problems written before the field existed stay identical
                 **({"scaling": self.scaling.value} if self.scaling is not Scaling.TENSOR else {}),
                 **({"row_sums": True} if self.epilogue.row_sums else {}),
-                **({"fp32_math": self.fp32_math.value} if self.fp32_math is Fp32Math.X3 else {})}
+                **({"fp32_math": self.fp32_math.value} if self.fp32_math is Fp32Math.X3 else {}),
+                **({"fp8_accum": self.fp8_accum.value} if self.fp8_accum is Fp8Accum.FP32 else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
                           d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"),
-                          d.get("row_sums", False), d.get("fp32_math"))
+                          d.get("row_sums", False), d.get("fp32_math"), d.get("fp8_accum"))
 
 
 def parse_dim(axis: str, value) -> int:

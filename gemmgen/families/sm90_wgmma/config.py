@@ -42,18 +42,18 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
     # accumulators (Hopper's fp8 wgmma accumulates with reduced precision; DeepSeek-V3 promotes every 128).
     # 0: off, the wgmma accumulators hold the whole sum.
     promote: int = 0
-    # Promotion with two partial-sum sets that alternate by interval: an interval's sums are added into the fp32
-    # accumulators while the next interval's wgmmas run, instead of after draining every wgmma (the drain left
-    # the tensor cores idle for a fraction of a k-tile per interval). A third accumulator set: 64x128 warpgroup
-    # tiles at most.
-    promote_overlap: bool = False
+    # Staggered promotion: the consumer warpgroups end their promotion intervals at different k-tiles (warpgroup c
+    # promote * c / consumers k-tiles earlier), so while one drains its wgmmas and adds its partial sums the others'
+    # wgmmas keep the tensor cores busy; with the intervals in step all of them drain at once. Cooperative tiles
+    # of two or three consumer warpgroups, promote >= 2.
+    promote_stagger: bool = False
     # fp32 inputs at fp32 accuracy (3xTF32): each operand split into a tf32 part and a tf32 remainder,
     # A' = [A_big | A_big | A_small] and B' = [B_big ; B_small ; B_big] along K by a pre-pass, so one tf32 GEMM
     # over K' = 3K sums the three products that carry fp32 accuracy (the small x small one is dropped).
     split3: bool = False
 
     KNOBS = {"warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
-             "swap_ab": False, "promote": 0, "promote_overlap": False,
+             "swap_ab": False, "promote": 0, "promote_stagger": False,
              "split3": False}
 
     @property
@@ -83,8 +83,8 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             parts.append("swap")
         if self.promote:
             parts.append(f"pr{self.promote}")
-        if self.promote_overlap:
-            parts.append("po")
+        if self.promote_stagger:
+            parts.append("ps")
         if self.split3:
             parts.append("x3")
         return parts
@@ -98,7 +98,7 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             **({"store_warp": True} if self.store_warp else {}),
             **({"swap_ab": True} if self.swap_ab else {}),
             **({"promote": self.promote} if self.promote else {}),
-            **({"promote_overlap": True} if self.promote_overlap else {}),
+            **({"promote_stagger": True} if self.promote_stagger else {}),
             **({"split3": True} if self.split3 else {}),
         }
 
@@ -109,7 +109,7 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
                 "store_warp": parse_bool("store_warp", raw["store_warp"]),
                 "swap_ab": parse_bool("swap_ab", raw["swap_ab"]),
                 "promote": parse_int("promote", raw["promote"]),
-                "promote_overlap": parse_bool("promote_overlap", raw["promote_overlap"]),
+                "promote_stagger": parse_bool("promote_stagger", raw["promote_stagger"]),
                 "split3": parse_bool("split3", raw["split3"])}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ...model.arch import Arch, DType, Gpu, catalogue
-from ...model.problem import SCALE_BLOCK, Fp32Math, Operands, Problem, Scaling
+from ...model.problem import SCALE_BLOCK, Fp8Accum, Fp32Math, Operands, Problem, Scaling
 from ...model.tiles import DecompKind, SmemLayout
 from ..base import Rule, elt_bytes
 from .config import Schedule, Sm90Config
@@ -104,13 +104,21 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              f"for {8 * elt}-bit inputs", config.promote, ",".join(map(str, intervals)))
         rule(elt != 2, "promotion into fp32 accumulators is for fp8 and tf32 inputs", f"{8 * elt}-bit",
              "fp8 or fp32")
-        # Overlapped promotion alternates two partial-sum sets: a third set of accumulators.
-        acc *= 3 if config.promote_overlap else 2
-    rule(not config.promote_overlap or config.promote >= 1, "overlapped promotion (promote_overlap) needs a "
-         "promotion interval (promote >= 1)", config.promote, ">= 1")
+        acc *= 2
+    if config.promote_stagger:
+        rule(config.promote >= 2, "staggered promotion (promote_stagger) needs an interval of 2 or more k-tiles "
+             "to stagger", config.promote, ">= 2")
+        rule(config.schedule is Schedule.COOPERATIVE and config.consumers >= 2, "staggered promotion "
+             "(promote_stagger) staggers the consumer warpgroups of one cooperative tile: 2 or 3 of them",
+             f"{config.schedule.value}, {config.consumers} consumer(s)", "cooperative, 2-3")
     rule(acc <= 192, "accumulators per consumer thread must leave room for addressing", acc, 192)
     if operands is not None and operands.scaling is Scaling.BLOCK:
         _check_block_scaling(config, rule)
+    if problem is not None and elt == 1 and problem.fp8_accum is Fp8Accum.FP32:
+        # fp32 accumulation asked for: the partial sums promoted every 128-512 elements of K (1-4 k-tiles); at
+        # those intervals the error equals cuBLAS's default (H100, docs/perf-notes.md, "fp8 promotion intervals").
+        rule(1 <= config.promote <= 4, "--accumulate fp32 promotes the fp8 partial sums into fp32 every 1-4 "
+             "k-tiles (promote 1, 2 or 4)", config.promote, "1, 2 or 4")
     if problem is not None and elt == 4:
         # fp32 inputs: the problem says which math (Problem.fp32_math); 3xTF32's kernels are the split3 ones.
         x3 = problem.fp32_math is Fp32Math.X3
@@ -253,11 +261,10 @@ def epi_warp_bytes(config: Sm90Config, operands: "Operands | None" = None) -> in
 
 
 def regs_estimate(config: Sm90Config) -> int:
-    """The consumer warpgroup's accumulators (warp.m*warp.n/128, times the partial-sum sets of promotion) plus
-    ~40; the producer needs few."""
+    """The consumer warpgroup's accumulators (warp.m*warp.n/128, twice with promotion's partial sums) plus ~40;
+    the producer needs few."""
     w = config.warp
-    sets = 1 + (config.promote > 0) + config.promote_overlap
-    return w.m * w.n // 128 * sets + 40
+    return w.m * w.n // 128 * (2 if config.promote else 1) + 40
 
 
 def regs_allocated(config: Sm90Config, per_thread: int) -> int:

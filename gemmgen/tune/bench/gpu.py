@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...model.arch import DType
 from ...model.errors import CudaError
-from ...model.problem import Fp32Math, Problem, Scaling
+from ...model.problem import Fp8Accum, Fp32Math, Problem, Scaling
 from .policy import HOLD_BASE_S, HOLD_BATCH, HOLD_MAX_S, HOLD_PER_RUN_S, HOST_BOUND_S, Measurement, TimingPolicy, describe, failed, manifest_mismatch, median, plan_runs, rotation_count, threshold, timing_policy, verdict
 from .. import utility
 from ..reference import GemmPointers, operand_bytes, operand_dtypes, storage_shapes
@@ -295,6 +295,9 @@ class GpuBenchmark:
             # Block scaling: cuBLAS's rowwise scaling stands in (torch._scaled_mm's Hopper block scaling is not in
             # every torch), the nearest fp8 product it runs, with unit scales of the rowwise shapes.
             ones = (torch.ones(problem.m, 1, device="cuda"), torch.ones(1, problem.n, device="cuda"))
+            # Like for like: cuBLAS's fast accumulation against a fast problem, its fp32 accumulation (torch's
+            # default) against an --accumulate fp32 one.
+            fast = problem.fp8_accum is Fp8Accum.FAST
 
             def run_one(i: int) -> None:
                 o = ops[i % len(ops)]
@@ -302,7 +305,7 @@ class GpuBenchmark:
                 sa, sb = (one, one) if not rowwise else ones if problem.scaling is Scaling.BLOCK else (
                     o["scale_a"][:, None], o["scale_b"][None, :])
                 torch._scaled_mm(o["A"], o["B"], sa, sb, bias=o["bias"] if ep.bias else None, out_dtype=out_dtype,
-                                 out=o["D"])
+                                 out=o["D"], use_fast_accum=fast)
 
             if rowwise:
                 try:
