@@ -416,11 +416,11 @@ def test_the_tuner_s_worker_fills_verifies_and_times_scaled_fp8(scaling, knobs):
 # Staggered promotion (promote_stagger): the second warpgroup's intervals end promote/2 k-tiles earlier, so its
 # first interval is shorter and its partial sums are promoted at other k-tiles: not the same bits as plain
 # promotion, but the same accuracy. Checked against float64 and against plain promotion's error on the same
-# inputs (within 5%). K values: fewer k-tiles than the stagger (K = 200), an odd count of intervals, a K that is not
+# inputs (within 5%). K values: fewer k-tiles than the stagger (K = 208), an odd count of intervals, a K that is not
 # a multiple of 128, split-K's shorter per-split k-ranges, a 2x1 cluster, 3xTF32's split3 kernel.
 STAGGER_CASES = {
-    "pr2": ({**_SQUARE, "promote": 2}, ((1000, 1048, 1104), (77, 3000, 200), (300, 520, 656))),
-    "pr4": ({**_SQUARE, "promote": 4}, ((1000, 1048, 2960), (77, 3000, 200), (300, 520, 1424))),
+    "pr2": ({**_SQUARE, "promote": 2}, ((1000, 1048, 1104), (77, 3000, 208), (300, 520, 656))),
+    "pr4": ({**_SQUARE, "promote": 4}, ((1000, 1048, 2960), (77, 3000, 208), (300, 520, 1424))),
     "pr4_n192": ({"cta": "128x192x128", "warp": "64x192x128", "mma": "64x192x32", "stages": 4, "promote": 4},
                  ((1000, 1048, 2960), (300, 520, 1424))),
     "pr2_cluster": ({**_SQUARE, "promote": 2, "cluster": "2x1"}, ((1000, 1048, 1104), (300, 520, 656))),

@@ -97,7 +97,7 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> Non
     parser.add_argument("--accumulate", dest="fp8_accum", default=None, type=text_arg("--accumulate"),
                         help="fp8 inputs only: fast (default: wgmma's own reduced-precision accumulation, as "
                              "torch._scaled_mm's use_fast_accum=True) or fp32 (partial sums promoted into fp32 every "
-                             "1-4 k-tiles: cuBLAS's default accuracy, slower)")
+                             "1-4 k-tiles: within 2%% of cuBLAS's default error, slower)")
 
 
 def problem_from_args(args) -> Problem:
