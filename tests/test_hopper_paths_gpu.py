@@ -462,34 +462,3 @@ def test_staggered_3xtf32_keeps_fp32_accuracy():
     err = rel_error(D, A.double() @ B.double())
     print(f"3xTF32 staggered {m}x{n}x{k}: {err:.2e}")
     assert err < 2e-6   # cuBLAS fp32: ~1e-6 at this K
-
-
-# The store warp's element stores (launch.uses_warp_stores): D's rows not 16-byte aligned, so no TMA store; the
-# consumers stage D in the store boxes as on the aligned path and the producer warpgroup's warp 1 writes them out.
-# Every layout, odd M/N/K, bias + GELU, beta != 0 (C read by the consumers), clusters; D poisoned first, and
-# compared with the same kernel's configuration without the store warp (the consumers' own stores).
-WARP_STORES = {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3,
-               "warp_specialized": True, "persistent": True, "store_warp": True}
-
-
-@pytest.mark.parametrize("a,b,extra", [("row", "row", {}), ("col", "col", {"cluster": "2x1"}),
-                                       ("row", "col", {}), ("col", "row", {"cluster": "1x2"})])
-def test_the_store_warp_writes_an_unaligned_d_element_by_element(a, b, extra):
-    m, n, k = 1001, 1999, 515
-    problem = Problem.create(m, n, k, "bf16", a, b, bias=True, activation="gelu", beta=0.5)
-    gemm = load(problem, {**WARP_STORES, **extra})
-    plain = load(problem, {**WARP_STORES, **extra, "store_warp": False})
-    for mm, nn, kk in ((m, n, k), (333, 517, 259)):
-        A, B = operand(mm, kk, a), operand(kk, nn, b)
-        C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
-        bias = torch.randn(nn, device="cuda").to(torch.bfloat16)
-        outs = []
-        for g in (gemm, plain):
-            D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-            g(A, B, D, C=C, bias=bias)
-            torch.cuda.synchronize()
-            outs.append(D)
-        ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
-        err = rel_error(outs[0], ref)
-        print(f"warp stores {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
-        assert err < TOLERANCE and torch.equal(outs[0], outs[1])

@@ -169,12 +169,6 @@ class KernelFamily:
         latency the main loop needs: a cost on every tile, not only on the bytes from DRAM)."""
         return 1.0
 
-    def epilogue_cost(self, config: TileConfig, problem: Problem) -> float:
-        """Multiplier on the model's per-tile epilogue time (D's bytes at the SM's share of DRAM bandwidth) for
-        this kernel on `problem`: 1 unless the family's way of storing D costs more (e.g. element stores where
-        D's rows are not aligned)."""
-        return 1.0
-
     def context(self, kernel: Kernel) -> dict:
         """Every value the family's templates read, derived from the Kernel alone."""
         raise NotImplementedError

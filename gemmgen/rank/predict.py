@@ -340,7 +340,6 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         overhead += p.sk_range_fixup_s + (1.0 + (slots - sk_rem) / sk_rem) * cta.m * cta.n * ACC_BYTES / (
             l2_rate * clock)
     epilogue = cta.m * cta.n * c_elt / (gpu.dram_bandwidth * p.dram_efficiency / gpu.sm_count)
-    epilogue *= families.of(config).epilogue_cost(config, problem)
     if not traits.persistent:
         overhead += math.ceil(max(waves, 1e-9)) * (p.dram_latency_s + epilogue) / max(1, per_sm)
     elif traits.epilogue_hidden:

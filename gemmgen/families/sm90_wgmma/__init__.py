@@ -31,12 +31,6 @@ STORE_WARP_EXPOSED = 0.9
 # k-tiles than every 4 (0.29 from t ∝ 1 + b / interval), fp8 block scaling (every k-tile, plus its rescale) at 87%
 # of the 0.15 model, fp8 every k-tile at 0.80-0.93 of unpromoted.
 PROMOTE_BUBBLE = 0.25
-# D's rows on 2-byte boundaries (align_c < 4) stored by the consumers themselves, element by element from the
-# staging tile: measured on the H100 (docs/perf-notes.md, "Misaligned operands on Hopper"), the GEMM on packed
-# 4095³ operands ran 204 µs against 179-184 for aligned 4096³, ~5.6 µs more per 128x256 tile than the TMA path's
-# epilogue (the model's 3.2 µs), so about 2.5 times the aligned epilogue. With a store warp the consumers fill the
-# store boxes as on the aligned path and the warp writes the elements (launch.uses_warp_stores): no extra.
-UNALIGNED_D_EPILOGUE = 2.5
 # Staggered promotion (promote_stagger): one warpgroup's drain runs beside the other warpgroups' wgmmas. Predicted
 # first to leave a third of the bubble; measured on the H100 (docs/perf-notes.md, "fp8 promotion intervals"):
 # -1.5% to +6% against plain promotion at the same interval, so it is priced at nearly the plain bubble.
@@ -94,12 +88,6 @@ class Sm90Wgmma(KernelFamily):
 
     def efficiency(self, gpu: Gpu) -> float:
         return EFFICIENCY
-
-    def epilogue_cost(self, config: Sm90Config, problem: Problem) -> float:
-        kernel = Kernel(self.min_arch, problem.operands, config)
-        if problem.operands.align_c < 4 and not _launch.uses_box_epilogue(kernel) and _launch.splits(kernel) == 1:
-            return UNALIGNED_D_EPILOGUE
-        return 1.0
 
     def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:
         pingpong = config.schedule is Schedule.PINGPONG

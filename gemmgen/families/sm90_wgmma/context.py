@@ -5,8 +5,7 @@ from ...model.tiles import Kernel
 from .config import Schedule
 from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSPOSE_TILE_ROWS, a_is_kmajor,
                      b_is_kmajor, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
-                     tile_pack, transposed, uses_box_epilogue, uses_store_warp, uses_tma_store,
-                     uses_warp_stores)
+                     tile_pack, transposed, uses_store_warp, uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
@@ -64,9 +63,6 @@ def context(kernel: Kernel) -> dict:
         "swap_ab": cfg.swap_ab,
         "streamk": is_streamk(kernel),
         "tma_store": uses_tma_store(kernel),
-        # D staged in the 16 x 32 boxes: TMA-stored, or (unaligned 16-bit D) stored element by element by the
-        # store warp (warp_stores).
-        "box_epilogue": uses_box_epilogue(kernel), "warp_stores": uses_warp_stores(kernel),
         # TMA-store boxes (16 x 32) per consumer warp and the warp's staging bytes: rules.epi_boxes.
         "epi_boxes": epi_boxes(cfg, ops),
         "epi_warp_bytes": epi_warp_bytes(cfg, ops),

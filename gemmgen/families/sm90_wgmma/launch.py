@@ -247,25 +247,11 @@ def uses_tma_store(kernel: Kernel) -> bool:
     return kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
 
 
-def uses_warp_stores(kernel: Kernel) -> bool:
-    """D's rows are not 16-byte aligned (no TMA store), D is 16-bit and the configuration has a store warp: the
-    consumers stage D in the TMA-store boxes all the same and the store warp writes them out element by element
-    (a box row per instruction), so the consumers go on to the next tile as they do with TMA stores."""
-    cfg = kernel.config
-    return (cfg.store_warp and kernel.operands.align_c < 8 and kernel.operands.c_dtype.bytes == 2
-            and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64)
-
-
-def uses_box_epilogue(kernel: Kernel) -> bool:
-    """The consumers stage D in 16 x 32 boxes (stmatrix): for TMA stores, or for the store warp's element stores."""
-    return uses_tma_store(kernel) or uses_warp_stores(kernel)
-
-
 def uses_store_warp(kernel: Kernel) -> bool:
-    """D's stores issued by the producer warpgroup's idle warp 1 instead of by each consumer warp (the
+    """D's TMA stores issued by the producer warpgroup's idle warp 1 instead of by each consumer warp (the
     template's STORE_WARP): the configuration's `store_warp`, which constraints.check allows for cooperative
-    data-parallel kernels whose D takes TMA stores, or whose 16-bit D the warp stores element by element."""
-    return kernel.config.store_warp and uses_box_epilogue(kernel)
+    data-parallel kernels whose D takes TMA stores."""
+    return kernel.config.store_warp and uses_tma_store(kernel)
 
 
 def is_streamk(kernel: Kernel) -> bool:

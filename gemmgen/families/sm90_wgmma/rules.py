@@ -180,10 +180,8 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         rule(decomp.kind is DecompKind.DATA_PARALLEL, "a store warp serves data-parallel tiles (split-K and "
              "Stream-K store fp32 partials)", decomp.kind.value, DecompKind.DATA_PARALLEL.value)
         if operands is not None:
-            # Unaligned rows of a 16-bit D it stores element by element (launch.uses_warp_stores).
-            rule(operands.align_c >= 8 or operands.c_dtype.bytes == 2, "a store warp issues TMA stores, or "
-                 "stores a 16-bit D element by element: an fp32 D's leading dimension must be a multiple of 16 "
-                 "bytes", f"align {operands.align_c}, {operands.c_dtype.value}", "align 8 or a 16-bit D")
+            rule(operands.align_c >= 8, "a store warp issues TMA stores: D's leading dimension must be a "
+                 "multiple of 16 bytes", f"align {operands.align_c}", 8)
     if decomp.kind is DecompKind.STREAM_K:
         # Iteration ranges are per CTA, and an owner waits for later CTAs' partials: every CTA of the
         # grid must be resident at once, which only the persistent launch guarantees.
