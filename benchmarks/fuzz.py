@@ -6,7 +6,8 @@
 Each case draws a product at random: dtype (bf16, f16, f32 as tf32, e4m3, e4m3 x e5m2), layouts of A and B (any
 of the four), M, N and K from 1 to a few thousand (often odd, often below a tile), an epilogue (alpha, beta with C,
 bias, ReLU or GELU, fp32 D for 16-bit inputs), fp8 scaling (per tensor, per row/column, 128-blocks), 3xTF32 for
-some fp32 draws (--math 3xtf32, held to fp32's tolerance) and, for a column-major 16-bit A, the row sums of A. The model ranks every family's space for it (the dry run's choice), the
+some fp32 draws (--math 3xtf32, held to fp32's tolerance), fp32 accumulation for some fp8 draws (--accumulate fp32)
+and, for a column-major 16-bit A, the row sums of A. The model ranks every family's space for it (the dry run's choice), the
 top configuration is compiled, exported and loaded with gemmgen.load, and run on fresh random inputs with D (and
 the row sums) poisoned with NaN, at the drawn shape and at a second one it should serve (M one smaller). The output
 is compared with a float64 product of the same inputs (scales and epilogue applied) against the tuner's own
@@ -61,13 +62,16 @@ def draw(rng: random.Random) -> dict:
         spec["row_sums"] = True
     if dtype == "f32" and rng.random() < 0.3:
         spec["fp32_math"] = "3xtf32"
+    if dtype in ("e4m3", "e5m2") and rng.random() < 0.3:
+        spec["fp8_accum"] = "fp32"
     return spec
 
 
 def problem_of(spec: dict):
     from gemmgen import Problem
 
-    keys = ("c_dtype", "alpha", "beta", "bias", "activation", "b_dtype", "scaling", "row_sums", "fp32_math")
+    keys = ("c_dtype", "alpha", "beta", "bias", "activation", "b_dtype", "scaling", "row_sums", "fp32_math",
+            "fp8_accum")
     return Problem.create(spec["m"], spec["n"], spec["k"], spec["dtype"], spec["a"], spec["b"],
                           **{key: spec[key] for key in keys if spec.get(key) is not None})
 
@@ -227,7 +231,7 @@ def main(argv=None) -> int:
         what = (f"{s['m']}x{s['n']}x{s['k']} {s['dtype']}{'x' + s['b_dtype'] if s.get('b_dtype') else ''} "
                 f"{s['a'][0]}{s['b'][0]} " + " ".join(f"{k}={s[k]}" for k in ("alpha", "beta", "bias", "activation",
                                                                               "c_dtype", "scaling", "row_sums",
-                                                                              "fp32_math")
+                                                                              "fp32_math", "fp8_accum")
                                                    if s.get(k) is not None))
         status = ("REFUSED " + r["refused"][:80] if "refused" in r else "FAIL " + r["failure"][:200]
                   if "failure" in r else "ok " + " ".join(f"{e:.1e}" for e in r.get("errors", [])))
