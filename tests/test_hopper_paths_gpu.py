@@ -462,3 +462,39 @@ def test_staggered_3xtf32_keeps_fp32_accuracy():
     err = rel_error(D, A.double() @ B.double())
     print(f"3xTF32 staggered {m}x{n}x{k}: {err:.2e}")
     assert err < 2e-6   # cuBLAS fp32: ~1e-6 at this K
+
+
+# Composed stores (launch.uses_composed_stores): a 16-bit D whose rows are not 16-byte aligned, so no TMA store;
+# the consumers stage D in the store boxes and write each row as aligned 16-byte stores composed from two staged
+# 8-element groups, the row's ends as 2-byte stores. D is a view into a larger NaN-filled buffer, one element in
+# from its left edge and one row short of its bottom, so a store one element outside D shows as a changed guard.
+# Tiles whose box runs are whole rows (128x256 s3), two boxes (128x256 s4), one box (64x256 ping-pong) and a narrow
+# tile; odd M and N, bias + GELU + beta.
+COMPOSED = {
+    "128x256_s3": {"cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3},
+    "128x256_s4_cl2x1": {"cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4, "cluster": "2x1"},
+    "64x256_pp": {"cta": "64x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 5, "schedule": "pingpong"},
+    "128x64": {"cta": "128x64x64", "warp": "64x64x64", "mma": "64x64x16", "stages": 6},
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSED))
+@pytest.mark.parametrize("a,b", [("row", "row"), ("col", "col")])
+def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it(case, a, b):
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **COMPOSED[case]}
+    m, n, k = 1001, 1999, 515
+    gemm = load(Problem.create(m, n, k, "bf16", a, b, bias=True, activation="gelu", beta=0.5), config)
+    for mm, nn, kk in ((m, n, k), (333, 517, 259), (70, 9, 77)):
+        A, B = operand(mm, kk, a), operand(kk, nn, b)
+        C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
+        bias = torch.randn(nn, device="cuda").to(torch.bfloat16)
+        full = torch.full((mm + 1, nn + 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+        D = full[:mm, 1:nn + 1]            # ldd = nn + 2, starting 2 bytes into the buffer
+        gemm(A, B, D, C=C, bias=bias)
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
+        err = rel_error(D, ref)
+        print(f"composed {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
+        assert err < TOLERANCE
+        guard = torch.cat([full[:, 0], full[:, nn + 1], full[mm, :]])
+        assert bool(torch.isnan(guard).all()), f"{case}: a store landed outside D"

@@ -5,7 +5,8 @@ from ...model.tiles import Kernel
 from .config import Schedule
 from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSPOSE_TILE_ROWS, a_is_kmajor,
                      b_is_kmajor, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
-                     tile_pack, transposed, uses_store_warp, uses_tma_store)
+                     tile_pack, transposed, uses_box_epilogue, uses_composed_stores, uses_store_warp,
+                     uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
@@ -63,6 +64,9 @@ def context(kernel: Kernel) -> dict:
         "swap_ab": cfg.swap_ab,
         "streamk": is_streamk(kernel),
         "tma_store": uses_tma_store(kernel),
+        # D staged in the 16 x 32 boxes: TMA-stored, or (a 16-bit D whose rows are not 16-byte aligned) written by
+        # the consumers as aligned 16-byte stores composed from the staged rows (composed_stores).
+        "box_epilogue": uses_box_epilogue(kernel), "composed_stores": uses_composed_stores(kernel),
         # TMA-store boxes (16 x 32) per consumer warp and the warp's staging bytes: rules.epi_boxes.
         "epi_boxes": epi_boxes(cfg, ops),
         "epi_warp_bytes": epi_warp_bytes(cfg, ops),

@@ -247,6 +247,20 @@ def uses_tma_store(kernel: Kernel) -> bool:
     return kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
 
 
+def uses_composed_stores(kernel: Kernel) -> bool:
+    """D is 16-bit and its rows are not 16-byte aligned (no TMA store) in a kernel that writes D itself: the
+    consumers stage D in the store boxes as for TMA stores, then write each row as aligned 16-byte stores composed
+    from two staged 8-element groups (and the few elements at the row's ends as 2-byte stores)."""
+    cfg = kernel.config
+    return (kernel.operands.align_c < 8 and kernel.operands.c_dtype.bytes == 2 and splits(kernel) == 1
+            and not cfg.swap_ab and cfg.cta.n >= 64)
+
+
+def uses_box_epilogue(kernel: Kernel) -> bool:
+    """The consumers stage D in 16 x 32 boxes (stmatrix): for TMA stores or for the composed stores."""
+    return uses_tma_store(kernel) or uses_composed_stores(kernel)
+
+
 def uses_store_warp(kernel: Kernel) -> bool:
     """D's TMA stores issued by the producer warpgroup's idle warp 1 instead of by each consumer warp (the
     template's STORE_WARP): the configuration's `store_warp`, which constraints.check allows for cooperative
