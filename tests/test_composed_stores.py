@@ -33,6 +33,13 @@ def test_which_kernels_compose_their_stores(m, n, c_dtype, composed):
     assert uses_tma_store(k) is (n % 8 == 0 and c_dtype is None)
 
 
+def test_a_warp_share_larger_than_its_store_boxes_keeps_the_element_stores():
+    problem = Problem.create(4095, 4095, 4095, "bf16", "row", "row")
+    assert uses_composed_stores(kernel(problem))                       # 3 stages: 8 boxes, the whole share
+    assert not uses_composed_stores(kernel(problem, stages=4))         # 4 stages leave room for 4 of 8
+    assert not uses_composed_stores(kernel(problem, cta="64x256x64", stages=5, schedule="pingpong"))
+
+
 def test_split_k_and_swapped_kernels_keep_their_own_stores():
     problem = Problem.create(4095, 4095, 4095, "bf16", "row", "row")
     assert not uses_composed_stores(kernel(problem, decomposition={"kind": "splitk", "splits": 2}))
@@ -48,8 +55,8 @@ def test_the_rendered_kernel_stages_boxes_and_composes_aligned_stores():
     assert "st.global.v4.b32" in source and "tma_store(&tmD" not in source and "TmaDesc tmD" not in source
 
 
-@pytest.mark.parametrize("fields", [{}, {"cluster": "2x1", "stages": 4},
-                                   {"cta": "64x256x64", "stages": 5, "schedule": "pingpong"}])
+@pytest.mark.parametrize("fields", [{}, {"cluster": "2x1"},
+                                   {"cta": "128x64x64", "warp": "64x64x64", "mma": "64x64x16", "stages": 6}])
 def test_the_sass_has_16_byte_stores_no_tma_store_and_no_local_memory(fields):
     problem = Problem.create(3001, 5003, 4093, "bf16", "row", "row", bias=True, activation="gelu", beta=0.5)
     compiled = compile_kernel(kernel(problem, **fields), H100)

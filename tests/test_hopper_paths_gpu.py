@@ -466,10 +466,11 @@ def test_staggered_3xtf32_keeps_fp32_accuracy():
 
 # Composed stores (launch.uses_composed_stores): a 16-bit D whose rows are not 16-byte aligned, so no TMA store;
 # the consumers stage D in the store boxes and write each row as aligned 16-byte stores composed from two staged
-# 8-element groups, the row's ends as 2-byte stores. D is a view into a larger NaN-filled buffer, one element in
-# from its left edge and one row short of its bottom, so a store one element outside D shows as a changed guard.
-# Tiles whose box runs are whole rows (128x256 s3), two boxes (128x256 s4), one box (64x256 ping-pong) and a narrow
-# tile; odd M and N, bias + GELU + beta.
+# 8-element groups, the row's ends as 2-byte stores. D (odd N: its rows start on every 2-byte offset) lies inside a
+# larger NaN-filled buffer with guard elements on both sides: a store outside D shows as a changed guard.
+# Tiles whose warp shares fit their store boxes (128x256 s3, a narrow tile) take the composed stores; those whose
+# share does not (128x256 s4, 64x256 ping-pong) keep the staged element stores, checked the same way. Odd M and N,
+# bias + GELU + beta.
 COMPOSED = {
     "128x256_s3": {"cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 3},
     "128x256_s4_cl2x1": {"cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4, "cluster": "2x1"},
@@ -488,13 +489,15 @@ def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it
         A, B = operand(mm, kk, a), operand(kk, nn, b)
         C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
         bias = torch.randn(nn, device="cuda").to(torch.bfloat16)
-        full = torch.full((mm + 1, nn + 2), float("nan"), device="cuda", dtype=torch.bfloat16)
-        D = full[:mm, 1:nn + 1]            # ldd = nn + 2, starting 2 bytes into the buffer
+        # D contiguous (the bundle's ldd is N; the loader wants its start 16-byte aligned) inside a NaN-filled
+        # buffer, 8 guard elements before it and 10 after.
+        full = torch.full((mm * nn + 18,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        D = full[8:8 + mm * nn].view(mm, nn)
         gemm(A, B, D, C=C, bias=bias)
         torch.cuda.synchronize()
         ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
         err = rel_error(D, ref)
         print(f"composed {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
         assert err < TOLERANCE
-        guard = torch.cat([full[:, 0], full[:, nn + 1], full[mm, :]])
+        guard = torch.cat([full[:8], full[8 + mm * nn:]])
         assert bool(torch.isnan(guard).all()), f"{case}: a store landed outside D"

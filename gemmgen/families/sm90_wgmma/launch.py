@@ -16,7 +16,7 @@ from ...model.arch import Arch, lookup_gpu
 from ...model.problem import Layout, Operands, Problem
 from ...model.tiles import DecompKind, Kernel, streamk_remainder
 from ..base import Launches
-from .rules import smem_bytes
+from .rules import epi_boxes, smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 SWIZZLE_ROW_BYTES = 128  # one 128B-swizzle row: the TMA box's inner extent (64 16-bit or 128 fp8 elements)
@@ -248,12 +248,16 @@ def uses_tma_store(kernel: Kernel) -> bool:
 
 
 def uses_composed_stores(kernel: Kernel) -> bool:
-    """D is 16-bit and its rows are not 16-byte aligned (no TMA store) in a kernel that writes D itself: the
-    consumers stage D in the store boxes as for TMA stores, then write each row as aligned 16-byte stores composed
-    from two staged 8-element groups (and the few elements at the row's ends as 2-byte stores)."""
+    """D is 16-bit and its rows are not 16-byte aligned (no TMA store) in a kernel that writes D itself, and each
+    consumer warp's share of a tile fits its store boxes at once: the consumers stage D in the boxes as for TMA
+    stores, then write each row as aligned 16-byte stores composed from two staged 8-element groups (the few
+    elements at the row's ends as 2-byte stores). Where the share does not fit, rows would leave in runs of 32-64
+    columns, each with its own ends: measured slower than the element stores they replace (docs/perf-notes.md,
+    "Composed stores"), so those kernels keep the staged element stores."""
     cfg = kernel.config
+    share = (cfg.warp.m // 64) * (cfg.warp.n // 32)
     return (kernel.operands.align_c < 8 and kernel.operands.c_dtype.bytes == 2 and splits(kernel) == 1
-            and not cfg.swap_ab and cfg.cta.n >= 64)
+            and not cfg.swap_ab and cfg.cta.n >= 64 and epi_boxes(cfg, kernel.operands) >= share)
 
 
 def uses_box_epilogue(kernel: Kernel) -> bool:
