@@ -169,6 +169,11 @@ class KernelFamily:
         latency the main loop needs: a cost on every tile, not only on the bytes from DRAM)."""
         return 1.0
 
+    def store_overhead_s(self, config: TileConfig, problem: Problem, gpu: Gpu) -> float:
+        """Seconds the kernel's stores of D add that nothing overlaps and the tile epilogue term does not cover
+        (e.g. D's rows off 16-byte boundaries, where no TMA store can write them); 0 by default."""
+        return 0.0
+
     def context(self, kernel: Kernel) -> dict:
         """Every value the family's templates read, derived from the Kernel alone."""
         raise NotImplementedError

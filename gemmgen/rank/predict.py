@@ -322,7 +322,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # The pre-pass (packing, transposing fp8/tf32 operands to K-major, 3xTF32's split) is a copy: its bytes read
     # and written at the copy rate, plus its launch.
     prepass_s = prepass.launches * p.launch_overhead_s + prepass.dram_bytes / (gpu.dram_bandwidth * p.dram_efficiency)
-    overhead = p.launch_overhead_s + prepass_s
+    overhead = p.launch_overhead_s + prepass_s + families.of(config).store_overhead_s(config, problem, gpu)
     if splits > 1 and decomp.fused:
         # No second launch, but each tile's last slice reads every slice's partial of its tile back after the
         # others have arrived, on one SM; the last wave's tiles put that read on the critical path.

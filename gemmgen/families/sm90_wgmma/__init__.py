@@ -31,6 +31,12 @@ STORE_WARP_EXPOSED = 0.9
 # k-tiles than every 4 (0.29 from t ∝ 1 + b / interval), fp8 block scaling (every k-tile, plus its rescale) at 87%
 # of the 0.15 model, fp8 every k-tile at 0.80-0.93 of unpromoted.
 PROMOTE_BUBBLE = 0.25
+# A 16-bit D whose rows are off 16-byte boundaries (no TMA store): its bytes cost extra time, on every schedule,
+# at these rates (H100, docs/perf-notes.md, "Composed stores": 4096x4095x4096 against 4096³ with the same
+# configuration): aligned 16-byte stores composed from the store boxes 13.6 µs for 33.5 MB; the staged element
+# stores 26-42 µs (ping-pong and cooperative).
+COMPOSED_D_RATE = 2.5e12
+ELEMENT_D_RATE = 1.0e12
 # Staggered promotion (promote_stagger): one warpgroup's drain runs beside the other warpgroups' wgmmas. Predicted
 # first to leave a third of the bubble; measured on the H100 (docs/perf-notes.md, "fp8 promotion intervals"):
 # -1.5% to +6% against plain promotion at the same interval, so it is priced at nearly the plain bubble.
@@ -88,6 +94,16 @@ class Sm90Wgmma(KernelFamily):
 
     def efficiency(self, gpu: Gpu) -> float:
         return EFFICIENCY
+
+    def store_overhead_s(self, config: Sm90Config, problem: Problem, gpu: Gpu) -> float:
+        ops = problem.operands
+        if ops.align_c >= 8 or ops.c_dtype.bytes != 2:
+            return 0.0
+        kernel = Kernel(self.min_arch, ops, config)
+        if _launch.splits(kernel) > 1 or config.swap_ab:
+            return 0.0   # the reduction launch or the transposed staged stores write D: not measured apart
+        rate = COMPOSED_D_RATE if _launch.uses_composed_stores(kernel) else ELEMENT_D_RATE
+        return problem.m * problem.n * ops.c_dtype.bytes / rate
 
     def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:
         pingpong = config.schedule is Schedule.PINGPONG
