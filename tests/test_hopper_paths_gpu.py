@@ -501,3 +501,40 @@ def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it
         assert err < TOLERANCE
         guard = torch.cat([full[:8], full[8 + mm * nn:]])
         assert bool(torch.isnan(guard).all()), f"{case}: a store landed outside D"
+
+
+# k_split 2: two consumer warpgroups on alternate k-tiles of one tile, the second's partial added into the first's
+# through shared memory. K of one k-tile (the second warpgroup owns none), two, an odd count and a long one; the
+# swapped skinny tile and an unswapped one with bias + ReLU; several tiles per CTA (persistent) at the larger shape.
+K_SPLIT_CASES = {
+    "swap_64x64": ({"cta": "64x64x64", "warp": "64x64x64", "mma": "64x64x16", "stages": 10, "swap_ab": True},
+                   "col", ((64, 4096, 4096), (61, 1000, 40), (33, 777, 100), (50, 3000, 1000))),
+    "swap_64x16": ({"cta": "64x16x64", "warp": "64x16x64", "mma": "64x16x16", "stages": 12, "swap_ab": True},
+                   "col", ((16, 4096, 4096), (5, 999, 64), (11, 2000, 520))),
+    "64x128": ({"cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 6},
+               "row", ((128, 2048, 2048), (333, 517, 259), (700, 900, 64))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(K_SPLIT_CASES))
+def test_two_warpgroups_on_alternate_k_tiles_match_the_reference(case):
+    knobs, b_layout, shapes = K_SPLIT_CASES[case]
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, "k_split": 2, **knobs}
+    m0, n0, k0 = shapes[0]
+    bias = case == "64x128"
+    gemm = load(Problem.create(m0, n0, k0, "bf16", "row", b_layout, bias=bias, activation="relu" if bias else None),
+                config)
+    for m, n, k in shapes:
+        A, B = operand(m, k, "row"), operand(k, n, b_layout)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ref = A.float() @ B.float()
+        if bias:
+            b = torch.randn(n, device="cuda").to(torch.bfloat16)
+            gemm(A, B, D, bias=b)
+            ref = torch.relu(ref + b.float())
+        else:
+            gemm(A, B, D)
+        torch.cuda.synchronize()
+        err = rel_error(D, ref)
+        print(f"k_split {case} {m}x{n}x{k}: {err:.2e}")
+        assert err < TOLERANCE
