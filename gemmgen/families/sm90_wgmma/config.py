@@ -51,19 +51,15 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
     # A' = [A_big | A_big | A_small] and B' = [B_big ; B_small ; B_big] along K by a pre-pass, so one tf32 GEMM
     # over K' = 3K sums the three products that carry fp32 accuracy (the small x small one is dropped).
     split3: bool = False
-    # Two consumer warpgroups on one warpgroup tile, taking alternate k-tiles into their own accumulators; the
-    # second's partial sums are added into the first's through shared memory before the epilogue. For tiles whose
-    # k-loop, not memory, bounds them (the swapped 64-row tiles of skinny products: ~300 ns per k-tile).
-    k_split: int = 1
 
     KNOBS = {"warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
              "swap_ab": False, "promote": 0, "promote_stagger": False,
-             "split3": False, "k_split": 1}
+             "split3": False}
 
     @property
     def consumers(self) -> int:
         """Consumer warpgroups: the warpgroup arrangement, twice over in ping-pong (two over one tile)."""
-        return self.warps_m * self.warps_n * (2 if self.schedule is Schedule.PINGPONG else 1) * self.k_split
+        return self.warps_m * self.warps_n * (2 if self.schedule is Schedule.PINGPONG else 1)
 
     @property
     def math_threads(self) -> int:
@@ -91,8 +87,6 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             parts.append("ps")
         if self.split3:
             parts.append("x3")
-        if self.k_split > 1:
-            parts.append(f"ks{self.k_split}")
         return parts
 
     def knob_values(self) -> dict:
@@ -106,7 +100,6 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             **({"promote": self.promote} if self.promote else {}),
             **({"promote_stagger": True} if self.promote_stagger else {}),
             **({"split3": True} if self.split3 else {}),
-            **({"k_split": self.k_split} if self.k_split > 1 else {}),
         }
 
     @classmethod
@@ -117,8 +110,7 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
                 "swap_ab": parse_bool("swap_ab", raw["swap_ab"]),
                 "promote": parse_int("promote", raw["promote"]),
                 "promote_stagger": parse_bool("promote_stagger", raw["promote_stagger"]),
-                "split3": parse_bool("split3", raw["split3"]),
-                "k_split": parse_int("k_split", raw["k_split"])}
+                "split3": parse_bool("split3", raw["split3"])}
 
 
 __all__ = ["Schedule", "Sm90Config"]

@@ -35,7 +35,7 @@ def context(kernel: Kernel) -> dict:
         # 128-K block scales applied to each k-tile's partial sums as they are promoted (block).
         "scales": has_scales(kernel),
         "scaling": kernel.operands.scaling.value,
-        "promote": cfg.promote, "promote_stagger": cfg.promote_stagger, "k_split": cfg.k_split,
+        "promote": cfg.promote, "promote_stagger": cfg.promote_stagger,
         "split3": cfg.split3,
         "cd": ops.c_dtype.ptx,
         "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,

@@ -133,17 +133,6 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # products reach 2e-5, with it 2-4e-7 (H100, tests/test_hopper_paths_gpu.py), fp32's class.
         rule(config.promote >= 1, "3xTF32 (split3) promotes its partial sums into fp32 (promote 1, 2, 4 or 8)",
              config.promote, "1, 2, 4 or 8")
-    if config.k_split != 1:
-        rule(config.k_split == 2, "k_split (warpgroups on alternate k-tiles) must be 1 or 2", config.k_split, "1, 2")
-        rule(config.warps_m * config.warps_n == 1 and config.schedule is Schedule.COOPERATIVE
-             and decomp.kind is DecompKind.DATA_PARALLEL, "k_split 2 puts two warpgroups on one data-parallel "
-             "cooperative tile: the warpgroup tile must be the CTA tile",
-             f"{config.warps_m}x{config.warps_n} warpgroups, {config.schedule.value}, {decomp.tag}",
-             "1x1, cooperative, dp")
-        rule(not (config.promote or config.split3 or config.store_warp)
-             and (operands is None or (operands.scaling is not Scaling.BLOCK and not operands.row_sums)),
-             "k_split 2 is implemented without promotion, 3xTF32, a store warp, block scales or row sums",
-             "k_split 2", "plain tiles")
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
     # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
     # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
@@ -225,10 +214,8 @@ def _check_block_scaling(config: Sm90Config, rule: Rule) -> None:
 def smem_bytes(config: Sm90Config, operands: "Operands | None" = None) -> int:
     """1024-byte aligned stages for the 128B swizzle, plus the epilogue's per-warp staging (epi_boxes); one
     BARRIER_BYTES holds the mbarriers, another aligns the ring to 1024 B."""
-    # k_split 2: the second warpgroup's fp32 partial of the tile, handed to the first through shared memory.
-    partial = config.cta.m * config.cta.n * 4 if config.k_split > 1 else 0
     return _ring_bytes(config, elt_bytes(operands)) + config.math_threads // 32 * epi_warp_bytes(config, operands) \
-        + 2 * BARRIER_BYTES + partial
+        + 2 * BARRIER_BYTES
 
 
 def _ring_bytes(config: Sm90Config, elt: int) -> int:
@@ -248,7 +235,6 @@ def epi_boxes(config: Sm90Config, operands: "Operands | None" = None) -> int:
     origin live across the main loop, which had made the 128x256 tile spill with more)."""
     warps = config.math_threads // 32
     ring = _ring_bytes(config, elt_bytes(operands)) + 2 * BARRIER_BYTES
-    ring += config.cta.m * config.cta.n * 4 if config.k_split > 1 else 0   # k_split's partial (smem_bytes)
     base = ring + warps * EPI_WARP_BYTES
     per_sm, optin = _hopper_smem()
     resident = max(1, per_sm // (base + 1024))   # the driver reserves 1 KB per CTA
