@@ -12,6 +12,11 @@ by the model the tuner uses (rank.calibration's stored calibration for the GPU, 
 verified and timed as the tuner times them (GpuBenchmark, --passes interleaved passes, median), and Spearman's rho
 between predicted and measured time is printed beside the measurement's own repeatability (rho between two passes)
 and the model's top pick among the sample against the sample's measured best.
+
+With --hold S each configuration is instead exported, loaded (gemmgen.load), verified once with D poisoned, and
+timed sustained: --warm seconds back to back, then S seconds timed (benchmarks/power_limit.py's method), in a
+fresh random order per pass. Large products drive the H100 into its power limit within a second, and a burst
+timing then depends on what ran just before it; the sustained time is the one a training job sees.
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ def main(argv=None) -> int:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=14)
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="time each configuration sustained for this many seconds (0: the tuner's bursts)")
+    parser.add_argument("--warm", type=float, default=0.6, help="with --hold: seconds back to back before timing")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -47,8 +55,6 @@ def main(argv=None) -> int:
     from gemmgen.rank.predict import predict
     from gemmgen.rank.space import enumerate_space
     from gemmgen.runtime.detect import detect_gpu
-    from gemmgen.runtime.manifest import make_manifest
-    from gemmgen.tune.bench import GpuBenchmark
     from gemmgen.tune.calibrate import spearman
 
     gpu = detected_gpu()
@@ -66,25 +72,10 @@ def main(argv=None) -> int:
         built = compile_many(kernels, jobs=args.jobs)
         print(f"{shape}: {len(sample)} of {len(space)} configurations compiled in {time.time() - t0:.0f} s",
               flush=True)
-        bench = GpuBenchmark(seed=args.seed)
-        times: "dict[str, list[float]]" = {}
-        failed = {}
-        try:
-            cublas = []
-            for _ in range(args.passes):
-                cublas.append(bench.cublas_time(problem, fresh=True))
-                for kernel, result in zip(kernels, built):
-                    tag = kernel.config.tag
-                    if isinstance(result, Exception) or tag in failed:
-                        failed.setdefault(tag, f"compile: {str(result)[:120]}")
-                        continue
-                    measured = bench.measure(make_manifest(kernel, problem, result), result.cubin, problem)
-                    if not measured.ok:
-                        failed[tag] = measured.reason[:160]
-                        continue
-                    times.setdefault(tag, []).append(measured.time_s)
-        finally:
-            bench.close()
+        if args.hold > 0:
+            times, failed, cublas = time_sustained(problem, kernels, built, args, rng)
+        else:
+            times, failed, cublas = time_bursts(problem, kernels, built, args)
         ok = [tag for tag, t in times.items() if len(t) == args.passes]
         pred = [predicted[tag] for tag in ok]
         meas = [statistics.median(times[tag]) for tag in ok]
@@ -94,6 +85,7 @@ def main(argv=None) -> int:
         best = min(meas)
         row = {"shape": shape, "dtype": args.dtype, "family": args.family, "space": len(space), "sampled": len(sample),
                "measured": len(ok), "failed": failed, "spearman": rho, "repeatability": repeat,
+               "timing": f"sustained {args.warm}+{args.hold} s" if args.hold > 0 else "bursts",
                "pick_vs_best": best / statistics.median(times[pick]), "best_tflops": problem.flops / best / 1e12,
                "cublas_tflops": problem.flops / statistics.median(cublas) / 1e12,
                "configs": [{"config": tag, "predicted_s": predicted[tag], "measured_s": times[tag]} for tag in ok]}
@@ -112,6 +104,71 @@ def main(argv=None) -> int:
         print(f"{r['shape']:18} {r['sampled']:8} {r['measured']:8} {fmt(r['spearman']):>15} "
               f"{fmt(r['repeatability']):>17} {r['pick_vs_best']:9.3f} {r['best_tflops']:8.0f} {r['cublas_tflops']:9.0f}")
     return 0
+
+
+def time_bursts(problem, kernels, built, args):
+    """The tuner's timing (GpuBenchmark: warm-up, rotated inputs, median of bursts), --passes passes in order."""
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.tune.bench import GpuBenchmark
+
+    bench = GpuBenchmark(seed=args.seed)
+    times: "dict[str, list[float]]" = {}
+    failed: "dict[str, str]" = {}
+    cublas = []
+    try:
+        for _ in range(args.passes):
+            cublas.append(bench.cublas_time(problem, fresh=True))
+            for kernel, result in zip(kernels, built):
+                tag = kernel.config.tag
+                if isinstance(result, Exception) or tag in failed:
+                    failed.setdefault(tag, f"compile: {str(result)[:120]}")
+                    continue
+                measured = bench.measure(make_manifest(kernel, problem, result), result.cubin, problem)
+                if not measured.ok:
+                    failed[tag] = measured.reason[:160]
+                    continue
+                times.setdefault(tag, []).append(measured.time_s)
+    finally:
+        bench.close()
+    return times, failed, cublas
+
+
+def time_sustained(problem, kernels, built, args, rng):
+    """Each kernel through gemmgen.load, verified once (D poisoned, fp32 reference), then timed at the power limit
+    (power_limit.sustained) in a shuffled order per pass; cuBLAS (torch.matmul) the same way."""
+    import torch
+
+    from benchmarks.harness import load_compiled, verify_shapes
+    from benchmarks.misaligned import operand, rel_error
+    from benchmarks.power_limit import SETS, sustained
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    m, n, k = problem.m, problem.n, problem.k
+    a_layout, b_layout = problem.operands.a_layout.value, problem.operands.b_layout.value
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[problem.operands.a_dtype.value]
+    sets = [(operand(torch, m, k, a_layout, dtype), operand(torch, k, n, b_layout, dtype),
+             torch.empty(m, n, device="cuda", dtype=dtype)) for _ in range(SETS)]
+    calls, failed = {}, {}
+    for kernel, result in zip(kernels, built):
+        tag = kernel.config.tag
+        if isinstance(result, Exception):
+            failed[tag] = f"compile: {str(result)[:120]}"
+            continue
+        gemm = load_compiled(kernel, problem, result, "gemmgen-rank-")
+        ok, errors = verify_shapes(torch, gemm, [(m, n, k)], a_layout, b_layout, operand, rel_error)
+        if not ok:
+            failed[tag] = f"verify: {errors}"[:160]
+            continue
+        calls[tag] = (lambda g: (lambda s: g(*s)))(gemm)
+    times: "dict[str, list[float]]" = {}
+    cublas = []
+    for _ in range(args.passes):
+        order = list(calls)
+        rng.shuffle(order)
+        cublas.append(sustained(torch, lambda s: torch.matmul(s[0], s[1], out=s[2]), sets, args.warm, args.hold))
+        for tag in order:
+            times.setdefault(tag, []).append(sustained(torch, calls[tag], sets, args.warm, args.hold))
+    return times, failed, cublas
 
 
 if __name__ == "__main__":

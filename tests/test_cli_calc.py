@@ -53,17 +53,20 @@ def test_intensity_text_output_names_the_gpu_and_peak(capsys):
     assert code == 0 and "h100-sxm" in out and "85.333" in out
 
 
-def test_roofline_8192_cubed_on_h100_reports_compute_bound(capsys):
+def test_roofline_8192_cubed_on_h100_reports_compute_bound_and_its_kernel_power_bound(capsys):
     code, out, _ = run_cli(capsys, "roofline", "8192", "8192", "8192", "--gpu", "h100")
     assert code == 0
-    assert "compute-bound" in out and "\nbound: compute" in out
+    assert "compute-bound" in out and "\nbound: power" in out
+    assert "\npower: at the 700 W limit" in out and "power-bound, so fewer bytes moved per FLOP" in out
+    code, out, _ = run_cli(capsys, "roofline", "16", "4096", "4096", "--gpu", "h100")
+    assert code == 0 and "\nbound: memory" in out and "not binding" in out
 
 
 @pytest.mark.parametrize("dtype", ["f32", "e4m3", "bf16"])
 def test_roofline_answers_every_dtype_the_h100_runs_and_says_why_it_packs(capsys, dtype):
     # fp32 inputs run as tf32 (K-major only: the default row-major B is transposed by the pack); no --config needed.
     code, out, _ = run_cli(capsys, "roofline", "4096", "4096", "4096", "--gpu", "h100", "--dtype", dtype)
-    assert code == 0 and "\nbound: compute" in out
+    assert code == 0 and ("\nbound: compute" in out or "\nbound: power" in out)
     if dtype == "bf16":
         assert "pack:" not in out   # wgmma transposes 16-bit operands itself
     else:

@@ -61,11 +61,13 @@ def test_wider_element_types_halve_intensity():
     assert cta_level(Shape3(128, 128, 32), "f32").intensity == pytest.approx(cta_level(Shape3(128, 128, 32), "f16").intensity / 2)
 
 
-def test_8192_cubed_bf16_on_h100_is_compute_bound(h100, hopper_big):
+def test_8192_cubed_bf16_on_h100_is_compute_bound_and_its_kernel_power_bound(h100, hopper_big):
     problem = Problem.create(8192, 8192, 8192, "bf16")
     roof = roofline(problem, h100, predict(problem, hopper_big, h100))
     assert roof.bound == "compute"
-    assert roof.prediction.bound == "compute"
+    # Held at 700 W the clock falls below what the tensor cores could do at the datasheet clock.
+    pred = roof.prediction
+    assert pred.bound == "power" and pred.limiter == "power" and pred.power_s > pred.compute_s > pred.memory_s
     # A sane magnitude: between cuBLAS-like efficiency and the datasheet peak.
     assert 500 < roof.prediction.tflops < 989.4
 
@@ -77,6 +79,32 @@ def test_16x4096x4096_on_h100_is_memory_bound(h100):
     assert roof.min_intensity == pytest.approx(problem.flops / problem.min_bytes)
     skinny = make_config("sm80_mma", "32x64x64", "16x32x64", "16x8x16", 4, decomposition={"kind": "splitk", "splits": 4})
     assert predict(problem, skinny, h100).bound == "memory"
+
+
+def test_power_ceiling_is_energy_over_the_power_left_after_the_static_draw(h100, hopper_big):
+    import dataclasses
+
+    from gemmgen.rank.predict import DEFAULT_PARAMS, power_time
+
+    p = DEFAULT_PARAMS
+    joules = 1e-12 * (1e12 * p.energy_pj_per_flop + 1e9 * p.energy_pj_per_dram_byte + 2e9 * p.energy_pj_per_l2_byte)
+    assert power_time(1e12, 1e9, 2e9, "bf16", h100) == pytest.approx(joules / (700.0 - p.static_power_w))
+    # A FLOP's energy scales with the inputs' width: fp8 at half a 16-bit FLOP's.
+    assert power_time(1e12, 0, 0, "e4m3", h100) == pytest.approx(power_time(1e12, 0, 0, "bf16", h100) / 2)
+    # No ceiling where the catalogue has no power limit, or the model no energy figures.
+    assert power_time(1e12, 1e9, 2e9, "bf16", dataclasses.replace(h100, power_limit_w=0.0)) == 0.0
+    assert power_time(1e12, 1e9, 2e9, "bf16", h100, dataclasses.replace(p, energy_pj_per_flop=0.0)) == 0.0
+
+
+def test_at_the_power_limit_a_tile_moving_more_bytes_per_flop_loses_more(h100, hopper_big):
+    problem = Problem.create(8192, 8192, 8192, "bf16")
+    small = make_config("sm90_wgmma", "128x128x64", "64x128x64", "64x128x16", 5,
+                        warp_specialized=True, persistent=True, raster={"order": "row", "group": 8})
+    big, little = predict(problem, hopper_big, h100), predict(problem, small, h100)
+    assert little.tiled_bytes > big.tiled_bytes and little.power_s > big.power_s
+    # The ceiling never binds on a product that is over in microseconds.
+    tiny = Problem.create(16, 4096, 4096, "bf16")
+    assert predict(tiny, small, h100).power_s < predict(tiny, small, h100).memory_s
 
 
 def test_ridge_is_peak_over_bandwidth(h100):

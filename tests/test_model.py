@@ -64,7 +64,7 @@ def test_accepted_configurations_get_a_finite_positive_prediction(pair, m, n, k)
     pred = predict(problem, config, gpu)
     assert math.isfinite(pred.time_s) and pred.time_s > 0
     assert pred.tflops * 1e12 <= gpu.tensor_peak("bf16")
-    assert pred.bound in ("compute", "memory")
+    assert pred.bound in ("compute", "memory", "power")
     assert 0 < pred.wave_efficiency <= 1
     assert problem.min_bytes <= pred.dram_bytes + 1e-6 <= pred.tiled_bytes + 1e-3
     assert pred.executed_flops >= problem.flops

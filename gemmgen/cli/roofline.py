@@ -116,6 +116,13 @@ def run(args) -> int:
             why.append("3xTF32 writes the operands' small parts")
         print(f"pack: {top_pred.prepass_bytes / 1e6:.1f} MB read and written before the main loop, "
               f"{top_pred.prepass_s * 1e6:.1f} us of the time ({'; '.join(why)})")
+    if top_pred.power_s:
+        # The third ceiling: held at the board power limit, energy per second sets the clock (rank/predict.py).
+        clock_bound = max(top_pred.compute_s, top_pred.memory_s)
+        print(f"power: at the {gpu.power_limit_w:.0f} W limit the pick's energy needs {top_pred.power_s * 1e6:.1f} us "
+              f"against {clock_bound * 1e6:.1f} us at the datasheet clock"
+              + (": power-bound, so fewer bytes moved per FLOP is what speeds it up" if top_pred.bound == "power"
+                 else ": not binding"))
     if args.plot:
         print(f"plot: {args.plot}")
     return 0

@@ -103,6 +103,7 @@ class Gpu:
     aliases: "tuple[str, ...]" = ()
     memory_bus_bits: int = 0
     memory_clock_mhz: float = 0.0
+    power_limit_w: float = 0.0  # board power limit (TDP); 0: unknown, the model then has no power ceiling
     notes: str = ""
 
     def tensor_peak(self, dtype: "DType | str") -> float:
@@ -142,6 +143,7 @@ def _gpu_from_entry(key: str, entry: dict) -> Gpu:
             aliases=tuple(str(a).lower() for a in entry.get("aliases", ())),
             memory_bus_bits=int(entry.get("memory_bus_bits", 0)),
             memory_clock_mhz=float(entry.get("memory_clock_mhz", 0.0)),
+            power_limit_w=float(entry.get("power_limit_w", 0.0)),
             notes=str(entry.get("notes", "")),
         )
     except KeyError as missing:

@@ -70,6 +70,19 @@ MULTICAST_REALIZED = 0.0
 # with 128x256 tiles: +12.4 us), so they reproduce those two and are not yet validated beyond them.
 FUSED_ARRIVE_S = 3.5e-6
 FUSED_REDUCE_BYTES_PER_S_PER_SM = 29e9
+# The power ceiling (docs/perf-notes.md, "The power ceiling"). A product that runs for more than a few
+# milliseconds holds the GPU at its board power limit (Gpu.power_limit_w), where the clock falls until the
+# energy per second fits: time >= energy / (limit - static power). Energy is counted per tensor-core FLOP
+# (16-bit inputs; scaled by input width for others), per byte read from DRAM (HBM3's published ~3.9 pJ/bit,
+# held, not fitted: the fitting sample barely varies DRAM traffic) and per byte of operand tile moved from L2
+# through shared memory into the tensor cores (it stands for every hop of that path). So at the power limit a
+# tile that moves more bytes per FLOP loses more than the clock-for-clock model says. FLOP and tile-byte
+# energies fitted on the H100 to one shape's sustained times (8192^3, 32 random configurations; scored on
+# other shapes: benchmarks/power_model_fit.py); other GPUs with a catalogue power limit get the same figures.
+STATIC_POWER_W = 100.0
+ENERGY_PJ_PER_FLOP = 0.55
+ENERGY_PJ_PER_DRAM_BYTE = 31.0
+ENERGY_PJ_PER_L2_BYTE = 28.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,10 @@ class ModelParams:
     multicast_realized: float = MULTICAST_REALIZED
     fused_arrive_s: float = FUSED_ARRIVE_S
     fused_reduce_bytes_per_s_per_sm: float = FUSED_REDUCE_BYTES_PER_S_PER_SM
+    static_power_w: float = STATIC_POWER_W
+    energy_pj_per_flop: float = ENERGY_PJ_PER_FLOP
+    energy_pj_per_dram_byte: float = ENERGY_PJ_PER_DRAM_BYTE
+    energy_pj_per_l2_byte: float = ENERGY_PJ_PER_L2_BYTE
     efficiency_scale: "tuple[tuple[str, float], ...]" = ()  # (family, factor on its efficiency(gpu))
     # (feature, weight in log time) of rank/terms.py: learned corrections on the physical time; none by default.
     terms: "tuple[tuple[str, float], ...]" = ()
@@ -139,8 +156,8 @@ class Prediction:
 
     time_s: float
     tflops: float  # useful FLOP (2*M*N*K) / time
-    bound: str  # 'compute' or 'memory': which side sets the main kernel's time
-    limiter: str  # what limits within that side: 'tensor', 'smem', 'l2', 'waves' or 'dram'
+    bound: str  # 'compute', 'memory' or 'power' (the board power limit): which side sets the main kernel's time
+    limiter: str  # what limits within that side: 'tensor', 'smem', 'l2', 'waves', 'dram' or 'power'
     flops: int  # 2*M*N*K
     executed_flops: float  # including the padding of partial tiles
     dram_bytes: float  # after L2 reuse
@@ -157,6 +174,7 @@ class Prediction:
     tensor_efficiency: float  # achieved fraction of the tensor peak in the main loop (before waves)
     compute_s: float
     memory_s: float
+    power_s: float
     overhead_s: float
     dram_rate: float  # bytes/s the grid can pull
     levels: "tuple[Level, ...]" = field(default=())
@@ -347,12 +365,17 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     else:
         overhead += p.dram_latency_s + math.ceil(max(waves, 1e-9)) * epilogue * traits.epilogue_exposed
 
-    main = max(compute_s, memory_s)
+    power_s = power_time(executed, dram_bytes, tiled_bytes, problem.a_dtype, gpu, p)
+    main = max(compute_s, memory_s, power_s)
     bound = "compute" if compute_s >= memory_s else "memory"
+    if power_s > max(compute_s, memory_s):
+        bound = "power"
     if prepass_s > main:
         # The copy before the main loop takes longer than the main loop itself (a transposed operand of a
         # skinny product): DRAM-bound, and the pack is what to remove (lay the operand out K-major).
         bound, limiter = "memory", "pack"
+    elif bound == "power":
+        limiter = "power"
     elif bound == "memory":
         limiter = "dram"
     elif wave_eff < 0.5:
@@ -367,10 +390,23 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         l2_saved_bytes=tiled_bytes - dram_bytes, intensity=problem.flops / dram_bytes,
         tiled_intensity=problem.flops / tiled_bytes, tiles=tiles, units=units, waves=waves,
         wave_efficiency=wave_eff, ctas_per_sm=per_sm, occupancy=occupancy, tensor_efficiency=achieved,
-        compute_s=compute_s, memory_s=memory_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels,
+        compute_s=compute_s, memory_s=memory_s, power_s=power_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels,
         correction=corr, prepass_bytes=float(prepass.dram_bytes), prepass_s=prepass_s)
 
 
 
+def power_time(executed_flops: float, dram_bytes: float, l2_bytes: float, dtype: "DType | str", gpu: Gpu,
+               params: ModelParams = DEFAULT_PARAMS) -> float:
+    """Seconds the work takes at the GPU's board power limit: its energy over the power left after the static
+    draw; 0 where the catalogue has no limit for the GPU or the model no energy figures. A FLOP's energy scales
+    with the inputs' width (fp8 at half a 16-bit FLOP's, tf32 at twice: the datapath moves that many bits)."""
+    budget = gpu.power_limit_w - params.static_power_w
+    if budget <= 0 or not params.energy_pj_per_flop:
+        return 0.0
+    width = DType.parse(dtype).bytes / 2.0
+    joules = 1e-12 * (executed_flops * params.energy_pj_per_flop * width
+                      + dram_bytes * params.energy_pj_per_dram_byte + l2_bytes * params.energy_pj_per_l2_byte)
+    return joules / budget
 
-__all__ = ["DEFAULT_PARAMS", "ModelParams", "Prediction", "config_levels", "footprint", "latency_coverage", "predict", "tensor_efficiency"]
+
+__all__ = ["DEFAULT_PARAMS", "ModelParams", "Prediction", "config_levels", "footprint", "latency_coverage", "power_time", "predict", "tensor_efficiency"]
