@@ -28,6 +28,7 @@ def test_every_entry_fills_every_field_with_a_plausible_value_and_a_source(key):
     assert gpu.tensor_peak("bf16") == gpu.tensor_peak("f16")
     assert gpu.fp32_simt_flops < gpu.tensor_peak("bf16")
     assert gpu.smem_per_block_optin < gpu.smem_per_sm
+    assert 150 <= gpu.power_limit_w <= 1000   # board power (the model's power ceiling divides energy by it)
     # The driver-style memory clock and bus width give the datasheet bandwidth within a few percent.
     derived = 2 * gpu.memory_clock_mhz * 1e6 * gpu.memory_bus_bits / 8
     assert derived == pytest.approx(gpu.dram_bandwidth, rel=0.05)
