@@ -1,6 +1,6 @@
 """The tuner's performance model: the predicted time of one configuration on one problem and GPU.
 
-time = max(compute, memory) + overheads, built on the calculator's levels (gemmgen.calc) and on what each
+time = max(compute, memory, power) + overheads, built on the calculator's levels (gemmgen.calc) and on what each
 kernel family says about its kernels (KernelFamily.traits: main-loop efficiency, how shared memory is read,
 TMA loads, persistence, how the epilogue overlaps). Pure Python; no CUDA.
 
@@ -214,9 +214,11 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     """Predicted time of `config` on `problem` and `gpu` (with the model's free parameters `params`, by default
     the constants above); raises InvalidConfig if it cannot run.
 
-    time = (max(compute, memory) + overheads) x the learned terms' correction (rank/terms.py; 1 by default), where
+    time = (max(compute, memory, power) + overheads) x the learned terms' correction (rank/terms.py; 1 by default),
+    where
       compute = executed FLOP / (SMs * peak/SM * family efficiency * feed efficiency) / wave efficiency,
       memory  = DRAM bytes after L2 reuse / min(0.9 * bandwidth, CTAs * bytes in flight / latency),
+      power   = energy of the FLOPs, DRAM bytes and tile bytes / (board power limit - static draw),
     and overheads are the launch(es), the split-K reduction pass and, for non-persistent kernels,
     each wave's pipeline fill and epilogue.
     """
