@@ -194,3 +194,34 @@ def test_on_the_gpu_the_models_pick_verifies_at_two_other_shapes_it_serves(dims,
         checks = verify_other_shapes(manifest, compiled.cubin, bench)
     assert len(checks) == 2 and all(c.ok for c in checks), checks
     assert all(c.rel_error is not None and c.rel_error < 2e-2 for c in checks)
+
+
+def test_a_run_of_some_shapes_writes_beside_the_suites_table_not_over_it(capsys, tmp_path, monkeypatch):
+    from gemmgen.cli import main
+    from gemmgen.tune.results import record_path
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {name: sq, M: 256, N: 256, K: 256}\n  - {name: mis, M: 255, N: 256, K: 256}\n")
+    for m, tflops in ((256, 50.0), (255, 80.0)):
+        path = record_path(H100, Problem.create(m, 256, 256, "bf16"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"winner": {"tflops": tflops, "kernel": "k", "config": SM80.to_dict()},
+                                    "cublas": {"tflops": 40.0}, "elapsed_s": 3.0}))
+    folder = tmp_path / "results" / "h100-sxm"
+    assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
+    whole = (folder / "suite.md").read_text()
+    assert "| sq |" in whole and "| mis |" in whole
+    assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16", "--from-results", "--only", "mis"]) == 0
+    assert f"written: {folder / 'suite-partial.md'}" in capsys.readouterr().out
+    assert (folder / "suite.md").read_text() == whole
+    partial = json.loads((folder / "suite-partial.json").read_text())
+    assert [r["name"] for r in partial["rows"]] == ["mis"]
+
+
+def test_a_sustained_run_is_named_as_one(tmp_path, monkeypatch):
+    from gemmgen.tune.suite import SuiteReport
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    md, js = SuiteReport(H100, "shapes.yaml", "2026-11-26", (), False).write(("partial", "sustained"))
+    assert (md.name, js.name) == ("suite-partial-sustained.md", "suite-partial-sustained.json")

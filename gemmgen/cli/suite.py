@@ -113,7 +113,10 @@ def run(args) -> int:
         finally:
             progress.close()
             measurer.close()
-    md, js = report.write()
+    # A run of some shapes, or timed sustained, is not the suite's usual table: written beside it, not over it.
+    variants = (("partial",) if args.only else ()) + (
+        ("sustained",) if getattr(args, "timing", None) == "sustained" and not args.from_results else ())
+    md, js = report.write(variants)
     cols = report.columns()
     print(table([[cell(r) for _, cell in cols] for r in report.rows], [h for h, _ in cols]))
     for line in report.geomean_lines():

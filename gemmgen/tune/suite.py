@@ -231,14 +231,18 @@ class SuiteReport:
                 "geomean_ratio": self.geomeans(),
                 "geomean_ratio_by_suite": {name: self.geomeans(name) for name in self.suites()}}
 
-    def write(self) -> "tuple[Path, Path]":
+    def write(self, variants: "tuple[str, ...]" = ()) -> "tuple[Path, Path]":
         """results/<gpu>/suite.{md,json} (suite-dry-run.* for a dry run): the latest report per GPU, replaced
         atomically; the date is inside. Several suites in one table: suite-<name>+<name>.{md,json}, so the one
-        suite's report beside it is kept."""
+        suite's report beside it is kept. `variants` name a run that is not the whole suite as usual (`partial`:
+        only some shapes; `sustained`: timed at the power limit), appended the same way: re-tuning one shape
+        leaves the whole suite's table in place."""
         name = "suite-dry-run" if self.dry_run else "suite"
         suites = self.suites()
         if len(suites) > 1:
             name += "-" + "+".join("".join(c if c.isalnum() or c in "-_." else "_" for c in s) for s in suites)
+        for variant in variants:
+            name += "-" + variant
         base = gpu_dir(self.gpu) / name
         md, js = base.with_suffix(".md"), base.with_suffix(".json")
         atomic_write(md, self.markdown().encode(), durable=True)
