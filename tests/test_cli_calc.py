@@ -187,3 +187,19 @@ def test_roofline_without_gpu_on_a_machine_without_one_says_so(capsys, monkeypat
     monkeypatch.setattr(detect, "read_props", lambda device=0: ({}, "no CUDA driver found (libcuda.so not loadable)"))
     code, _, err = run_cli(capsys, "roofline", "64", "64", "64")
     assert code == 2 and "no CUDA driver found" in err and "--gpu NAME" in err
+
+
+def test_tune_says_when_a_product_would_run_power_limited_in_a_training_loop(capsys):
+    from gemmgen.cli.tune import say_power
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+
+    h100 = lookup_gpu("h100")
+    say_power(Problem.create(8192, 8192, 8192, "bf16"), h100, "burst")
+    err = capsys.readouterr().err
+    assert err.startswith("note: at the 700 W board limit") and "--timing sustained" in err
+    # Already timed sustained, too short to heat the card, or memory-bound: nothing to say.
+    say_power(Problem.create(8192, 8192, 8192, "bf16"), h100, "sustained")
+    say_power(Problem.create(1024, 1024, 1024, "bf16"), h100, "burst")
+    say_power(Problem.create(16, 4096, 4096, "bf16"), h100, "burst")
+    assert capsys.readouterr().err == ""

@@ -239,6 +239,28 @@ def say_calibration(gpu) -> None:
         print(f"note: the model ranks with the calibration in {path}", file=sys.stderr)
 
 
+# A product whose compute alone takes this long is timed over many back-to-back runs in a training loop, long enough
+# for the card to settle at its power limit.
+POWER_NOTE_MIN_S = 100e-6
+
+
+def say_power(problem, gpu, timing: str) -> None:
+    """Say when the product would run power-limited in a training loop while the tune times it in bursts: its
+    energy at the model's figures (rank/predict.power_time, the least bytes it must move) needs about as long at
+    the board limit as its FLOPs at the datasheet rate, so bursts near the boost clock may rank the finalists
+    differently from what a training loop sees (docs/perf-notes.md, "The power ceiling")."""
+    from ..rank.predict import power_time
+
+    if timing != "burst":
+        return
+    compute_s = problem.flops / min(gpu.tensor_peak(problem.a_dtype), gpu.tensor_peak(problem.b_dtype))
+    power_s = power_time(problem.flops, problem.min_bytes, 0.0, problem.a_dtype, gpu)
+    if compute_s >= POWER_NOTE_MIN_S and power_s >= 0.8 * compute_s:
+        print(f"note: at the {gpu.power_limit_w:.0f} W board limit this product's energy alone needs "
+              f"{power_s * 1e6:.0f} us against {compute_s * 1e6:.0f} us of datasheet compute: run back to back it "
+              f"is power-limited; --timing sustained times the finalists that way", file=sys.stderr)
+
+
 def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
     such problems fall back to the sm80 family). Specialist families (few rows of D, ...) go unannounced."""
@@ -297,6 +319,7 @@ def run(args) -> int:
         measurer.close()
         raise
     say_calibration(gpu)
+    say_power(problem, gpu, options.timing)
     progress = Progress(not args.no_progress)
     try:
         with sigterm_as_interrupt():
