@@ -1,0 +1,214 @@
+"""The sm90_wgmma operand swap (D^T = B^T @ A^T for skinny M) and narrow 16/32-column tiles, on the CPU and GPU."""
+from __future__ import annotations
+
+import pytest
+
+from gemmgen.families import rules as constraints
+
+from gemmgen.model.arch import Arch
+from gemmgen.families.sm90_wgmma import launch as sm90
+from gemmgen.model.problem import Layout, Problem
+from gemmgen.codegen.render import render
+from gemmgen.families.sm90_wgmma.config import Sm90Config
+from gemmgen.model.tiles import Cluster, Kernel, Raster, RasterOrder, Shape3, TileConfig
+from sm90_helpers import H100, LAYOUTS, compile_sm90, count, ops, sass_counts, splitk_config
+
+
+# --- operand swap (D^T = B^T @ A^T for skinny M) ------------------------------------------------------------
+def swap_config(cta="128x16x64", warp="64x16x64", stages=8, splits=4, fused=False) -> TileConfig:
+    """A swapped configuration: split-K over `splits` slices (summed in the launch when `fused`),
+    data-parallel for splits=1."""
+    from gemmgen.model.tiles import DecompKind, Decomposition
+    w = Shape3.parse(warp)
+    decomposition = Decomposition(DecompKind.SPLIT_K, splits, fused=fused) if splits > 1 else Decomposition()
+    return Sm90Config(Shape3.parse(cta), w, Shape3(64, w.n, 16), stages,
+                      raster=Raster(RasterOrder.ROW, 8), decomposition=decomposition,
+                      warp_specialized=True, persistent=True, swap_ab=True)
+
+
+def verify_on_gpu(problem: Problem, config: TileConfig, seed: int):
+    """Feasible, then verified by GpuBenchmark.verify: fresh random operands, D poisoned, compared with the
+    float64 / cuBLAS reference."""
+    from gemmgen.tune.bench import GpuBenchmark
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.codegen.nvrtc import compile_kernel
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    bench = GpuBenchmark(seed=seed)
+    try:
+        return bench.verify(make_manifest(kernel, problem), compile_kernel(kernel).cubin, problem)
+    finally:
+        bench.close()
+
+
+def test_swap_is_named_only_when_chosen_and_round_trips():
+    from dataclasses import replace
+    from gemmgen.rank.ranking import axis_values, config_from_axes
+    config = swap_config()
+    plain = replace(config, swap_ab=False)
+    assert config.tag == plain.tag + "_swap" and "swap_ab" not in plain.to_dict()
+    assert TileConfig.from_dict(config.to_dict()) == config
+    assert config_from_axes("sm90_wgmma", axis_values(config)) == config
+
+
+def test_swapped_problem_exchanges_and_transposes_the_operands():
+    for a, b in LAYOUTS:
+        p = Problem.create(16, 4096, 1024, "bf16", a, b)
+        s = p.swapped()
+        assert (s.m, s.n, s.k) == (4096, 16, 1024)
+        assert s.a_layout is Layout(b).flipped and s.b_layout is Layout(a).flipped
+        assert (s.lda, s.ldb) == (p.ldb, p.lda)          # the same memory, read transposed
+        assert p.operands.swapped() == s.operands.__class__(**{**s.operands.__dict__, "align_c": p.operands.align_c})
+
+
+def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame():
+    problem = Problem.create(16, 4096, 4096, "bf16", "row", "row", bias=True, beta=0.5)
+    kernel = Kernel(Arch.SM90A, problem.operands, swap_config())
+    runs, workspace, zero = sm90.manifest_launches(kernel, problem, sm_count=132)
+    main, reduce = runs
+    tm_a, tm_b = main["params"][0], main["params"][1]
+    assert (tm_a["tensor"], tm_b["tensor"]) == ("B", "A")
+    assert tm_a["dims"] == [4096, 4096] and tm_a["box"] == [64, 64]      # B^T: MN-major, 64-wide boxes
+    assert tm_b["dims"] == [4096, 16] and tm_b["box"] == [64, 16]        # A^T: K-major, one 16-row box
+    scalars = {p["name"]: p["value"] for p in main["params"] if p["kind"] == "scalar"}
+    assert (scalars["M"], scalars["N"], scalars["ldc"], scalars["ldd"]) == (4096, 16, 4096, 4096)
+    assert main["grid"] == [128, 1, 1]                 # 32 tiles of 128 x 16, 4 slices each
+    assert reduce["entry"].endswith("_reduce") and reduce["grid"] == [(16 * 2048 + 255) // 256, 1, 1]
+    assert workspace == 4 * 16 * 4096 * 4 and zero["bytes"] == 0
+
+
+@pytest.mark.parametrize("changes,problem,rule", [
+    ({"streamk": True}, None, "a swapped kernel writes D transposed"),
+    ({"cluster": True}, None, "the operand swap is implemented without clusters"),
+    ({}, Problem.create(64, 4096, 4096), "the operand swap serves skinny products"),
+    ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles narrower than 64 columns need B K-major"),
+])
+def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rule):
+    from dataclasses import replace
+    from gemmgen.model.tiles import DecompKind, Decomposition
+    config = swap_config()
+    if changes.get("streamk"):
+        config = replace(config, decomposition=Decomposition(DecompKind.STREAM_K, 1))
+    if changes.get("cluster"):
+        config = replace(config, cluster=Cluster(2, 1))
+    problem = problem or Problem.create(16, 4096, 4096)
+    violations = constraints.check(config, H100, Arch.SM90A, problem)
+    assert any(rule in v.rule for v in violations), [v.rule for v in violations]
+    assert constraints.check(swap_config(), H100, Arch.SM90A, Problem.create(16, 4096, 4096)) == []
+
+
+def test_narrow_tiles_take_the_staged_epilogue_with_dp_or_split_k_and_k_major_b():
+    from dataclasses import replace
+    from gemmgen.model.tiles import DecompKind, Decomposition
+    from gemmgen.families.sm90_wgmma.config import Schedule
+    narrow = replace(swap_config(), swap_ab=False)
+    tall = Problem.create(4096, 16, 4096, b="col")
+    assert constraints.check(narrow, H100, Arch.SM90A, tall) == []
+    dp = replace(narrow, decomposition=Decomposition())
+    assert constraints.check(dp, H100, Arch.SM90A, tall) == []
+    assert not sm90.uses_tma_store(Kernel(Arch.SM90A, tall.operands, dp))    # 16 columns: no 32-column boxes
+    streamk = replace(narrow, decomposition=Decomposition(DecompKind.STREAM_K, 1))
+    assert any("use the staged epilogue" in v.rule for v in constraints.check(streamk, H100, Arch.SM90A, operands=ops()))
+    pp = replace(dp, cta=Shape3(64, 16, 64), schedule=Schedule.PINGPONG)
+    assert any("cooperative schedule, no store warp" in v.rule for v in constraints.check(pp, H100, Arch.SM90A, operands=ops()))
+    wide48 = replace(narrow, cta=Shape3(128, 48, 64), warp=Shape3(64, 48, 64), mma=Shape3(64, 48, 16))
+    assert any("16 or 32 wide" in v.rule for v in constraints.check(wide48, H100, Arch.SM90A, operands=ops()))
+
+
+def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_workspace():
+    from dataclasses import replace
+    from gemmgen.model.tiles import Decomposition
+    problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, replace(swap_config("64x16x64", "64x16x64", 10), decomposition=Decomposition()))
+    runs, workspace, _ = sm90.manifest_launches(kernel, problem, sm_count=132)
+    assert len(runs) == 1 and workspace == 0 and runs[0]["grid"] == [64, 1, 1]
+    assert not any(p["name"] == "tmD" for p in runs[0]["params"])
+    source = render(kernel)
+    assert "D[(size_t)(col + e) * ldd + row]" in source
+    compiled = compile_sm90(kernel)
+    counts = sass_counts(compiled.cubin)
+    assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+
+
+@pytest.mark.parametrize("cta,warp,stages", [("128x16x64", "64x16x64", 10), ("64x32x64", "64x32x64", 8)])
+def test_swapped_kernel_compiles_to_narrow_hgmma_without_local_memory_and_reduces_transposed(cta, warp, stages):
+    problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
+    kernel = Kernel(Arch.SM90A, problem.operands, swap_config(cta, warp, stages))
+    source = render(kernel)
+    assert "workspace + (size_t)col * N + row" in source and "constexpr int EPI_CW = WN < 32 ? WN : 32;" in source
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0
+    from gemmgen.codegen.sass import dump_sass
+    text = dump_sass(compiled.cubin)
+    counts = sass_counts(compiled.cubin)
+    assert f"HGMMA.64x{Shape3.parse(warp).n}x16.F32.BF16" in text and count(counts, "UTMALDG") > 0
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_fused_swapped_split_k_sums_its_partials_transposed_in_one_launch(splits):
+    """The tile's last slice sums the partials in D^T's frame and stores D's rows: one launch, no spills."""
+    problem = Problem.create(16, 4096, 4095, "bf16", "row", "col", bias=True)
+    config = swap_config("64x16x64", "64x16x64", 10, splits, fused=True)
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    source = render(kernel)
+    assert "D[(size_t)col * ldd + row] = pack1(finish(v, col, row" in source and "_reduce(" not in source
+    compiled = compile_sm90(kernel)
+    counts = sass_counts(compiled.cubin)
+    assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0
+
+
+def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_first():
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.space import enumerate_space
+    skinny = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(16, 4096, 4096))
+              if c.swap_ab]
+    assert skinny and all(c.cta.n in (16, 32, 64) for c in skinny)
+    assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
+                if c.swap_ab]
+    p = Problem.create(16, 4096, 4096)
+    # 4x fewer wasted wgmma rows than the 64-row tile: the model must not price the swap above it.
+    assert predict(p, swap_config(), H100).time_s <= predict(p, splitk_config(4, "64x128x64", "64x128x64", 6), H100).time_s
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,cta,splits", [
+    (Problem.create(16, 4096, 4096, "bf16", "row", "row"), "128x16x64", 4),
+    (Problem.create(16, 4096, 4096, "bf16", "row", "row"), "64x16x64", 1),
+    (Problem.create(7, 1000, 1000, "f16", "row", "col", alpha=2.0, beta=0.5, bias=True, activation="relu"), "128x16x64", 1),
+    (Problem.create(29, 333, 4104, "bf16", "row", "col", bias=True), "64x32x64", 1),
+    (Problem.create(13, 1000, 3000, "f16", "row", "col", alpha=0.5, beta=-1.5, bias=True, activation="gelu"), "128x16x64", 8),
+    (Problem.create(32, 4104, 1032, "bf16", "row", "row", bias=True, activation="relu"), "64x32x64", 2),
+    (Problem.create(1, 520, 4096, "f16", "row", "col", beta=1.0), "64x16x64", 4),
+    (Problem.create(24, 777, 520, "bf16", "row", "col"), "128x32x64", 2),
+    (Problem.create(16, 4096, 4096, "bf16", "row", "col"), "64x16x64", -2),
+    (Problem.create(11, 1001, 3001, "f16", "row", "col", alpha=0.5, beta=1.0, bias=True, activation="gelu"),
+     "64x16x64", -4),
+    (Problem.create(27, 520, 4104, "bf16", "row", "row", bias=True), "128x32x64", -2),
+    (Problem.create(64, 4096, 4096, "bf16", "row", "col"), "64x64x64", -2),
+    (Problem.create(45, 1001, 2003, "f16", "row", "col", beta=1.0, bias=True, activation="relu"), "128x64x64", 1),
+    (Problem.create(61, 777, 1000, "bf16", "row", "row"), "64x64x64", 4),
+])
+def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
+    """Fresh random operands, D poisoned, compared with the float64 / cuBLAS reference (GpuBenchmark.verify).
+    Negative splits: split-K summed in the launch (fused), transposed by the last slice."""
+    n = int(cta.split("x")[1])
+    config = swap_config(cta, f"64x{n}x64", 6, abs(splits), fused=splits < 0)
+    result = verify_on_gpu(problem, config, seed=5)
+    assert result.ok, result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,splits", [
+    (Problem.create(4096, 16, 4096, "bf16", "row", "col"), 1),
+    (Problem.create(1000, 30, 2000, "f16", "col", "col", beta=1.0, bias=True), 2),
+])
+def test_narrow_unswapped_tiles_verify_against_the_reference(problem, splits):
+    """A 16- or 32-column tile without the swap (N itself skinny, B K-major): the staged epilogue's narrow chunks."""
+    from dataclasses import replace
+    n = 16 if problem.n <= 16 else 32
+    config = replace(swap_config(f"128x{n}x64", f"64x{n}x64", 6, splits), swap_ab=False)
+    result = verify_on_gpu(problem, config, seed=6)
+    assert result.ok, result.reason
