@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Few rows of D (decoding, skinny M): every sm80_skinny configuration against cuBLAS and the Hopper family.
+"""Few rows of D (decoding, skinny M): every configuration of one family against cuBLAS and the other families.
 
     PYTHONPATH=$PWD python3 benchmarks/skinny.py [--only NAME ...] [--top 3] [--out DIR]
+    PYTHONPATH=$PWD python3 benchmarks/skinny.py --family sm80_gemv --tight-rows --only m1_rr m1_rr_mis m16_rr_mis
+
+--family (default sm80_skinny) is the family whose whole space is run; --tight-rows keeps only its configurations
+whose CTA tile M is the smallest that covers the case's M (the larger ones compute rows of zeros).
 
 For each case (A row-major, B column-major as in a Linear layer's x @ W^T; aligned and unaligned rows), every
 configuration of the sm80_skinny space that its rules accept and the model's top --top of the other families are
@@ -37,7 +41,10 @@ CASES = {  # name: (M, N, K[, B layout]); B column-major unless named (A always 
     "m13_up": (13, 11008, 4096),
     "m32": (32, 4096, 4096),
     "m64": (64, 4096, 4096),
-    "m1_wide": (1, 65536, 4096),     # 537 MB of B: fixed costs (launch, ramp, tail) amortised
+    "m1_wide": (1, 65536, 4096),
+    "m1_rr_mis": (1, 4095, 4095, "row"),
+    "m8_rr": (8, 4096, 4096, "row"),
+    "m4_vocab_rr": (4, 50257, 768, "row"),     # 537 MB of B: fixed costs (launch, ramp, tail) amortised
     "m16_wide": (16, 65536, 4096),
 }
 HBM_COPY_BPS = 3.02e12   # measured on the H100 (brief): read + write bytes per second of a device copy
@@ -75,6 +82,9 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=3, help="model picks of each other family (default 3)")
     parser.add_argument("--out", default=None, help="write skinny.json here")
     parser.add_argument("--finalists", type=int, default=6, help="kernels re-timed beside cuBLAS (default 6)")
+    parser.add_argument("--family", default="sm80_skinny", help="the family whose every configuration is run")
+    parser.add_argument("--tight-rows", action="store_true",
+                        help="only that family's configurations with the smallest CTA tile M covering M")
     args = parser.parse_args(argv)
     import torch
 
@@ -88,7 +98,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     gpu = detected_gpu()
     device = torch.cuda.get_device_name()
-    skinny = gemmgen.families.get("sm80_skinny")
+    skinny = gemmgen.families.get(args.family)
     rows, summary = [], []
     for name, (m, n, k, *layout) in CASES.items():
         if args.only and name not in args.only:
@@ -96,6 +106,9 @@ def main(argv=None) -> int:
         lb = layout[0] if layout else "col"
         problem = Problem.create(m, n, k, "bf16", "row", lb)
         configs = list(enumerate_space(skinny, gpu, problem=problem))
+        if args.tight_rows and configs:
+            rows_needed = min(c.cta.m for c in configs)
+            configs = [c for c in configs if c.cta.m == rows_needed]
         others = [r.config for r in candidates(problem, gpu, args.top) if r.config.family != skinny.name]
         kernels = [Kernel(gpu.arch, problem.operands, c) for c in configs + others]
         t0 = time.time()

@@ -15,7 +15,7 @@ from ..model.tiles import TileConfig
 from .base import KernelFamily, Launches, ModelTraits
 
 # The registry's list: the only place outside a family's own package and templates that names families.
-BUILTIN = ("sm80_mma", "sm90_wgmma", "sm80_skinny")
+BUILTIN = ("sm80_mma", "sm90_wgmma", "sm80_skinny", "sm80_gemv")
 
 _REGISTRY: "dict[str, KernelFamily]" = {}
 

@@ -276,7 +276,10 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # Compute: the tensor cores do whole tiles, padding included.
     executed = 2.0 * (tiles_m * cta.m) * (tiles_n * cta.n) * (k_tiles * cta.k)
     fam_eff = min(1.0, traits.tensor_efficiency * p.scale_of(config.family))
-    fam_eff *= families.of(config).compute_efficiency(config, problem)
+    # What the kernel's own work beside the MMAs costs (fp8 promotion's drains, unaligned rows moved through
+    # registers): time in which the tensor cores idle, kept apart for the power ceiling below.
+    busy_fraction = families.of(config).compute_efficiency(config, problem)
+    fam_eff *= busy_fraction
     if traits.tma_loads and any(ld * elt % 128 and not packed
                                 for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
         # The slowdown is per TMA request, and a cluster multicasts: its CTAs along N share A's tile and those
@@ -368,6 +371,10 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         overhead += p.dram_latency_s + math.ceil(max(waves, 1e-9)) * epilogue * traits.epilogue_exposed
 
     power_s = power_time(executed, dram_bytes, tiled_bytes, problem.a_dtype, gpu, p)
+    # At the power limit the busy part of the main loop stretches to the energy's time; the idle part (the tensor
+    # cores waiting on a drain) draws little and adds to it (a promoted fp8 kernel stays slower than an
+    # unpromoted one when both are power-bound).
+    power_s += compute_s * (1.0 - busy_fraction)
     main = max(compute_s, memory_s, power_s)
     bound = "compute" if compute_s >= memory_s else "memory"
     if power_s > max(compute_s, memory_s):

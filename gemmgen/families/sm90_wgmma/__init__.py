@@ -105,12 +105,16 @@ class Sm90Wgmma(KernelFamily):
         rate = COMPOSED_D_RATE if _launch.uses_composed_stores(kernel) else ELEMENT_D_RATE
         return problem.m * problem.n * ops.c_dtype.bytes / rate
 
+    def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
+        # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
+        if not config.promote:
+            return 1.0
+        bubble = PROMOTE_STAGGER_BUBBLE if config.promote_stagger else PROMOTE_BUBBLE
+        return 1.0 / (1 + bubble / config.promote)
+
     def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:
         pingpong = config.schedule is Schedule.PINGPONG
         efficiency = self.efficiency(gpu)
-        if config.promote:
-            bubble = PROMOTE_STAGGER_BUBBLE if config.promote_stagger else PROMOTE_BUBBLE
-            efficiency /= 1 + bubble / config.promote
         return ModelTraits(
             tensor_efficiency=efficiency, smem_reads="wgmma", tma_loads=True, persistent=config.persistent,
             epilogue_hidden=pingpong, epilogue_exposed=STORE_WARP_EXPOSED if config.store_warp else 1.0,

@@ -1,0 +1,85 @@
+"""sm80_gemv: a few rows of D times a row-major B on CUDA cores (decoding with x @ W, W stored K x N), sm_80+.
+
+When M is a handful of rows, a GEMM is a read of B. sm80_skinny streams B when its columns are contiguous along K
+(x @ W^T, torch's Linear); when B's rows are (K x N, N contiguous, as in x @ W), each of its rows is a run of N
+elements, and a warp reads 256 of them per row with one 16-byte vector per lane (an unaligned row as two aligned
+vectors shifted into place, so any ldb runs at full width). Each thread keeps rows x 8 fp32 sums and adds
+A[m][k] x B[k][n..n+7] with FMAs: at M <= 16 the CUDA cores keep up with the bytes, and nothing is staged but A
+(fp32, [k][m], a chunk at a time in shared memory, read as broadcasts). Every CTA covers all M rows of
+cta.n columns; warps split the columns and, with `k_warps`, the rows of B, meeting in shared memory; split-K over
+CTAs adds a reduction launch. A in either layout (its few elements are read one by one); bias, activation,
+alpha/beta. Templates: templates/sm80_gemv/. Search space: search_spaces/sm80_gemv.yaml.
+"""
+from __future__ import annotations
+
+from ...model import paths
+from ...model.arch import Arch, DType, Gpu
+from ...model.tiles import DecompKind, Kernel, TileConfig
+from .. import register
+from ..base import KernelFamily, Launches, ModelTraits
+from . import context as _context
+from . import launch as _launch
+from . import rules as _rules
+from .config import GemvConfig
+
+# Fraction of the GPU's fp32 FMA rate the loop sustains: each 16 bytes of B also take a load, eight conversions
+# and rows / 4 shared-memory loads of A beside its rows x 8 FMAs. A guess until measured; M <= 16 stays far
+# below the memory time either way.
+SIMT_EFFICIENCY = 0.7
+# What one SM's loads sustain, by whether every row of B is 16-byte aligned: bytes per second per resident warp,
+# up to a cap per SM. The same path as sm80_skinny's column-major B (plain 16-byte loads, or shifted pairs that
+# double the L1 requests), so its figures fitted on the H100 until this family's own are measured.
+SM_LOAD_RATE = {True: (4e9, 28e9), False: (0.65e9, 11e9)}
+
+
+class Sm80Gemv(KernelFamily):
+    name = "sm80_gemv"
+    config_type = GemvConfig
+    min_arch = Arch.SM80
+    dtypes = frozenset({DType.BF16, DType.F16})
+    decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K})
+    template_root = paths.TEMPLATES
+    template = "sm80_gemv/kernel.cu.j2"
+    rules = _rules
+    space_file = paths.SEARCH_SPACES / "sm80_gemv.yaml"
+    specialist = True
+    examples = (
+        {"family": "sm80_gemv", "cta": "1x256x4", "warp": "1x256x4", "mma": "1x1x1", "stages": 1,
+         "k_warps": 4, "decomposition": {"kind": "splitk", "splits": 8}},
+        {"family": "sm80_gemv", "cta": "16x256x2", "warp": "16x256x2", "mma": "1x1x1", "stages": 1,
+         "k_warps": 4, "decomposition": {"kind": "splitk", "splits": 8}},
+    )
+
+    def efficiency(self, gpu: Gpu) -> float:
+        # The main loop's FMAs run on CUDA cores: its rate as a fraction of the 16-bit tensor peak the model
+        # divides by.
+        return SIMT_EFFICIENCY * gpu.fp32_simt_flops / gpu.tensor_peak(DType.BF16)
+
+    def traits(self, config: TileConfig, gpu: Gpu) -> ModelTraits:
+        return ModelTraits(tensor_efficiency=self.efficiency(gpu), smem_reads="fragments", tma_loads=False,
+                           persistent=False, epilogue_hidden=False, epilogue_exposed=1.0,
+                           consumer_tile=config.cta, stages_ahead=1)
+
+    def bytes_in_flight(self, config: TileConfig, problem) -> float:
+        # Each thread issues one 16-byte vector per row of its iteration before the FMAs that use them.
+        return config.threads * config.cta.k * 16
+
+    def sm_load_rate(self, config: TileConfig, problem, warps_per_sm: float) -> float:
+        per_warp, cap = SM_LOAD_RATE[problem.operands.align_b == 8]
+        return min(cap, warps_per_sm * per_warp)
+
+    def serves(self, kernel: Kernel) -> dict:
+        out = super().serves(kernel)
+        out["m_max"] = kernel.config.cta.m
+        return out
+
+    def context(self, kernel: Kernel) -> dict:
+        return _context.context(kernel)
+
+    def launches(self, kernel, problem, sm_count=None, max_clusters=None) -> Launches:
+        return _launch.launches(kernel, problem)
+
+
+FAMILY = register(Sm80Gemv())
+
+__all__ = ["FAMILY", "GemvConfig", "Sm80Gemv"]

@@ -1,0 +1,137 @@
+"""sm80_gemv: few rows of D times a row-major B on CUDA cores: its rules, launches, SASS and GPU results."""
+from __future__ import annotations
+
+import pytest
+
+import gemmgen
+from gemmgen.codegen.nvrtc import compile_kernel
+from gemmgen.codegen.sass import count_prefix, dump_sass, instruction_counts
+from gemmgen.families import rules as constraints
+from gemmgen.model.arch import Arch, lookup_gpu
+from gemmgen.model.problem import Problem
+from gemmgen.model.tiles import Kernel, TileConfig
+from gemmgen.runtime.manifest import make_manifest
+
+H100 = lookup_gpu("h100")
+FAMILY = gemmgen.families.get("sm80_gemv")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def gemv(rows=16, cols=256, unroll=4, k_warps=1, splits=1) -> TileConfig:
+    d = {"family": "sm80_gemv", "cta": f"{rows}x{cols}x{unroll}", "warp": f"{rows}x256x{unroll}", "mma": "1x1x1",
+         "stages": 1, "k_warps": k_warps}
+    if splits > 1:
+        d["decomposition"] = {"kind": "splitk", "splits": splits}
+    return TileConfig.from_dict(d)
+
+
+def broken(config, problem):
+    return [v.rule for v in constraints.check(config, H100, Arch.SM90A, problem)]
+
+
+def test_gemv_takes_row_major_b_and_either_a_and_names_the_rule_for_others():
+    config = gemv(unroll=2)
+    assert broken(config, Problem.create(16, 4095, 4095, "bf16", "row", "row")) == []
+    assert broken(config, Problem.create(3, 4096, 4096, "f16", "col", "row")) == []
+    assert any("row-major B" in r for r in broken(config, Problem.create(16, 4096, 4096, "bf16", "row", "col")))
+    assert any("M must be at most CTA tile M" in r for r in broken(config, Problem.create(17, 4096, 4096, "bf16",
+                                                                                             "row", "row")))
+    assert any("CUDA cores" in r for r in broken(TileConfig.from_dict({**config.to_dict(), "mma": "16x8x16"}),
+                                            Problem.create(16, 4096, 4096, "bf16", "row", "row")))
+    assert any("warp tile N must be 256" in r for r in broken(
+        TileConfig.from_dict({**config.to_dict(), "warp": "16x128x2", "cta": "16x256x2"}), None))
+    # Registers: 16 rows of sums with 4 rows of B in flight would spill (the rows' A values are live together).
+    assert any("registers" in r for r in broken(gemv(unroll=4), None))
+
+
+def test_config_round_trips_and_names_its_k_warps():
+    config = gemv(k_warps=4, splits=8)
+    assert TileConfig.from_dict(config.to_dict()) == config
+    assert config.tag.endswith("_kw4") and config.threads == 128
+
+
+def test_split_k_launches_partials_then_the_shared_reduction_and_stages_a_in_shared_memory():
+    problem = Problem.create(5, 4095, 4095, "bf16", "row", "row")
+    config = gemv(rows=8, cols=512, unroll=2, k_warps=4, splits=8)
+    launches = FAMILY.launches(Kernel(Arch.SM90A, problem.operands, config), problem)
+    main, reduce = launches.launches
+    assert main["grid"] == [8, 1, 8] and main["block"] == [256, 1, 1]
+    # A staged as fp32 [128][8] = 4 KB; then the four K groups park 8 rows x 512 columns of sums: 64 KB.
+    assert main["dynamic_smem"] == max(128 * 8 * 4, 4 * 8 * 512 * 4)
+    assert reduce["entry"].endswith("_reduce") and launches.workspace_bytes == 8 * 5 * 4095 * 4
+
+
+@pytest.mark.parametrize("n,dtype,a", [(4096, "bf16", "row"), (4095, "bf16", "row"), (4093, "f16", "col")])
+def test_sass_streams_b_as_16_byte_vectors_into_ffma_without_local_memory(n, dtype, a):
+    """Aligned rows of B load 16 bytes at a time; unaligned ones too (shifted pairs); the products are FFMAs (no
+    tensor-core instruction); nothing in local memory."""
+    problem = Problem.create(16, n, 4096, dtype, a, "row", bias=True, activation="gelu")
+    compiled = compile_kernel(Kernel(Arch.SM90A, problem.operands, gemv(unroll=2, k_warps=2, splits=2)), H100)
+    counts = instruction_counts(dump_sass(compiled.cubin))
+    assert count_prefix(counts, "FFMA") >= 16 * 8 * 2 and count_prefix(counts, "HMMA") == 0
+    assert sum(v for op, v in counts.items() if op.startswith("LDG") and ".128" in op) > 0
+    assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
+    assert compiled.spill_bytes == 0
+
+
+@pytest.mark.slow
+def test_the_heaviest_configs_of_the_space_compile_without_spills():
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.rank.space import enumerate_space
+
+    problem = Problem.create(16, 4095, 4095, "bf16", "row", "row")
+    configs = list(enumerate_space(FAMILY, H100, problem=problem))
+    assert len(configs) > 20
+    heaviest = {}
+    for c in sorted(configs, key=FAMILY.regs_estimate):
+        heaviest[(c.cta.n, c.k_warps)] = c
+    kernels = [Kernel(Arch.SM90A, problem.operands, c) for c in heaviest.values()]
+    for kernel, result in zip(kernels, compile_many(kernels)):
+        assert not isinstance(result, Exception), (kernel.name, result)
+        assert result.spill_bytes == 0 and result.resources.stack_bytes == 0, kernel.name
+
+
+GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, A layout])
+    (1, 4096, 4096, False, "none", 1.0, 0.0, gemv(rows=1, k_warps=4, splits=8)),
+    (1, 4095, 4095, False, "none", 1.0, 0.0, gemv(rows=1, unroll=8, k_warps=2, splits=16)),
+    (16, 4095, 4095, True, "gelu", 1.0, 0.0, gemv(unroll=2, k_warps=4, splits=8)),
+    (9, 4093, 4097, False, "none", 1.0, 0.5, gemv(cols=512, unroll=2, k_warps=2, splits=3), "col"),
+    (2, 9, 13, False, "none", 1.0, 0.5, gemv(rows=2, unroll=2)),
+    (1, 1, 1, False, "none", 1.0, 0.0, gemv(rows=1)),
+    (3, 5, 7, True, "relu", 2.0, 0.0, gemv(rows=4, k_warps=2), "col"),
+    (7, 1001, 999, True, "gelu", 1.0, 0.0, gemv(rows=8, unroll=8, k_warps=8)),
+    (16, 520, 333, False, "none", 0.5, 1.5, gemv(cols=512, unroll=1, k_warps=4, splits=4)),
+    (4, 50257, 768, True, "none", 1.0, 0.0, gemv(rows=4, cols=512, unroll=4, k_warps=2)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}_{(c[8:] or ['row'])[0]}" for c in GPU_CASES])
+def test_gemv_matches_the_reference_on_the_gpu(case):
+    from gemmgen.tune.bench import GpuBenchmark
+
+    m, n, k, bias, activation, alpha, beta, config, *layout = case
+    problem = Problem.create(m, n, k, "bf16", layout[0] if layout else "row", "row", alpha=alpha, beta=beta,
+                             bias=bias, activation=activation)
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    bench = GpuBenchmark(seed=m * 7 + n)
+    try:
+        result = bench.verify(make_manifest(kernel, problem), compile_kernel(kernel).cubin, problem)
+    finally:
+        bench.close()
+    assert result.ok, result
+
+
+def test_every_gpu_case_is_a_configuration_the_rules_accept():
+    """The GPU cases above run only where a driver is found: their configurations are checked here on the CPU."""
+    for m, n, k, bias, activation, alpha, beta, config, *layout in GPU_CASES:
+        problem = Problem.create(m, n, k, "bf16", layout[0] if layout else "row", "row", alpha=alpha, beta=beta,
+                                 bias=bias, activation=activation)
+        assert constraints.check(config, H100, Arch.SM90A, problem) == [], (m, n, k, config.tag)
