@@ -18,7 +18,7 @@ from typing import Callable, ClassVar
 from ..model.arch import Arch, DType, Gpu
 from ..model.errors import InvalidInput
 from ..model.problem import Operands, Problem, Scaling
-from ..model.tiles import DecompKind, Kernel, Shape3, TileConfig
+from ..model.tiles import DecompKind, Kernel, Shape3, TileConfig, parse_int
 
 REG_LIMIT = 255
 # The kernels index operands with 32-bit integers: no operand may hold more elements than that reaches.
@@ -246,6 +246,47 @@ def reduce_launch(kernel: Kernel, problem: Problem, params: "list[dict]", thread
             "cluster": [1, 1, 1], "dynamic_smem": 0, "params": params}
 
 
+def column_block_launches(kernel: Kernel, problem: Problem, dynamic_smem: int, reduce_threads: int) -> Launches:
+    """The launches of a plain-ABI kernel whose CTAs each cover every row of D for cta.n columns (sm80_skinny,
+    sm80_gemv): grid (ceil(N / cta.n), 1, splits); with split-K, fp32 partials in workspace[z][M][N] and the shared
+    reduction launch after it. Nothing needs zeroing: every partial is written."""
+    cfg = kernel.config
+    splitk = cfg.decomposition.kind is DecompKind.SPLIT_K
+    splits = cfg.decomposition.splits if splitk else 1
+    params = pointer_params(problem) + scalar_params(problem)
+    main = {"entry": kernel.name, "grid": [math.ceil(problem.n / cfg.cta.n), 1, splits],
+            "block": [cfg.threads, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": dynamic_smem, "params": params}
+    if not splitk:
+        return Launches([main], 0, {"bytes": 0, "when": "run"})
+    return Launches([main, reduce_launch(kernel, problem, params, reduce_threads)], splits * problem.m * problem.n * 4,
+                    {"bytes": 0, "when": "run"})
+
+
+@dataclass(frozen=True)
+class KWarpsConfig(TileConfig):
+    """Shared by the configurations whose warps also split K inside a CTA (`k_warps` copies of the warps across N,
+    meeting in shared memory at the end): the knob, its name part and its parsing. Not a family of its own."""
+
+    k_warps: int = 1
+
+    KNOBS = {"k_warps": 1}
+
+    @property
+    def math_threads(self) -> int:
+        return self.warps_n * self.k_warps * 32
+
+    def knob_tags(self) -> "list[str]":
+        return [f"kw{self.k_warps}"] if self.k_warps != 1 else []
+
+    def knob_values(self) -> dict:
+        return {"k_warps": self.k_warps}
+
+    @classmethod
+    def parse_knobs(cls, raw: dict) -> dict:
+        # Parsed here, judged by the family's rules (which k_warps it takes), like every other field.
+        return {"k_warps": parse_int("k_warps", raw["k_warps"])}
+
+
 def header_context(kernel: Kernel) -> dict:
     """The template values every family's kernel header and the common sm80 helpers read: names, the
     configuration as YAML comment lines, the input dtype's PTX and C names."""
@@ -260,5 +301,5 @@ def require_family(config: TileConfig, family: KernelFamily) -> None:
         raise InvalidInput(f"{family.name} needs a {family.name} configuration", config.family)
 
 
-__all__ = ["KernelFamily", "Launches", "Prepass", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "header_context", "pointer_params",
+__all__ = ["KWarpsConfig", "KernelFamily", "Launches", "Prepass", "column_block_launches", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "header_context", "pointer_params",
            "pow2", "reduce_launch", "require_family", "scalar_param", "scalar_params", "tensor_param", "workspace_param"]

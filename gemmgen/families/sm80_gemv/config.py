@@ -10,31 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...model.tiles import TileConfig, parse_int
+from ..base import KWarpsConfig
 
 
 @dataclass(frozen=True)
-class GemvConfig(TileConfig, family="sm80_gemv"):
-    """A point of the sm80_gemv space (row-major B streamed along N, fp32 FMAs, M <= cta.m)."""
-
-    k_warps: int = 1
-
-    KNOBS = {"k_warps": 1}
-
-    @property
-    def math_threads(self) -> int:
-        return self.warps_n * self.k_warps * 32
-
-    def knob_tags(self) -> "list[str]":
-        return [f"kw{self.k_warps}"] if self.k_warps != 1 else []
-
-    def knob_values(self) -> dict:
-        return {"k_warps": self.k_warps}
-
-    @classmethod
-    def parse_knobs(cls, raw: dict) -> dict:
-        # Parsed here, judged by the family's rules (k_warps must be 1, 2, 4 or 8), like every other field.
-        return {"k_warps": parse_int("k_warps", raw["k_warps"])}
+class GemvConfig(KWarpsConfig, family="sm80_gemv"):
+    """A point of the sm80_gemv space (row-major B streamed along N, fp32 FMAs, M <= cta.m); k_warps: 1, 2, 4, 8."""
 
 
 __all__ = ["GemvConfig"]

@@ -7,29 +7,16 @@ to workspace[z][M][N], which the reduction launch sums; nothing needs zeroing (e
 """
 from __future__ import annotations
 
-import math
-
 from ...model.problem import Problem
-from ...model.tiles import DecompKind, Kernel
-from ..base import Launches, pointer_params, reduce_launch, scalar_params
+from ...model.tiles import Kernel
+from ..base import Launches, column_block_launches
 from .rules import smem_bytes
 
 REDUCE_THREADS = 256
 
 
 def launches(kernel: Kernel, problem: Problem) -> Launches:
-    cfg = kernel.config
-    splitk = cfg.decomposition.kind is DecompKind.SPLIT_K
-    splits = cfg.decomposition.splits if splitk else 1
-    params = pointer_params(problem) + scalar_params(problem)
-    main = {"entry": kernel.name, "grid": [math.ceil(problem.n / cfg.cta.n), 1, splits],
-            "block": [cfg.threads, 1, 1], "cluster": [1, 1, 1], "dynamic_smem": smem_bytes(cfg, kernel.operands),
-            "params": params}
-    if not splitk:
-        return Launches([main], 0, {"bytes": 0, "when": "run"})
-    workspace = splits * problem.m * problem.n * 4
-    return Launches([main, reduce_launch(kernel, problem, params, REDUCE_THREADS)], workspace,
-                    {"bytes": 0, "when": "run"})
+    return column_block_launches(kernel, problem, smem_bytes(kernel.config, kernel.operands), REDUCE_THREADS)
 
 
 __all__ = ["REDUCE_THREADS", "launches"]
