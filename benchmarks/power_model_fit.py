@@ -2,6 +2,7 @@
 """Fit the model's power ceiling to sustained timings, and score it on shapes it was not fitted to (no GPU).
 
     PYTHONPATH=$PWD python3 benchmarks/power_model_fit.py [--fit H100_JSON:SHAPE ...] [--score JSON ...]
+                                                          [--dram-pj 31] [--write-calibration FILE]
 
 Inputs are benchmarks/model_rank.py reports run with --hold (each configuration timed at the power limit). The
 energy figures of rank/predict.py (pJ per tensor-core FLOP, per DRAM byte, per byte from L2) are chosen on a grid
@@ -9,6 +10,10 @@ to minimise the squared log error of predicted against measured time over the --
 H100's 8192^3); every report row is then scored with and without the ceiling: Spearman's rho across the sampled
 configurations and the measured time of the model's pick against the sample's best. The calibration file of the
 report's GPU is used as the tuner uses it (rank.calibration.params_for).
+
+On a new GPU: run `benchmarks/model_rank.py --hold 0.3 --shape <a large shape>` there, then this with
+--fit <its JSON>:<shape> --write-calibration results/<gpu>/calibration.json: the fitted energies go into that
+calibration file's params (created if missing; `gemmgen calibrate --fit` keeps them when it refits the rest).
 """
 from __future__ import annotations
 
@@ -80,6 +85,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", nargs="*", default=DEFAULT_FIT, metavar="JSON:SHAPE")
     parser.add_argument("--score", nargs="*", default=DEFAULT_SCORE, metavar="JSON")
+    parser.add_argument("--write-calibration", default=None, metavar="FILE",
+                        help="put the fitted energies into this calibration file's params (created if missing)")
     parser.add_argument("--dram-pj", type=float, default=None,
                         help="hold the DRAM energy per byte at this value instead of fitting it")
     args = parser.parse_args(argv)
@@ -127,7 +134,26 @@ def main(argv=None) -> int:
             print(f"{label:48} {row['shape']:16} {len(configs):3} {r0:+10.2f} {r1:+9.2f} {p0:16.3f} {p1:6.3f} "
                   f"{rms(e0):18.3f} {rms(e1):6.3f}")
     print("\n* the row the energies were fitted to (in-sample)")
+    if args.write_calibration:
+        print(f"written: {write_energies(Path(args.write_calibration), fit_rows[0][0], energy, args.fit)}")
     return 0
+
+
+def write_energies(path: Path, gpu, energy: dict, fitted_on: "list[str]") -> Path:
+    """The energies into `path`'s params (its other fields kept; a new file names the GPU), written atomically."""
+    from gemmgen.rank.calibration import CALIBRATION_FORMAT, read_calibration
+    from gemmgen.tune.results import now, write_json_atomic
+
+    if path.is_file():
+        read_calibration(path)   # refuses a file that is not a calibration, naming the field
+        data = json.loads(path.read_text())
+    else:
+        data = {"format": CALIBRATION_FORMAT, "gpu": gpu.key, "params": {}}
+    data["params"].update({k: float(v) for k, v in energy.items()})
+    data["power_fit"] = {"by": "benchmarks/power_model_fit.py", "fitted": now(), "on": list(fitted_on),
+                         "energies": energy}
+    write_json_atomic(path, data)
+    return path
 
 
 if __name__ == "__main__":

@@ -125,3 +125,23 @@ def test_bad_fit_input_is_one_line_and_exit_2(capsys, argv, words):
     tunes.mkdir(parents=True)
     (tunes / "r.json").write_text(json.dumps(synthetic_records(per_shape=4)[0]))
     assert words in one_line_error(capsys, argv)
+
+
+def test_a_refit_keeps_the_power_ceilings_energies_fitted_from_sustained_samples(capsys, tmp_path):
+    """calibrate --fit fits the constants and terms from burst records; the power ceiling's energies come from
+    sustained samples (benchmarks/power_model_fit.py --write-calibration) and must survive the refit."""
+    from gemmgen.rank.calibration import POWER_FIELDS
+
+    tunes = tmp_path / "results" / "h100-sxm" / "tunes"
+    tunes.mkdir(parents=True)
+    for i, record in enumerate(synthetic_records(per_shape=8)):
+        (tunes / f"r{i}.json").write_text(json.dumps(record))
+    path = user_calibration_path(GPU)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    energies = {"static_power_w": 90.0, "energy_pj_per_flop": 0.9, "energy_pj_per_dram_byte": 40.0,
+                "energy_pj_per_l2_byte": 12.0}
+    path.write_text(json.dumps({"format": "gemmgen-calibration/1", "gpu": "h100-sxm", "params": energies}))
+    assert main(["calibrate", "--fit", "--gpu", "h100", "--holdout", "512x4096x4096"]) == 0
+    capsys.readouterr()
+    params, _ = read_calibration(path)
+    assert {name: getattr(params, name) for name in POWER_FIELDS} == energies

@@ -33,7 +33,9 @@ def _row(name: str, s: dict) -> list:
 
 
 def run_fit(args, gpu, records) -> int:
-    from ..rank.calibration import CALIBRATION_FORMAT, params_to_dict, user_calibration_path
+    from dataclasses import replace
+
+    from ..rank.calibration import CALIBRATION_FORMAT, POWER_FIELDS, params_for, params_to_dict, user_calibration_path
     from ..rank.predict import DEFAULT_PARAMS
     from ..tune.fit import (PRIOR_WEIGHT, TOP_K, changed, fit, fit_with_terms, groups_from_records, judge,
                             merge_groups, split, summary)
@@ -51,7 +53,11 @@ def run_fit(args, gpu, records) -> int:
     if not args.json:
         print(f"fitting on {len(train)} tunes ({sum(len(g.samples) for g in train)} measured configurations); "
               f"{len(held)} held out ({', '.join(holdout)})", file=sys.stderr)
-    params = fit(train, gpu, prior=prior,
+    # The power ceiling's energies come from sustained samples, not from these records: kept as the GPU's current
+    # calibration has them.
+    current = params_for(gpu)[0]
+    start = replace(DEFAULT_PARAMS, **{name: getattr(current, name) for name in POWER_FIELDS})
+    params = fit(train, gpu, start=start, prior=prior,
                  on_round=None if args.json else lambda r, v: print(f"  round {r}: loss {v:.5f}", file=sys.stderr))
     # Then the learned terms (rank/terms.py) on what the constants leave unexplained, fitted on the same tunes.
     params = fit_with_terms(train, params, gpu)

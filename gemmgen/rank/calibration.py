@@ -23,6 +23,9 @@ from ..model.errors import InvalidInput
 from .predict import DEFAULT_PARAMS, ModelParams
 
 CALIBRATION_FORMAT = "gemmgen-calibration/1"
+# The power ceiling's figures (rank/predict.py): fitted from sustained timings (benchmarks/power_model_fit.py
+# --write-calibration), not from the tuner's burst records, so `calibrate --fit` carries them over unchanged.
+POWER_FIELDS = ("static_power_w", "energy_pj_per_flop", "energy_pj_per_dram_byte", "energy_pj_per_l2_byte")
 
 
 def user_calibration_path(gpu: "Gpu | str") -> Path:
@@ -102,5 +105,5 @@ def params_for(gpu: Gpu) -> "tuple[ModelParams, Path | None]":
     return DEFAULT_PARAMS, None
 
 
-__all__ = ["CALIBRATION_FORMAT", "calibration_paths", "params_for", "params_from_dict", "params_to_dict",
+__all__ = ["CALIBRATION_FORMAT", "POWER_FIELDS", "calibration_paths", "params_for", "params_from_dict", "params_to_dict",
            "read_calibration", "user_calibration_path"]
