@@ -50,7 +50,12 @@ def rows_of(path: str):
     from gemmgen.model.problem import Problem
     from gemmgen.rank.space import enumerate_space
 
-    report = json.loads((ROOT / path).read_text())
+    from gemmgen.model.errors import InvalidInput
+
+    try:
+        report = json.loads((ROOT / path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInput("a model_rank.py report must be a readable JSON file", path, str(exc)[:120]) from None
     gpu = gpu_of(report["device"])
     for row in report["rows"]:
         m, n, k = (int(v) for v in row["shape"].split("x"))
@@ -102,8 +107,9 @@ def main(argv=None) -> int:
         path, shape = spec.rsplit(":", 1)
         fit_rows += [(gpu, problem, configs) for gpu, problem, row, configs in rows_of(path) if row["shape"] == shape]
     if not fit_rows:
-        print("no --fit rows found", file=sys.stderr)
-        return 2
+        from gemmgen.model.errors import InvalidInput
+
+        raise InvalidInput("--fit must name a report row as FILE:MxNxK", " ".join(args.fit))
     base = {gpu.key: params_for(gpu)[0] for gpu, _, _ in fit_rows}
     tried = []
     for values in itertools.product(*grid.values()):
