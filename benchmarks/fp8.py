@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192),
@@ -215,17 +215,9 @@ def main(argv=None) -> int:
             continue
         call = lambda g: (lambda s: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]))  # noqa: E731
         cublas_fast = lambda s: cublas(s, fast_accum=True)  # noqa: E731
-        for fn in [cublas, cublas_fast] + [call(g) for _, g in loaded]:
-            for s in sets:
-                fn(s)
-        torch.cuda.synchronize()
-        times = {"cublas": [], **({"cublas_fast": []} if fast else {}), **{row["config"]: [] for row, _ in loaded}}
-        for _ in range(3):
-            times["cublas"].append(timed(torch, cublas, sets))
-            if fast:
-                times["cublas_fast"].append(timed(torch, cublas_fast, sets))
-            for row, g in loaded:
-                times[row["config"]].append(timed(torch, call(g), sets))
+        contenders = {"cublas": cublas, **({"cublas_fast": cublas_fast} if fast else {}),
+                      **{row["config"]: call(g) for row, g in loaded}}
+        times = interleaved_times(torch, contenders, sets, timed)
         flops = 2.0 * m * n * k
         tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
         for row, _ in loaded:

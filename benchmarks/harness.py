@@ -1,5 +1,6 @@
 """What the benchmarks share, on gemmgen's public APIs only: how a run ends, where its record goes, building a
-kernel from a problem and a configuration, and verifying it in the tuner's measuring process."""
+kernel from a problem and a configuration, verifying it in the tuner's measuring process, and timing calls with
+CUDA events."""
 from __future__ import annotations
 
 import json
@@ -114,4 +115,38 @@ def verify_all(todo, watchdog_s: float = 60.0, jobs: "int | None" = None) -> "li
     return rows
 
 
-__all__ = ["ROOT", "kernel_for", "load_compiled", "run_main", "verify_all", "verify_shapes", "write_report"]
+def event_time(torch, fn, sets, calls: int) -> float:
+    """Seconds per call of `calls` back-to-back calls of fn, cycling through the input sets, between two CUDA
+    events (host time is not counted unless the calls are host-bound)."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for j in range(calls):
+        fn(sets[j % len(sets)])
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / calls
+
+
+def timed(torch, fn, sets, rounds: int, calls: int) -> float:
+    """Median over `rounds` of event_time."""
+    import statistics
+
+    return statistics.median(event_time(torch, fn, sets, calls) for _ in range(rounds))
+
+
+def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) -> "dict[object, list[float]]":
+    """Each contender called once on every input set (warm-up), then `passes` passes over all of them in turn, each
+    timed by time_one(torch, fn, sets): per contender, its seconds per call in each pass."""
+    for fn in contenders.values():
+        for s in sets:
+            fn(s)
+    torch.cuda.synchronize()
+    times = {key: [] for key in contenders}
+    for _ in range(passes):
+        for key, fn in contenders.items():
+            times[key].append(time_one(torch, fn, sets))
+    return times
+
+
+__all__ = ["ROOT", "event_time", "interleaved_times", "kernel_for", "load_compiled", "run_main", "timed", "verify_all",
+           "verify_shapes", "write_report"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.harness import detected_gpu, load_compiled, run_main, verify_shapes, write_report  # noqa: E402
 
 CASES = {  # name: (M, N, K, A layout, B layout)
@@ -51,17 +52,8 @@ def rel_error(torch, out, ref) -> float:
 
 
 def timed(torch, fn, sets) -> float:
-    """Median over rounds of the mean time per call (CUDA events), cycling through the input sets."""
-    samples = []
-    for _ in range(ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(CALLS):
-            fn(sets[i % len(sets)])
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / CALLS)
-    return statistics.median(samples)
+    """Median over ROUNDS of the mean time per call of CALLS calls (CUDA events), cycling through the input sets."""
+    return harness.timed(torch, fn, sets, ROUNDS, CALLS)
 
 
 def breakdown(torch, gemm, sets, problem, gpu, row, built, kernels) -> dict:
@@ -186,16 +178,9 @@ def main(argv=None) -> int:
             summary.append({"case": name, "best": None})
             continue
         torch.cuda.synchronize()
-        for fn in [cublas, padded] + [g for _, g in loaded]:   # warm-up
-            for s in sets:
-                fn(s) if fn in (cublas, padded) else fn(*s)
-        torch.cuda.synchronize()
-        times = {"cublas": [], "padded": [], **{row["config"]: [] for row, _ in loaded}}
-        for _ in range(3):   # interleaved: every contender measured in each pass
-            times["cublas"].append(timed(torch, cublas, sets))
-            times["padded"].append(timed(torch, padded, sets))
-            for row, gemm in loaded:
-                times[row["config"]].append(timed(torch, lambda s, g=gemm: g(*s), sets))
+        contenders = {"cublas": cublas, "padded": padded,
+                      **{row["config"]: (lambda s, g=gemm: g(*s)) for row, gemm in loaded}}
+        times = harness.interleaved_times(torch, contenders, sets, timed)   # every contender in each pass
         flops = 2.0 * m * n * k
         tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
         for row, _ in loaded:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import detected_gpu, load_compiled, run_main, verify_shapes, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, verify_shapes, write_report  # noqa: E402,E501
 from benchmarks.misaligned import operand, rel_error, timed  # noqa: E402
 
 CASES = {"sq4095_rr": (4095, 4095, 4095, "row", "row"), "rect3001x5003x4093": (3001, 5003, 4093, "row", "row"),
@@ -85,15 +85,7 @@ def main(argv=None) -> int:
                     continue
             calls[key] = (lambda g, w: (lambda s: g(*s[w])))(gemm, which)
         calls[("cuBLAS", "as is")] = lambda s: torch.matmul(s["mis"][0], s["mis"][1], out=s["mis"][2])
-        setlist = sets
-        for fn in calls.values():
-            for s in setlist:
-                fn(s)
-        torch.cuda.synchronize()
-        times = {key: [] for key in calls}
-        for _ in range(3):
-            for key, fn in calls.items():
-                times[key].append(timed(torch, fn, setlist))
+        times = interleaved_times(torch, calls, sets, timed)
         for key, v in times.items():
             t = statistics.median(v)
             flops = 2.0 * (up[0] * up[1] * up[2] if key[1] == "aligned" else m * n * k)

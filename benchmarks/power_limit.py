@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import detected_gpu, load_compiled, run_main, verify_shapes, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, event_time, load_compiled, run_main, verify_shapes, write_report  # noqa: E402
 from benchmarks.misaligned import operand, rel_error  # noqa: E402
 
 CONFIGS = {
@@ -45,25 +45,12 @@ def sustained(torch, fn, sets, warm_s: float, hold_s: float) -> float:
     t0 = time.perf_counter()
     fn(sets[0])
     torch.cuda.synchronize()
-    calls = max(5, int(hold_s / max(time.perf_counter() - t0, 1e-6)))
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for j in range(calls):
-        fn(sets[j % len(sets)])
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / calls
+    return event_time(torch, fn, sets, max(5, int(hold_s / max(time.perf_counter() - t0, 1e-6))))
 
 
 def burst(torch, fn, sets) -> float:
     time.sleep(1.0)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for j in range(10):
-        fn(sets[j % len(sets)])
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / 10
+    return event_time(torch, fn, sets, 10)
 
 
 def main(argv=None) -> int:

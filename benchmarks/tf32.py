@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, write_report  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096)}
@@ -111,14 +111,7 @@ def main(argv=None) -> int:
         contenders = {"cublas_tf32": lambda s: cublas_mm(s[0], s[1], s[2], True),
                       "cublas_fp32": lambda s: cublas_mm(s[0], s[1], s[2], False)}
         contenders.update({row["config"]: (lambda s, g=g: g(*s)) for row, g in loaded})
-        for fn in contenders.values():
-            for s in sets:
-                fn(s)
-        torch.cuda.synchronize()
-        times = {key: [] for key in contenders}
-        for _ in range(3):
-            for key, fn in contenders.items():
-                times[key].append(timed(torch, fn, sets))
+        times = interleaved_times(torch, contenders, sets, timed)
         flops = 2.0 * m * n * k
         tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
         best = max((row for row, _ in loaded), key=lambda r: tf[r["config"]])

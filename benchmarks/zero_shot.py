@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.harness import ROOT, load_compiled, run_main, write_report  # noqa: E402
 
 SETS = 3
@@ -115,17 +116,8 @@ def operands(torch, problem, dtype):
 
 
 def timed(torch, fn, sets) -> float:
-    """Median over rounds of the mean time per call (CUDA events), cycling through the input sets."""
-    samples = []
-    for _ in range(ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(CALLS):
-            fn(sets[i % len(sets)])
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / CALLS)
-    return statistics.median(samples)
+    """Median over ROUNDS of the mean time per call of CALLS calls (CUDA events), cycling through the input sets."""
+    return harness.timed(torch, fn, sets, ROUNDS, CALLS)
 
 
 def verified(torch, gemm, problem, dtype) -> "float | str":
