@@ -102,6 +102,11 @@ def test_at_the_power_limit_a_tile_moving_more_bytes_per_flop_loses_more(h100, h
                         warp_specialized=True, persistent=True, raster={"order": "row", "group": 8})
     big, little = predict(problem, hopper_big, h100), predict(problem, small, h100)
     assert little.tiled_bytes > big.tiled_bytes and little.power_s > big.power_s
+    # A GPU without a catalogue power limit has no ceiling at all.
+    import dataclasses
+
+    unlimited = dataclasses.replace(h100, power_limit_w=0.0)
+    assert predict(problem, small, unlimited).power_s == 0.0 and predict(problem, small, unlimited).bound == "compute"
     # The ceiling never binds on a product that is over in microseconds.
     tiny = Problem.create(16, 4096, 4096, "bf16")
     assert predict(tiny, small, h100).power_s < predict(tiny, small, h100).memory_s

@@ -374,7 +374,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # At the power limit the busy part of the main loop stretches to the energy's time; the idle part (the tensor
     # cores waiting on a drain) draws little and adds to it (a promoted fp8 kernel stays slower than an
     # unpromoted one when both are power-bound).
-    power_s += compute_s * (1.0 - busy_fraction)
+    if power_s:   # no ceiling on this GPU: nothing to stretch
+        power_s += compute_s * (1.0 - busy_fraction)
     main = max(compute_s, memory_s, power_s)
     bound = "compute" if compute_s >= memory_s else "memory"
     if power_s > max(compute_s, memory_s):
