@@ -148,19 +148,25 @@ def test_suite_names_come_from_the_file_and_must_be_unique(tmp_path):
         load_suites([str(b), str(c)])
 
 
-def test_suite_from_results_prints_two_suites_as_one_table(capsys, tmp_path, monkeypatch):
-    from gemmgen.cli import main
+def store_two_records() -> None:
+    """Tune records in $GEMMGEN_RESULTS for 256x256x256 (50 TFLOP/s) and 255x256x256 (80), cuBLAS at 40 in both."""
     from gemmgen.tune.results import record_path
 
-    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
-    a, b = tmp_path / "shapes.yaml", tmp_path / "hard.yaml"
-    a.write_text("suite: public\nshapes:\n  - {name: sq, M: 256, N: 256, K: 256}\n")
-    b.write_text("suite: hard\nshapes:\n  - {name: mis, M: 255, N: 256, K: 256}\n  - {name: again, M: 256, N: 256, K: 256}\n")
     for m, tflops in ((256, 50.0), (255, 80.0)):
         path = record_path(H100, Problem.create(m, 256, 256, "bf16"))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"winner": {"tflops": tflops, "kernel": "k", "config": SM80.to_dict()},
                                     "cublas": {"tflops": 40.0}, "elapsed_s": 3.0}))
+
+
+def test_suite_from_results_prints_two_suites_as_one_table(capsys, tmp_path, monkeypatch):
+    from gemmgen.cli import main
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    a, b = tmp_path / "shapes.yaml", tmp_path / "hard.yaml"
+    a.write_text("suite: public\nshapes:\n  - {name: sq, M: 256, N: 256, K: 256}\n")
+    b.write_text("suite: hard\nshapes:\n  - {name: mis, M: 255, N: 256, K: 256}\n  - {name: again, M: 256, N: 256, K: 256}\n")
+    store_two_records()
     assert main(["suite", str(a), str(b), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -198,16 +204,11 @@ def test_on_the_gpu_the_models_pick_verifies_at_two_other_shapes_it_serves(dims,
 
 def test_a_run_of_some_shapes_writes_beside_the_suites_table_not_over_it(capsys, tmp_path, monkeypatch):
     from gemmgen.cli import main
-    from gemmgen.tune.results import record_path
 
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
     shapes = tmp_path / "shapes.yaml"
     shapes.write_text("shapes:\n  - {name: sq, M: 256, N: 256, K: 256}\n  - {name: mis, M: 255, N: 256, K: 256}\n")
-    for m, tflops in ((256, 50.0), (255, 80.0)):
-        path = record_path(H100, Problem.create(m, 256, 256, "bf16"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"winner": {"tflops": tflops, "kernel": "k", "config": SM80.to_dict()},
-                                    "cublas": {"tflops": 40.0}, "elapsed_s": 3.0}))
+    store_two_records()
     folder = tmp_path / "results" / "h100-sxm"
     assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
     whole = (folder / "suite.md").read_text()
