@@ -7,9 +7,9 @@
 --family (default sm80_skinny) is the family whose whole space is run; --tight-rows keeps only its configurations
 whose CTA tile M is the smallest that covers the case's M (the larger ones compute rows of zeros).
 
-For each case (A row-major, B column-major as in a Linear layer's x @ W^T; aligned and unaligned rows), every
-configuration of the sm80_skinny space that its rules accept and the model's top --top of the other families are
-compiled, exported and loaded with gemmgen.load (public APIs only). Each is verified on fresh random inputs with D
+For each case (A row-major, B column-major as in a Linear layer's x @ W^T unless the case says rr; aligned and
+unaligned rows), every configuration of the --family space (sm80_skinny by default) that its rules accept and the
+model's top --top of the other families are compiled, exported and loaded with gemmgen.load (public APIs only). Each is verified on fresh random inputs with D
 poisoned (NaN) first, against a float32 reference (TF32 off), at the case's shape and at another shape it claims
 to serve. Then each is timed as the tuner times it (GpuBenchmark: launches queued behind a stream-holding kernel,
 so host time is not counted; inputs rotated over sets larger than L2), and the best --finalists with cuBLAS
@@ -98,18 +98,18 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     gpu = detected_gpu()
     device = torch.cuda.get_device_name()
-    skinny = gemmgen.families.get(args.family)
+    studied = gemmgen.families.get(args.family)
     rows, summary = [], []
     for name, (m, n, k, *layout) in CASES.items():
         if args.only and name not in args.only:
             continue
         lb = layout[0] if layout else "col"
         problem = Problem.create(m, n, k, "bf16", "row", lb)
-        configs = list(enumerate_space(skinny, gpu, problem=problem))
+        configs = list(enumerate_space(studied, gpu, problem=problem))
         if args.tight_rows and configs:
             rows_needed = min(c.cta.m for c in configs)
             configs = [c for c in configs if c.cta.m == rows_needed]
-        others = [r.config for r in candidates(problem, gpu, args.top) if r.config.family != skinny.name]
+        others = [r.config for r in candidates(problem, gpu, args.top) if r.config.family != studied.name]
         kernels = [Kernel(gpu.arch, problem.operands, c) for c in configs + others]
         t0 = time.time()
         built = compile_many(kernels)

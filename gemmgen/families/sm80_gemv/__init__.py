@@ -2,8 +2,8 @@
 
 When M is a handful of rows, a GEMM is a read of B. sm80_skinny streams B when its columns are contiguous along K
 (x @ W^T, torch's Linear); when B's rows are (K x N, N contiguous, as in x @ W), each of its rows is a run of N
-elements, and a warp reads 256 of them per row with one 16-byte vector per lane (an unaligned row as two aligned
-vectors shifted into place, so any ldb runs at full width). Each thread keeps rows x 8 fp32 sums and adds
+elements, and a warp reads 256 of them per row with one 16-byte vector per lane (an unaligned row by one aligned
+load per lane, the next lane's vector taken by shuffle and shifted into place, so any ldb runs at full width). Each thread keeps rows x 8 fp32 sums and adds
 A[m][k] x B[k][n..n+7] with FMAs: at M <= 16 the CUDA cores keep up with the bytes, and nothing is staged but A
 (fp32, [k][m], a chunk at a time in shared memory, read as broadcasts). Every CTA covers all M rows of
 cta.n columns; warps split the columns and, with `k_warps`, the rows of B, meeting in shared memory; split-K over
@@ -27,8 +27,9 @@ from .config import GemvConfig
 # below the memory time either way.
 SIMT_EFFICIENCY = 0.7
 # What one SM's loads sustain, by whether every row of B is 16-byte aligned: bytes per second per resident warp,
-# up to a cap per SM. The same path as sm80_skinny's column-major B (plain 16-byte loads, or shifted pairs that
-# double the L1 requests), so its figures fitted on the H100 until this family's own are measured.
+# up to a cap per SM. Taken from sm80_skinny's column-major B (the same 16-byte loads); against this family's own
+# runs on the H100 (benchmarks/gemv_model_fit.py) a refit moved the error from 0.227 to 0.224 and no pick, so
+# they stay: the model's misses there are the unoverlapped staging of A (docs/perf-notes.md, "sm80_gemv").
 SM_LOAD_RATE = {True: (4e9, 28e9), False: (0.65e9, 11e9)}
 
 
