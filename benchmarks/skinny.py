@@ -9,14 +9,13 @@ whose CTA tile M is the smallest that covers the case's M (the larger ones compu
 
 For each case (A row-major, B column-major as in a Linear layer's x @ W^T unless the case says rr; aligned and
 unaligned rows), every configuration of the --family space (sm80_skinny by default) that its rules accept and the
-model's top --top of the other families are compiled, exported and loaded with gemmgen.load (public APIs only).
-Each is verified on fresh random inputs with D poisoned (NaN) first, against a float32 reference (TF32 off), at the case's shape and at another shape it claims
-to serve. Then each is timed as the tuner times it (GpuBenchmark: launches queued behind a stream-holding kernel,
-so host time is not counted; inputs rotated over sets larger than L2), and the best --finalists with cuBLAS
-(torch.matmul) in two more interleaved passes. Prints, per case, the best kernel of each family, its ratio to
-cuBLAS and the fraction of the HBM copy rate it reaches reading B (and A, D) once.
-"""
-from __future__ import annotations
+model's top --top of the other families are compiled, exported and loaded with gemmgen.load (public APIs only). Each
+is verified on fresh random inputs with D poisoned (NaN) first, against a float32 reference (TF32 off), at the
+case's shape and at another shape it claims to serve. Then each is timed as the tuner times it (GpuBenchmark:
+launches queued behind a stream-holding kernel, so host time is not counted; inputs rotated over sets larger than
+L2), and the best --finalists with cuBLAS (torch.matmul) in two more interleaved passes. Prints, per case, the best
+kernel of each family, its ratio to cuBLAS and the fraction of the HBM copy rate it reaches reading B (and A, D)
+once. """ from __future__ import annotations
 
 import argparse
 import statistics
