@@ -15,7 +15,9 @@ case's shape and at another shape it claims to serve. Then each is timed as the 
 launches queued behind a stream-holding kernel, so host time is not counted; inputs rotated over sets larger than
 L2), and the best --finalists with cuBLAS (torch.matmul) in two more interleaved passes. Prints, per case, the best
 kernel of each family, its ratio to cuBLAS and the fraction of the HBM copy rate it reaches reading B (and A, D)
-once. """ from __future__ import annotations
+once.
+"""
+from __future__ import annotations
 
 import argparse
 import statistics
