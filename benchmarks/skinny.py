@@ -3,9 +3,11 @@
 
     PYTHONPATH=$PWD python3 benchmarks/skinny.py [--only NAME ...] [--top 3] [--out DIR]
     PYTHONPATH=$PWD python3 benchmarks/skinny.py --family sm80_gemv --tight-rows --only m1_rr m1_rr_mis m16_rr_mis
+    PYTHONPATH=$PWD python3 benchmarks/skinny.py --family sm80_gemv --tight-rows --family-top 24 --only m1_rr_mis
 
 --family (default sm80_skinny) is the family whose whole space is run; --tight-rows keeps only its configurations
-whose CTA tile M is the smallest that covers the case's M (the larger ones compute rows of zeros).
+whose CTA tile M is the smallest that covers the case's M (the larger ones compute rows of zeros); --family-top N
+keeps the model's N best of them (a run of minutes instead of one of about a minute per case).
 
 For each case (A row-major, B column-major as in a Linear layer's x @ W^T unless the case says rr; aligned and
 unaligned rows), every configuration of the --family space (sm80_skinny by default) that its rules accept and the
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write skinny.json here")
     parser.add_argument("--finalists", type=int, default=6, help="kernels re-timed beside cuBLAS (default 6)")
     parser.add_argument("--family", default="sm80_skinny", help="the family whose every configuration is run")
+    parser.add_argument("--family-top", type=int, default=None, metavar="N",
+                        help="only the model's top N of that family's configurations (default: all of them)")
     parser.add_argument("--tight-rows", action="store_true",
                         help="only that family's configurations with the smallest CTA tile M covering M")
     args = parser.parse_args(argv)
@@ -92,7 +96,9 @@ def main(argv=None) -> int:
     import gemmgen
     from gemmgen import Kernel, Problem
     from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.rank.space import enumerate_space
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.ranking import rank_configs
+    from gemmgen.rank.space import enumerate_space, heuristic_time
     from gemmgen.runtime.manifest import make_manifest
     from gemmgen.tune.bench import GpuBenchmark
 
@@ -110,6 +116,9 @@ def main(argv=None) -> int:
         if args.tight_rows and configs:
             rows_needed = min(c.cta.m for c in configs)
             configs = [c for c in configs if c.cta.m == rows_needed]
+        if args.family_top:
+            ranked = rank_configs(configs, problem, gpu, predict, heuristic_time)
+            configs = [r.config for r in ranked[:args.family_top]]
         others = [r.config for r in candidates(problem, gpu, args.top) if r.config.family != studied.name]
         kernels = [Kernel(gpu.arch, problem.operands, c) for c in configs + others]
         t0 = time.time()

@@ -23,11 +23,11 @@ def compile_cache(tmp_path_factory):
         yield
 
 
-def gemv(rows=16, cols=256, unroll=4, k_warps=1, splits=1) -> TileConfig:
+def gemv(rows=16, cols=256, unroll=4, k_warps=1, splits=1, fused=False) -> TileConfig:
     d = {"family": "sm80_gemv", "cta": f"{rows}x{cols}x{unroll}", "warp": f"{rows}x256x{unroll}", "mma": "1x1x1",
          "stages": 1, "k_warps": k_warps}
     if splits > 1:
-        d["decomposition"] = {"kind": "splitk", "splits": splits}
+        d["decomposition"] = {"kind": "splitk", "splits": splits, **({"fused": True} if fused else {})}
     return TileConfig.from_dict(d)
 
 
@@ -105,9 +105,13 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, A layout])
     (2, 9, 13, False, "none", 1.0, 0.5, gemv(rows=2, unroll=2)),
     (1, 1, 1, False, "none", 1.0, 0.0, gemv(rows=1)),
     (3, 5, 7, True, "relu", 2.0, 0.0, gemv(rows=4, k_warps=2), "col"),
-    (7, 1001, 999, True, "gelu", 1.0, 0.0, gemv(rows=8, unroll=8, k_warps=8)),
+    (7, 1001, 999, True, "gelu", 1.0, 0.0, gemv(rows=8, unroll=4, k_warps=8)),
     (16, 520, 333, False, "none", 0.5, 1.5, gemv(cols=512, unroll=1, k_warps=4, splits=4)),
     (4, 50257, 768, True, "none", 1.0, 0.0, gemv(rows=4, cols=512, unroll=4, k_warps=2)),
+    # fused split-K: the column block's last slice sums the partials
+    (1, 4095, 4095, False, "none", 1.0, 0.0, gemv(rows=1, unroll=8, k_warps=2, splits=16, fused=True)),
+    (5, 3001, 2999, True, "gelu", 1.0, 0.5, gemv(rows=8, unroll=4, k_warps=4, splits=8, fused=True), "col"),
+    (16, 70, 4100, False, "none", 1.0, 0.0, gemv(cols=512, unroll=2, k_warps=2, splits=4, fused=True)),
 ]
 
 
@@ -135,3 +139,45 @@ def test_every_gpu_case_is_a_configuration_the_rules_accept():
         problem = Problem.create(m, n, k, "bf16", layout[0] if layout else "row", "row", alpha=alpha, beta=beta,
                                  bias=bias, activation=activation)
         assert constraints.check(config, H100, Arch.SM90A, problem) == [], (m, n, k, config.tag)
+
+
+def test_fused_split_k_is_one_launch_with_counters_zeroed_once_at_the_head_of_the_workspace():
+    problem = Problem.create(1, 4095, 4095, "bf16", "row", "row")
+    config = TileConfig.from_dict({**gemv(rows=1, k_warps=4).to_dict(),
+                                   "decomposition": {"kind": "splitk", "splits": 8, "fused": True}})
+    assert broken(config, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    launches = FAMILY.launches(kernel, problem)
+    assert [launch["entry"] for launch in launches.launches] == [kernel.name]
+    assert launches.workspace_bytes == 64 * 4 + 8 * 1 * 4095 * 4
+    assert launches.workspace_zero == {"bytes": 256, "when": "bind"}
+    source = compile_kernel(kernel, H100)
+    counts = instruction_counts(dump_sass(source.cubin))
+    assert count_prefix(counts, "ATOMG") > 0 and count_prefix(counts, "LDL") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,a", [(1, 4095, 4095, "row"), (5, 3001, 2999, "col")])
+def test_a_loaded_fused_kernel_stays_correct_call_after_call(tmp_path, m, n, k, a):
+    """The arrival counters live in the loaded kernel's workspace, zeroed once: each call's last slice must put
+    them back to zero, or the next call would sum too early. Four calls on fresh inputs, D poisoned each time."""
+    torch = pytest.importorskip("torch")
+    from gemmgen.tune.export import export_bundle
+
+    problem = Problem.create(m, n, k, "bf16", a, "row")
+    config = gemv(rows=8 if m > 1 else 1, unroll=4, k_warps=4, splits=8, fused=True)
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    export_bundle(tmp_path, kernel, problem, compile_kernel(kernel), measured=None, verification=None,
+                  environment={})
+    gemm = gemmgen.load(tmp_path)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for _ in range(4):
+        A = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        A = A.t().contiguous().t() if a == "col" else A
+        B = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, B, D)
+        torch.cuda.synchronize()
+        ref = A.double() @ B.double()
+        assert torch.isfinite(D).all()
+        assert float((D.double() - ref).norm() / ref.norm()) < 1e-2

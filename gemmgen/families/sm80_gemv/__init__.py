@@ -7,7 +7,7 @@ load per lane, the next lane's vector taken by shuffle and shifted into place, s
 A[m][k] x B[k][n..n+7] with FMAs: at M <= 16 the CUDA cores keep up with the bytes, and nothing is staged but A
 (fp32, [k][m], a chunk at a time in shared memory, read as broadcasts). Every CTA covers all M rows of
 cta.n columns; warps split the columns and, with `k_warps`, the rows of B, meeting in shared memory; split-K over
-CTAs adds a reduction launch. A in either layout (its few elements are read one by one); bias, activation,
+CTAs adds a reduction launch, or, fused, the column block's last slice sums the partials. A in either layout (its few elements are read one by one); bias, activation,
 alpha/beta. Templates: templates/sm80_gemv/. Search space: search_spaces/sm80_gemv.yaml.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Sm80Gemv(KernelFamily):
     min_arch = Arch.SM80
     dtypes = frozenset({DType.BF16, DType.F16})
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K})
+    fused_splitk = True   # the column block's last slice sums the partials: no reduction launch
     template_root = paths.TEMPLATES
     template = "sm80_gemv/kernel.cu.j2"
     rules = _rules

@@ -24,6 +24,7 @@ def context(kernel: Kernel) -> dict:
         "a_chunk": a_chunk(cfg),
         "smem_bytes": smem_bytes(cfg, ops),
         "splitk": cfg.decomposition.kind is DecompKind.SPLIT_K,
+        "fused": cfg.decomposition.kind is DecompKind.SPLIT_K and cfg.decomposition.fused,
         "splits": cfg.decomposition.splits,
         "reduce_threads": REDUCE_THREADS,
     }

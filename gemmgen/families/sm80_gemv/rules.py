@@ -34,6 +34,9 @@ def check(config: GemvConfig, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # sm80_skinny streams.
         rule(operands.b_layout is Layout.ROW, "sm80_gemv reads B's rows along N (row-major B)",
              operands.b_layout.value, Layout.ROW.value)
+        if operands.align_b < VEC:
+            rule(_regs(config, aligned=False) <= 255, "estimated registers per thread must be at most 255 (rows of "
+                 "B off 16-byte boundaries hold two vectors each)", _regs(config, aligned=False), 255)
     if problem is not None:
         rule(problem.m <= cta.m, "sm80_gemv covers every row of D in one CTA tile: M must be at most CTA tile M",
              problem.m, cta.m)
@@ -54,11 +57,19 @@ def smem_bytes(config: GemvConfig, operands: "Operands | None" = None) -> int:
 
 
 def regs_estimate(config: GemvConfig) -> int:
-    """rows x 8 fp32 sums; per row of B in flight its vector (4 words) and the rows' A values, which ptxas loads
+    """rows x 8 fp32 sums (the estimate for aligned rows of B; the rules check unaligned ones' with the operands);
+    per row of B in flight its vector (4 words) and the rows' A values, which ptxas loads
     from shared memory for every row of the iteration at once; 8 converted B values, ~16 for a shifted pair's
     words, ~40 for addresses and loop state. (16 rows x 4 rows of B was estimated at 184 this way without the A
     values and spilled 12 bytes at 255 registers.)"""
-    return config.cta.m * VEC + config.cta.k * (4 + config.cta.m) + VEC + 16 + 40
+    return _regs(config, aligned=True)
+
+
+def _regs(config: GemvConfig, aligned: bool) -> int:
+    # An unaligned row keeps a second vector per row of the iteration (lane 31's next one, or the ragged end's
+    # elements), loaded with the first.
+    vectors = 4 if aligned else 8
+    return config.cta.m * VEC + config.cta.k * (vectors + config.cta.m) + VEC + 16 + 40
 
 
 __all__ = ["A_CHUNK", "ROWS", "VEC", "WARP_N", "a_chunk", "check", "regs_estimate", "smem_bytes"]
