@@ -203,6 +203,12 @@ class Problem:
     scaling: Scaling = Scaling.TENSOR
     fp32_math: Fp32Math = Fp32Math.TF32   # fp32 inputs: one tf32 product, or 3xTF32's fp32-class accuracy
     fp8_accum: Fp8Accum = Fp8Accum.FAST   # fp8 inputs: wgmma's own accumulation, or promoted into fp32
+    # Leading dimensions in elements (the stride between rows of a row-major operand, columns of a column-major
+    # one) where they are wider than the operand (a view into a larger array); 0: packed, the width itself. C and
+    # D share c_ld.
+    a_ld: int = 0
+    b_ld: int = 0
+    c_ld: int = 0
 
     def __post_init__(self):
         for axis in ("m", "n", "k"):
@@ -212,6 +218,11 @@ class Problem:
             parse_dim(axis.upper(), value)
         parse.real("alpha", self.epilogue.alpha)
         parse.real("beta", self.epilogue.beta)
+        for name, given, least in (("lda", self.a_ld, self._packed_ld("a")), ("ldb", self.b_ld, self._packed_ld("b")),
+                                   ("ldc", self.c_ld, self.n)):
+            if isinstance(given, bool) or not isinstance(given, int) or (given and given < least):
+                raise InvalidInput(f"{name} must be at least the operand's packed leading dimension ({least}), or 0 "
+                                   f"for packed", given)
         if self.acc_dtype is not DType.F32:
             raise InvalidInput("accumulator dtype must be f32 (the only one the kernel families use)", self.acc_dtype.value)
         if self.a_dtype is not self.b_dtype and not (self.a_dtype.bytes == 1 and self.b_dtype.bytes == 1):
@@ -232,11 +243,12 @@ class Problem:
     @classmethod
     def create(cls, m, n, k, dtype="bf16", a="row", b="row", c_dtype=None, alpha=1.0, beta=0.0,
                bias=False, activation=None, b_dtype=None, scaling=None, row_sums=False,
-               fp32_math=None, fp8_accum=None) -> "Problem":
+               fp32_math=None, fp8_accum=None, lda=0, ldb=0, ldc=0) -> "Problem":
         """Build a Problem from loose values (strings from a CLI or YAML), validating each. `dtype` is A's
         (and B's unless `b_dtype` names another: fp8 pairs only); `scaling` is fp8's (Scaling, default tensor);
         `row_sums` asks for the row sums of A beside D (Epilogue.row_sums); `fp32_math` is fp32 inputs' (Fp32Math,
-        default tf32), `fp8_accum` fp8 inputs' accumulation (Fp8Accum, default fast)."""
+        default tf32), `fp8_accum` fp8 inputs' accumulation (Fp8Accum, default fast); lda, ldb, ldc the leading
+        dimensions of views wider than their operands (0: packed)."""
         ab = DType.parse(dtype)
         bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
@@ -245,23 +257,41 @@ class Problem:
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
                    Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
                                              Activation.parse(activation), _flag("row_sums", row_sums)),
-                   Scaling.parse(scaling), Fp32Math.parse(fp32_math), Fp8Accum.parse(fp8_accum))
+                   Scaling.parse(scaling), Fp32Math.parse(fp32_math),
+                   Fp8Accum.parse(fp8_accum)).with_leading(*(parse.integer(name, v, 0, parse.INT64_MAX)
+                                                             for name, v in (("lda", lda), ("ldb", ldb), ("ldc", ldc))))
 
     @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
-    @property
-    def lda(self) -> int:
-        return self.k if self.a_layout is Layout.ROW else self.m
-
-    @property
-    def ldb(self) -> int:
+    def _packed_ld(self, operand: str) -> int:
+        """The leading dimension of operand 'a' or 'b' when packed: its extent along the contiguous axis."""
+        if operand == "a":
+            return self.k if self.a_layout is Layout.ROW else self.m
         return self.n if self.b_layout is Layout.ROW else self.k
 
     @property
+    def lda(self) -> int:
+        return self.a_ld or self._packed_ld("a")
+
+    @property
+    def ldb(self) -> int:
+        return self.b_ld or self._packed_ld("b")
+
+    @property
     def ldc(self) -> int:
-        return self.n  # C and D are row-major
+        return self.c_ld or self.n  # C and D are row-major
+
+    @property
+    def packed(self) -> bool:
+        """Every operand is packed (no leading dimension wider than its operand)."""
+        return not (self.a_ld or self.b_ld or self.c_ld)
+
+    def with_leading(self, lda: int = 0, ldb: int = 0, ldc: int = 0) -> "Problem":
+        """This problem on views whose leading dimensions are lda, ldb, ldc (0, or the packed value: packed)."""
+        return replace(self, a_ld=0 if lda == self._packed_ld("a") else lda,
+                       b_ld=0 if ldb == self._packed_ld("b") else ldb, c_ld=0 if ldc == self.n else ldc)
 
     @property
     def operands(self) -> Operands:
@@ -307,8 +337,9 @@ class Problem:
         scaled = "" if self.scaling is Scaling.TENSOR else f"_{self.scaling.value}"
         x3 = "_3xtf32" if self.fp32_math is Fp32Math.X3 else ""
         acc = "_acc32" if self.fp8_accum is Fp8Accum.FP32 else ""
+        lds = "" if self.packed else f"_ld{self.lda}x{self.ldb}x{self.ldc}"
         return (f"{self.m}x{self.n}x{self.k}_{self.dtype_label}_{self.a_layout.letter}{self.b_layout.letter}"
-                f"{scaled}{x3}{acc}")
+                f"{scaled}{x3}{acc}{lds}")
 
     def swapped(self) -> "Problem":
         """The product a swapped kernel's main loop computes: D^T (N x M) = B^T @ A^T over the same memory.
@@ -316,10 +347,12 @@ class Problem:
         of this one. Its C, D and bias are not the caller's (D^T is column-major): launch code takes those, and
         ldc, from the original problem."""
         return replace(self, m=self.n, n=self.m, a_dtype=self.b_dtype, b_dtype=self.a_dtype,
-                       a_layout=self.b_layout.flipped, b_layout=self.a_layout.flipped)
+                       a_layout=self.b_layout.flipped, b_layout=self.a_layout.flipped, a_ld=self.b_ld, b_ld=self.a_ld,
+                       c_ld=0)
 
     def with_shape(self, m: int, n: int, k: int) -> "Problem":
-        return replace(self, m=m, n=n, k=k)
+        """The same product at another shape, on packed operands."""
+        return replace(self, m=m, n=n, k=k, a_ld=0, b_ld=0, c_ld=0)
 
     def to_dict(self) -> dict:
         return {"M": self.m, "N": self.n, "K": self.k, "a_dtype": self.a_dtype.value, "b_dtype": self.b_dtype.value,
@@ -330,14 +363,16 @@ class Problem:
                 **({"scaling": self.scaling.value} if self.scaling is not Scaling.TENSOR else {}),
                 **({"row_sums": True} if self.epilogue.row_sums else {}),
                 **({"fp32_math": self.fp32_math.value} if self.fp32_math is Fp32Math.X3 else {}),
-                **({"fp8_accum": self.fp8_accum.value} if self.fp8_accum is Fp8Accum.FP32 else {})}
+                **({"fp8_accum": self.fp8_accum.value} if self.fp8_accum is Fp8Accum.FP32 else {}),
+                **({"lda": self.lda, "ldb": self.ldb, "ldc": self.ldc} if not self.packed else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
                           d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"),
-                          d.get("row_sums", False), d.get("fp32_math"), d.get("fp8_accum"))
+                          d.get("row_sums", False), d.get("fp32_math"), d.get("fp8_accum"),
+                          d.get("lda", 0), d.get("ldb", 0), d.get("ldc", 0))
 
 
 def parse_dim(axis: str, value) -> int:

@@ -147,11 +147,12 @@ def _current_stream(x) -> int:
 def expected_layout(problem: Problem) -> "dict[str, tuple[tuple[int, ...], tuple[int, ...]]]":
     """(logical shape, element strides) each operand must have."""
     m, n, k = problem.m, problem.n, problem.k
-    out = {"A": ((m, k), (k, 1) if problem.a_layout is Layout.ROW else (1, m)),
-           "B": ((k, n), (n, 1) if problem.b_layout is Layout.ROW else (1, k)),
-           "D": ((m, n), (n, 1))}
+    lda, ldb, ldc = problem.lda, problem.ldb, problem.ldc
+    out = {"A": ((m, k), (lda, 1) if problem.a_layout is Layout.ROW else (1, lda)),
+           "B": ((k, n), (ldb, 1) if problem.b_layout is Layout.ROW else (1, ldb)),
+           "D": ((m, n), (ldc, 1))}
     if problem.epilogue.beta != 0:
-        out["C"] = ((m, n), (n, 1))
+        out["C"] = ((m, n), (ldc, 1))
     if problem.epilogue.bias:
         out["bias"] = ((n,), (1,))
     if problem.epilogue.row_sums:
@@ -199,7 +200,9 @@ def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
     if any(extent > 1 and got != want for extent, got, want in zip(shape, info.strides, strides)):
         layout = {"A": problem.a_layout.value, "B": problem.b_layout.value}.get(name, "row")
         raise InvalidInput(f"{name} must be {layout}-major with element strides {strides}", info.strides,
-                           "a col-major operand is the transposed view of a contiguous array")
+                           "a col-major operand is the transposed view of a row-major array; a view's rows (columns)"
+                           " may be further apart than its width (height)"
+                           + ("; C and D share one leading dimension" if name in ("C", "D") else ""))
     dtype = {"A": problem.a_dtype, "B": problem.b_dtype}.get(name, problem.c_dtype)
     if name in SCALES:
         dtype = DType.F32
@@ -323,7 +326,8 @@ class LoadedKernel:
         """Check the arrays, then bind the launches for their problem to their addresses (kept by the caller)."""
         problem = self.problem
         if self.kernel is not None:
-            problem = problem_from_shapes(self.problem, infos["A"].shape, infos["B"].shape, infos["D"].shape)
+            problem = problem_from_shapes(self.problem, infos["A"].shape, infos["B"].shape, infos["D"].shape,
+                                          infos["A"].strides, infos["B"].strides, infos["D"].strides)
         for name, info in infos.items():
             check_operand(name, info, problem)
         devices = {info.device for info in infos.values() if info.device is not None}

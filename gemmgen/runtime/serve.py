@@ -3,7 +3,8 @@
 A kernel takes M, N, K and the leading dimensions as arguments; what ties it to a shape is only its compile-time
 operand description (dtypes, layouts, alignment, epilogue) and its family's problem-dependent rules (a split-K
 factor needs that many K tiles, a swapped kernel's tile must hold all of M). So a loaded kernel serves every
-packed problem that keeps those, and its grid and workspace are computed for the problem at hand.
+problem that keeps those, on packed operands or on views with wider leading dimensions of the same alignment, and
+its grid and workspace are computed for the problem at hand.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .. import families
 from ..families.rules import check
 from ..model.arch import Arch, loosest_gpu
 from ..model.errors import InvalidInput
-from ..model.problem import Problem
+from ..model.problem import Layout, Problem
 from ..model.tiles import Kernel, TileConfig
 from .manifest import check_match
 
@@ -27,14 +28,38 @@ def kernel_of(manifest: dict) -> "Kernel | None":
                   TileConfig.from_dict(config))
 
 
-def problem_from_shapes(base: Problem, a_shape, b_shape, d_shape) -> Problem:
-    """`base` with the M, N, K that the arrays' logical shapes (A: M x K, B: K x N, D: M x N) give."""
+def problem_from_shapes(base: Problem, a_shape, b_shape, d_shape, a_strides=None, b_strides=None,
+                        d_strides=None) -> Problem:
+    """`base` with the M, N, K that the arrays' logical shapes (A: M x K, B: K x N, D: M x N) give, and the
+    leading dimensions their element strides give where an operand is a view wider than itself (rows of a
+    row-major operand further apart than its width, say a column slice). Strides that fit no leading dimension of
+    the kernel's layouts leave the operand packed, for check_operand to refuse by name."""
     (m, k), (k2, n), d = tuple(a_shape), tuple(b_shape), tuple(d_shape)
     if k2 != k or d != (m, n):
         raise InvalidInput("operands must be A: M x K, B: K x N and D: M x N", f"A {a_shape}, B {b_shape}, D {d_shape}")
     if min(m, n, k) <= 0:
         raise InvalidInput("M, N and K must be positive", (m, n, k))
-    return replace(base, m=int(m), n=int(n), k=int(k))
+    problem = replace(base, m=int(m), n=int(n), k=int(k), a_ld=0, b_ld=0, c_ld=0)
+    ops = base.operands
+    return problem.with_leading(_leading(a_strides, (m, k), base.a_layout, ops.align_a),
+                                _leading(b_strides, (k, n), base.b_layout, ops.align_b),
+                                _leading(d_strides, (m, n), Layout.ROW, ops.align_c))
+
+
+def _leading(strides, shape, layout: Layout, align: int) -> int:
+    """The leading dimension (elements) that `strides` give a rows x cols operand in `layout`, or 0 (packed, or
+    strides that are no leading dimension of that layout). An operand of one row (one column, column-major) has
+    no second row to step to: its leading dimension is whatever the kernel's alignment (elements) needs."""
+    (rows, cols) = shape
+    outer, inner = (rows, cols) if layout is Layout.ROW else (cols, rows)
+    if outer == 1:
+        return 0 if inner % align == 0 else -(-inner // align) * align
+    if strides is None:
+        return 0
+    s_outer, s_inner = (int(strides[0]), int(strides[1])) if layout is Layout.ROW else (int(strides[1]), int(strides[0]))
+    if (s_inner == 1 or inner == 1) and s_outer > inner:
+        return s_outer
+    return 0
 
 
 def check_serves(kernel: Kernel, problem: Problem) -> None:

@@ -1,0 +1,156 @@
+"""Operands that are views wider than themselves (a column slice of a larger array, a QKV split): the leading
+dimensions come from the arrays' strides, a kernel serves every one its alignment allows, and its launches carry
+them. CPU parts here; on a GPU, each family's kernel runs on such views against a float64 reference, and the
+columns of D outside the view stay as they were."""
+from __future__ import annotations
+
+import pytest
+
+import gemmgen.families as families
+from gemmgen import Arch, Kernel, Problem
+from gemmgen.model.arch import lookup_gpu
+from gemmgen.model.errors import InvalidInput
+from gemmgen.rank.predict import predict
+from gemmgen.rank.ranking import rank_configs
+from gemmgen.rank.space import default_config, enumerate_space, heuristic_time
+from gemmgen.runtime.loader import expected_layout
+from gemmgen.runtime.manifest import make_manifest
+from gemmgen.runtime.serve import check_serves, manifest_for, problem_from_shapes
+
+H100 = lookup_gpu("h100")
+
+
+def best_of(family: str, problem: Problem):
+    """The model's pick among one family's configurations for `problem`."""
+    ranked = rank_configs(enumerate_space(families.get(family), H100, problem=problem), problem, H100, predict,
+                          heuristic_time)
+    return ranked[0].config
+
+
+def scalars(manifest: dict, entry_suffix: str = "") -> dict:
+    launch = next(l for l in manifest["launches"] if not entry_suffix or l["entry"].endswith(entry_suffix))
+    return {p["name"]: p["value"] for p in launch["params"] if p["kind"] == "scalar"}
+
+
+def test_leading_dimensions_are_validated_named_and_kept_through_the_manifest():
+    p = Problem.create(5, 7, 9, "bf16", "row", "col")
+    assert (p.lda, p.ldb, p.ldc, p.packed) == (9, 9, 7, True)
+    q = p.with_leading(16, 24, 8)
+    assert (q.lda, q.ldb, q.ldc, q.packed) == (16, 24, 8, False) and q.label.endswith("_ld16x24x8")
+    assert Problem.from_dict(q.to_dict()) == q and "lda" not in p.to_dict()
+    assert p.with_leading(9, 9, 7) == p                      # the packed values are packed
+    assert (q.swapped().lda, q.swapped().ldb) == (24, 16)    # B^T's leading dimension is B's
+    assert q.with_shape(5, 7, 9) == p
+    with pytest.raises(InvalidInput, match=r"lda must be at least .*\(9\).*got 3"):
+        p.with_leading(3, 0, 0)
+    with pytest.raises(InvalidInput, match="ldb must be"):
+        Problem.create(5, 7, 9, "bf16", "row", "col", ldb="x")
+
+
+def test_views_give_their_leading_dimensions_and_packed_arrays_none():
+    base = Problem.create(64, 64, 64, "bf16", "row", "col")
+    packed = problem_from_shapes(base, (100, 40), (40, 30), (100, 30), (40, 1), (1, 40), (30, 1))
+    assert packed.packed and (packed.m, packed.n, packed.k) == (100, 30, 40)
+    view = problem_from_shapes(base, (100, 40), (40, 30), (100, 30), (48, 1), (1, 56), (32, 1))
+    assert (view.lda, view.ldb, view.ldc) == (48, 56, 32)
+    # One row of A or one column of B: its stride along that axis is never used.
+    single = problem_from_shapes(base, (1, 40), (40, 1), (1, 1), (999, 1), (1, 999), (999, 1))
+    assert (single.a_ld, single.b_ld) == (0, 0)
+    # ... so a one-row D (or A) whose width breaks the kernel's alignment gets a leading dimension that keeps it.
+    assert single.ldc == 8
+    one = problem_from_shapes(base, (1, 40), (40, 30), (1, 30), (40, 1), (1, 40), (30, 1))
+    assert one.ldc == 32 and one.operands.align_c == base.operands.align_c
+    # Strides that fit no leading dimension of the layouts are left for the operand check to refuse.
+    odd = problem_from_shapes(base, (100, 40), (40, 30), (100, 30), (1, 100), (1, 40), (30, 1))
+    assert odd.packed and expected_layout(odd)["A"] == ((100, 40), (40, 1))
+
+
+def test_an_aligned_kernel_refuses_an_unaligned_view_and_an_unaligned_one_serves_it():
+    base = Problem.create(256, 256, 256, "bf16", "row", "col")
+    kernel = Kernel(Arch.SM90A, base.operands, default_config(base, H100))
+    check_serves(kernel, base.with_leading(264, 264, 264))
+    with pytest.raises(InvalidInput, match="align"):
+        check_serves(kernel, base.with_leading(257, 0, 0))
+    loose = Problem.create(255, 255, 255, "bf16", "row", "col")   # odd sizes: a kernel for unaligned rows
+    served = loose.with_leading(0, 0, 0).with_shape(256, 256, 256).with_leading(259, 261, 263)
+    check_serves(Kernel(Arch.SM90A, loose.operands, default_config(loose, H100)), served)
+
+
+@pytest.mark.parametrize("family,shape,layouts", [
+    ("sm90_wgmma", (300, 200, 136), ("row", "col")),
+    ("sm80_mma", (300, 200, 136), ("col", "row")),
+    ("sm80_skinny", (8, 200, 136), ("row", "col")),
+    ("sm80_gemv", (3, 200, 136), ("row", "row")),
+])
+def test_each_family_passes_the_views_leading_dimensions_to_its_launches(family, shape, layouts):
+    base = Problem.create(*shape, "bf16", *layouts)
+    kernel = Kernel(Arch.SM90A, base.operands, best_of(family, base))
+    view = base.with_leading(base.lda + 8, base.ldb + 16, base.ldc + 24)
+    served = manifest_for(make_manifest(kernel, base), kernel, view)
+    got = scalars(served, kernel.name)
+    assert (got["lda"], got["ldb"], got["ldc"], got["ldd"]) == (view.lda, view.ldb, view.ldc, view.ldc)
+
+
+def test_tma_descriptors_of_a_hopper_kernel_stride_by_the_leading_dimensions():
+    base = Problem.create(512, 512, 512, "bf16", "row", "col")
+    kernel = Kernel(Arch.SM90A, base.operands, best_of("sm90_wgmma", base))
+    view = base.with_leading(520, 528, 536)
+    served = manifest_for(make_manifest(kernel, base), kernel, view)
+    strides = [p["strides_bytes"][0] for l in served["launches"] for p in l["params"] if "strides_bytes" in p]
+    assert 520 * 2 in strides and 528 * 2 in strides
+
+
+# --- on the GPU ---------------------------------------------------------------------------------
+
+GPU_CASES = [  # family, (M, N, K), layouts, extra elements per leading dimension (A, B, D)
+    ("sm90_wgmma", (1000, 520, 264), ("row", "col"), (8, 16, 24)),
+    ("sm90_wgmma", (999, 517, 263), ("row", "row"), (3, 5, 7)),        # unaligned: the pack pass reads the views
+    ("sm90_wgmma", (16, 1000, 512), ("row", "col"), (8, 8, 8)),        # the model's swapped tile for few rows
+    ("sm80_mma", (333, 250, 200), ("col", "row"), (1, 2, 3)),
+    ("sm80_skinny", (8, 300, 264), ("row", "col"), (8, 16, 8)),
+    ("sm80_gemv", (3, 700, 300), ("row", "row"), (5, 7, 9)),
+]
+
+
+def view(torch, rows, cols, layout, extra, fill=None):
+    """A rows x cols operand in `layout` cut from a larger array whose leading dimension is `extra` wider; the
+    array is returned too."""
+    if layout == "row":
+        full = torch.randn(rows, cols + extra, device="cuda").to(torch.bfloat16)
+        return full[:, :cols], full
+    full = torch.randn(cols, rows + extra, device="cuda").to(torch.bfloat16)
+    return full[:, :rows].t(), full
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}x{c[1][2]}" for c in GPU_CASES])
+def test_a_loaded_kernel_computes_on_views_and_writes_only_inside_d(tmp_path, case):
+    torch = pytest.importorskip("torch")
+    import gemmgen
+    from gemmgen.codegen.nvrtc import compile_kernel
+    from gemmgen.tune.export import export_bundle
+
+    family, (m, n, k), (la, lb), (ea, eb, ed) = case
+    # The kernel is built for the packed problem with the views' alignment (odd extras: unaligned rows).
+    problem = Problem.create(m, n, k, "bf16", la, lb).with_shape(m, n, k)
+    unaligned = any(e % 8 for e in (ea, eb, ed))
+    built_for = Problem.create(m | 1, n | 1, k | 1, "bf16", la, lb) if unaligned else problem
+    kernel = Kernel(Arch.SM90A, built_for.operands, best_of(family, problem))
+    export_bundle(tmp_path, kernel, built_for, compile_kernel(kernel), measured=None, verification=None,
+                  environment={})
+    gemm = gemmgen.load(tmp_path)
+    try:
+        for _ in range(2):   # fresh inputs each time; the second call reuses the binding of the first's shapes
+            A, _ = view(torch, m, k, la, ea)
+            B, _ = view(torch, k, n, lb, eb)
+            D_full = torch.full((m, n + ed), float("nan"), device="cuda", dtype=torch.bfloat16)
+            D_full[:, n:] = 7.0
+            D = D_full[:, :n]
+            gemm(A, B, D)
+            torch.cuda.synchronize()
+            ref = A.double() @ B.double()
+            err = float((D.double() - ref).norm() / ref.norm())
+            assert err < 1e-2, (kernel.name, err)
+            assert bool((D_full[:, n:] == 7.0).all()), "the kernel wrote outside D's view"
+    finally:
+        gemm.close()
