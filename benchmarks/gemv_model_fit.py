@@ -2,7 +2,7 @@
 """How well the model ranks sm80_gemv configurations, from the benchmark's stored runs, and a refit of its load
 rates (no GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/gemv_model_fit.py [--fit]
+    PYTHONPATH=$PWD python3 benchmarks/gemv_model_fit.py [--fit] [--records 'gemv-ragged-*/skinny.json']
 
 Reads docs/lab-data/h100-sxm/gemv-*.json (benchmarks/skinny.py --family sm80_gemv --tight-rows: every
 configuration of the tightest row count measured per case). Per case: Spearman between predicted and measured time
@@ -28,14 +28,14 @@ GRID_PER_WARP = [0.3e9, 0.5e9, 0.65e9, 0.8e9, 1.0e9, 1.3e9, 1.6e9, 2e9, 3e9, 4e9
 GRID_CAP = [6e9, 8e9, 11e9, 14e9, 17e9, 20e9, 24e9, 28e9, 34e9]
 
 
-def cases():
-    """(case, problem, [(config, measured us)]) per case and file."""
+def cases(pattern: str = "gemv-*.json"):
+    """(case, problem, [(config, measured us)]) per case and file matching `pattern` under docs/lab-data/h100-sxm."""
     from gemmgen.model.arch import lookup_gpu
     from gemmgen.model.problem import Problem
     from gemmgen.rank.space import enumerate_space
 
     gpu = lookup_gpu("h100")
-    for path in sorted((ROOT / "docs/lab-data/h100-sxm").glob("gemv-*.json")):
+    for path in sorted((ROOT / "docs/lab-data/h100-sxm").glob(pattern)):
         rows: "dict[tuple, list]" = {}
         for row in json.loads(path.read_text())["rows"]:
             if row.get("family") == "sm80_gemv" and row.get("us"):
@@ -44,7 +44,7 @@ def cases():
             m, n, k = (int(v) for v in shape.split("x"))
             problem = Problem.create(m, n, k, "bf16", "row", "row")
             space = {c.tag: c for c in enumerate_space("sm80_gemv", gpu, problem=problem)}
-            yield f"{path.stem[5:]}:{case}", problem, [(space[r["config"]], r["us"]) for r in measured
+            yield f"{path.parent.name[5:] if path.stem == 'skinny' else path.stem[5:]}:{case}", problem, [(space[r["config"]], r["us"]) for r in measured
                                                       if r["config"] in space]
 
 
@@ -72,12 +72,15 @@ def table(data, gpu) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit SM_LOAD_RATE on a grid and print the table again")
+    parser.add_argument("--records", default="gemv-*.json",
+                        help="which records under docs/lab-data/h100-sxm (a glob; default gemv-*.json, the runs of "
+                             "the kernel before its ragged-end fix; gemv-ragged-*/skinny.json after it)")
     args = parser.parse_args(argv)
     from gemmgen.families import sm80_gemv
     from gemmgen.model.arch import lookup_gpu
 
     gpu = lookup_gpu("h100")
-    data = list(cases())
+    data = list(cases(args.records))
     print("as shipped:", sm80_gemv.SM_LOAD_RATE)
     table(data, gpu)
     if not args.fit:

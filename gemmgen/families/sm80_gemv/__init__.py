@@ -27,10 +27,11 @@ from .config import GemvConfig
 # below the memory time either way.
 SIMT_EFFICIENCY = 0.7
 # What one SM's loads sustain, by whether every row of B is 16-byte aligned: bytes per second per resident warp,
-# up to a cap per SM. Taken from sm80_skinny's column-major B (the same 16-byte loads); against this family's own
-# runs on the H100 (benchmarks/gemv_model_fit.py) a refit moved the error from 0.227 to 0.224 and no pick, so
-# they stay: the model's misses there are the unoverlapped staging of A (docs/perf-notes.md, "sm80_gemv").
-SM_LOAD_RATE = {True: (4e9, 28e9), False: (0.65e9, 11e9)}
+# up to a cap per SM. Aligned: sm80_skinny's column-major B figures (the same 16-byte loads); against this
+# family's own runs a refit moved the error from 0.227 to 0.224 and no pick, so they stay. Unaligned: refitted
+# (benchmarks/gemv_model_fit.py --fit --records 'gemv-ragged-*/skinny.json', H100, 2026-11-26 22:21) after the
+# ragged-end fix made those rows 1.3-1.6x faster; rms log error over that run's 80 records 0.325 -> 0.121.
+SM_LOAD_RATE = {True: (4e9, 28e9), False: (1.6e9, 14e9)}
 
 
 class Sm80Gemv(KernelFamily):
