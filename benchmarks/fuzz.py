@@ -7,7 +7,9 @@ Each case draws a product at random: dtype (bf16, f16, f32 as tf32, e4m3, e4m3 x
 of the four), M, N and K from 1 to a few thousand (often odd, often below a tile), an epilogue (alpha, beta with C,
 bias, ReLU or GELU, fp32 D for 16-bit inputs), fp8 scaling (per tensor, per row/column, 128-blocks), 3xTF32 for
 some fp32 draws (--math 3xtf32, held to fp32's tolerance), fp32 accumulation for some fp8 draws (--accumulate fp32)
-and, for a column-major 16-bit A, the row sums of A. The model ranks every family's space for it (the dry run's choice), the
+and, for a column-major 16-bit A, the row sums of A; about a third of the draws run on views wider than their
+operands (leading dimensions a few of the kernel's alignment steps past packed; D's columns outside its view must
+be left as they were; a seed draws other products than it did before views were drawn, 2026-11-26). The model ranks every family's space for it (the dry run's choice), the
 top configuration is compiled, exported and loaded with gemmgen.load, and run on fresh random inputs with D (and
 the row sums) poisoned with NaN, at the drawn shape and at a second one it should serve (M one smaller). The output
 is compared with a float64 product of the same inputs (scales and epilogue applied) against the tuner's own
@@ -64,6 +66,10 @@ def draw(rng: random.Random) -> dict:
         spec["fp32_math"] = "3xtf32"
     if dtype in ("e4m3", "e5m2") and rng.random() < 0.3:
         spec["fp8_accum"] = "fp32"
+    if rng.random() < 0.35:
+        # Views wider than their operands: each leading dimension this many alignment steps of the kernel past
+        # the packed one (0: packed); C and D share theirs.
+        spec["views"] = [rng.choice((0, 1, 2, 5)) for _ in range(3)]
     return spec
 
 
@@ -101,23 +107,31 @@ def rank_one(spec: dict, gpu_key: str = "h100"):
         return {"refused": str(exc)}
 
 
-def operand(torch, rows, cols, layout, dtype):
-    base = torch.randn(rows, cols, device="cuda") if layout == "row" else torch.randn(cols, rows, device="cuda").t()
-    return base.to(dtype)
+def operand(torch, rows, cols, layout, dtype, extra: int = 0):
+    """A rows x cols operand in `layout`, cut from an array `extra` elements wider along its contiguous axis."""
+    if layout == "row":
+        return torch.randn(rows, cols + extra, device="cuda").to(dtype)[:, :cols]
+    return torch.randn(cols, rows + extra, device="cuda").to(dtype)[:, :rows].t()
 
 
-def check(torch, gemm, problem, m: int) -> "tuple[float, float]":
-    """(relative error against float64, the tolerance) of the loaded kernel at M = m on fresh inputs."""
+def check(torch, gemm, problem, m: int, views=None) -> "tuple[float, float]":
+    """(relative error against float64, the tolerance) of the loaded kernel at M = m on fresh inputs; with
+    `views`, the operands are views whose leading dimensions are that many of the kernel's alignment steps wider,
+    and D's columns outside its view must keep what they held."""
     from gemmgen.tune.bench.policy import threshold
 
     names = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "e4m3": torch.float8_e4m3fn,
              "e5m2": torch.float8_e5m2}
     n, k, ep = problem.n, problem.k, problem.epilogue
-    A = operand(torch, m, k, problem.a_layout.value, names[problem.a_dtype.value])
-    B = operand(torch, k, n, problem.b_layout.value, names[problem.b_dtype.value])
+    ops = problem.operands
+    ea, eb, ec = ((s * a for s, a in zip(views, (ops.align_a, ops.align_b, ops.align_c))) if views else (0, 0, 0))
+    A = operand(torch, m, k, problem.a_layout.value, names[problem.a_dtype.value], ea)
+    B = operand(torch, k, n, problem.b_layout.value, names[problem.b_dtype.value], eb)
     out = names[problem.c_dtype.value]
-    D = torch.full((m, n), float("nan"), device="cuda", dtype=out)
-    C = torch.randn(m, n, device="cuda").to(out) if ep.beta != 0 else None
+    D_full = torch.full((m, n + ec), float("nan"), device="cuda", dtype=out)
+    D_full[:, n:] = 3.0
+    D = D_full[:, :n]
+    C = operand(torch, m, n, "row", out, ec) if ep.beta != 0 else None
     bias = torch.randn(n, device="cuda").to(out) if ep.bias else None
     row_sums = torch.full((m,), float("nan"), device="cuda", dtype=out) if ep.row_sums else None
     scales = {}
@@ -147,6 +161,8 @@ def check(torch, gemm, problem, m: int) -> "tuple[float, float]":
         ref = torch.nn.functional.gelu(ref, approximate="tanh")
     gemm(A, B, D, C=C, bias=bias, row_sums=row_sums, **scales)
     torch.cuda.synchronize()
+    if ec and not bool((D_full[:, n:] == 3.0).all()):
+        return math.inf, 0.0   # written outside D's view
     errors = []
     for got, want in ((D, ref),) + (((row_sums, A.double().sum(1)),) if row_sums is not None else ()):
         got = got.double()
@@ -204,7 +220,7 @@ def main(argv=None) -> int:
         try:
             for m in dict.fromkeys((problem.m, max(1, problem.m - 1))):
                 try:
-                    err, limit = check(torch, gemm, problem, m)
+                    err, limit = check(torch, gemm, problem, m, specs[i].get("views"))
                 except UserError as exc:
                     if m == problem.m:
                         row["failure"] = f"refused its own shape: {exc}"
@@ -231,7 +247,7 @@ def main(argv=None) -> int:
         what = (f"{s['m']}x{s['n']}x{s['k']} {s['dtype']}{'x' + s['b_dtype'] if s.get('b_dtype') else ''} "
                 f"{s['a'][0]}{s['b'][0]} " + " ".join(f"{k}={s[k]}" for k in ("alpha", "beta", "bias", "activation",
                                                                               "c_dtype", "scaling", "row_sums",
-                                                                              "fp32_math", "fp8_accum")
+                                                                              "fp32_math", "fp8_accum", "views")
                                                    if s.get(k) is not None))
         status = ("REFUSED " + r["refused"][:80] if "refused" in r else "FAIL " + r["failure"][:200]
                   if "failure" in r else "ok " + " ".join(f"{e:.1e}" for e in r.get("errors", [])))
