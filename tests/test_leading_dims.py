@@ -68,6 +68,7 @@ def test_views_give_their_leading_dimensions_and_packed_arrays_none():
 def test_an_aligned_kernel_refuses_an_unaligned_view_and_an_unaligned_one_serves_it():
     base = Problem.create(256, 256, 256, "bf16", "row", "col")
     kernel = Kernel(Arch.SM90A, base.operands, default_config(base, H100))
+    assert make_manifest(kernel, base)["serves"]["leading_multiple_of"] == {"lda": 8, "ldb": 8, "ldc": 8}
     check_serves(kernel, base.with_leading(264, 264, 264))
     with pytest.raises(InvalidInput, match="align"):
         check_serves(kernel, base.with_leading(257, 0, 0))

@@ -180,14 +180,17 @@ class KernelFamily:
 
     def serves(self, kernel: Kernel) -> dict:
         """The shapes one compiled kernel serves, for the manifest (the loader checks each call exactly with
-        families.rules.check): packed operands whose leading dimensions keep the kernel's alignment, offsets
-        within 32-bit indexing, and the family's problem-dependent limits."""
+        families.rules.check): packed operands whose leading dimensions keep the kernel's alignment (or views
+        whose leading dimensions, in elements, are multiples of `leading_multiple_of`), offsets within 32-bit
+        indexing, and the family's problem-dependent limits."""
         ops, cfg = kernel.operands, kernel.config
         multiple = {"M": 1, "N": 1, "K": 1}
         for axis, align in ((("K" if ops.a_layout.value == "row" else "M"), ops.align_a),
                             (("N" if ops.b_layout.value == "row" else "K"), ops.align_b), ("N", ops.align_c)):
             multiple[axis] = math.lcm(multiple[axis], align)
-        out = {"multiple_of": multiple, "max_operand_elements": 2 ** (self.index_bits - 1) - 1}
+        out = {"multiple_of": multiple, "leading_multiple_of": {"lda": ops.align_a, "ldb": ops.align_b,
+                                                                "ldc": ops.align_c},
+               "max_operand_elements": 2 ** (self.index_bits - 1) - 1}
         if cfg.decomposition.kind is DecompKind.SPLIT_K:
             out["k_min"] = (cfg.decomposition.splits - 1) * cfg.cta.k + 1  # every slice gets a K tile
         return out
