@@ -35,27 +35,9 @@ def graph_time_s(fn, calls: int = 20, replays: int = 10) -> float:
     """Seconds per fn() with `calls` of them captured in one CUDA graph: median over `replays` replays."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream: kernels load and bind before capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / calls)
-    return statistics.median(times)
+    from harness import graph_timed
+
+    return graph_timed(torch, lambda _: fn(), [None], calls, replays)
 
 
 def eager_time_s(fn, calls: int = 20, repeats: int = 7) -> float:
