@@ -155,3 +155,12 @@ def test_a_loaded_kernel_computes_on_views_and_writes_only_inside_d(tmp_path, ca
             assert bool((D_full[:, n:] == 7.0).all()), "the kernel wrote outside D's view"
     finally:
         gemm.close()
+
+
+def test_the_tuners_benchmark_refuses_a_problem_with_leading_dimensions_it_would_not_allocate():
+    from gemmgen.tune.reference import storage_shapes
+
+    p = Problem.create(64, 64, 64, "bf16", "row", "col")
+    assert storage_shapes(p)["A"] == (64, 64)
+    with pytest.raises(InvalidInput, match="packed operands"):
+        storage_shapes(p.with_leading(72, 0, 0))

@@ -71,7 +71,11 @@ def available_backends() -> "list[str]":
 
 
 def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
-    """Shape of each operand as it lies in memory (row-major storage order)."""
+    """Shape of each operand as it lies in memory (row-major storage order): packed, as the tuner's benchmark and
+    reference allocate them (a kernel launched for wider leading dimensions there would read past them)."""
+    if not problem.packed:
+        raise InvalidInput("the tuner's benchmark and reference run packed operands; views with wider leading "
+                           "dimensions are for gemmgen.load", problem.label)
     m, n, k = problem.m, problem.n, problem.k
     shapes = {"A": (m, k) if problem.a_layout is Layout.ROW else (k, m),
               "B": (k, n) if problem.b_layout is Layout.ROW else (n, k),
