@@ -110,6 +110,7 @@ GPU_CASES = [  # family, (M, N, K), layouts, extra elements per leading dimensio
     ("sm80_mma", (333, 250, 200), ("col", "row"), (1, 2, 3)),
     ("sm80_skinny", (8, 300, 264), ("row", "col"), (8, 16, 8)),
     ("sm80_gemv", (3, 700, 300), ("row", "row"), (5, 7, 9)),
+    ("sm80_gemv", (3, 700, 300), ("row", "row"), (4, 4, 4)),          # 16-byte rows, N's end inside a vector
 ]
 
 
@@ -124,7 +125,8 @@ def view(torch, rows, cols, layout, extra, fill=None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}x{c[1][2]}" for c in GPU_CASES])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}x{c[1][2]}-{'-'.join(map(str, c[3]))}"
+                                                  for c in GPU_CASES])
 def test_a_loaded_kernel_computes_on_views_and_writes_only_inside_d(tmp_path, case):
     torch = pytest.importorskip("torch")
     import gemmgen
@@ -132,11 +134,10 @@ def test_a_loaded_kernel_computes_on_views_and_writes_only_inside_d(tmp_path, ca
     from gemmgen.tune.export import export_bundle
 
     family, (m, n, k), (la, lb), (ea, eb, ed) = case
-    # The kernel is built for the packed problem with the views' alignment (odd extras: unaligned rows).
-    problem = Problem.create(m, n, k, "bf16", la, lb).with_shape(m, n, k)
-    unaligned = any(e % 8 for e in (ea, eb, ed))
-    built_for = Problem.create(m | 1, n | 1, k | 1, "bf16", la, lb) if unaligned else problem
-    kernel = Kernel(Arch.SM90A, built_for.operands, best_of(family, problem))
+    # The kernel is built for the views' own problem, so its alignment is theirs.
+    packed = Problem.create(m, n, k, "bf16", la, lb)
+    built_for = packed.with_leading(packed.lda + ea, packed.ldb + eb, packed.ldc + ed)
+    kernel = Kernel(Arch.SM90A, built_for.operands, best_of(family, built_for))
     export_bundle(tmp_path, kernel, built_for, compile_kernel(kernel), measured=None, verification=None,
                   environment={})
     gemm = gemmgen.load(tmp_path)
