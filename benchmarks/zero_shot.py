@@ -215,14 +215,7 @@ def main(argv=None) -> int:
             torch.matmul(s[0], s[1], out=s[2])
 
         fns = {"cublas": cublas, **{v: (lambda s, g=g: g(*s)) for v, g in contenders.items()}}
-        for fn in fns.values():  # warm-up
-            for s in sets:
-                fn(s)
-        torch.cuda.synchronize()
-        times = {v: [] for v in fns}
-        for _ in range(PASSES):
-            for v, fn in fns.items():
-                times[v].append(timed(torch, fn, sets))
+        times = harness.interleaved_times(torch, fns, sets, lambda torch, fn, sets: timed(torch, fn, sets), PASSES)
         med = {v: statistics.median(ts) for v, ts in times.items()}
         row["cublas_time_s"] = med["cublas"]
         for v in contenders:

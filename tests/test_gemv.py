@@ -11,16 +11,10 @@ from gemmgen.model.arch import Arch, lookup_gpu
 from gemmgen.model.problem import Problem
 from gemmgen.model.tiles import Kernel, TileConfig
 from gemmgen.runtime.manifest import make_manifest
+from space_helpers import broken, compile_cache, heaviest_compile_without_spills  # noqa: F401 (a fixture)
 
 H100 = lookup_gpu("h100")
 FAMILY = gemmgen.families.get("sm80_gemv")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 def gemv(rows=16, cols=256, unroll=4, k_warps=1, splits=1, fused=False) -> TileConfig:
@@ -29,10 +23,6 @@ def gemv(rows=16, cols=256, unroll=4, k_warps=1, splits=1, fused=False) -> TileC
     if splits > 1:
         d["decomposition"] = {"kind": "splitk", "splits": splits, **({"fused": True} if fused else {})}
     return TileConfig.from_dict(d)
-
-
-def broken(config, problem):
-    return [v.rule for v in constraints.check(config, H100, Arch.SM90A, problem)]
 
 
 def test_gemv_takes_row_major_b_and_either_a_and_names_the_rule_for_others():
@@ -82,19 +72,8 @@ def test_sass_streams_b_as_16_byte_vectors_into_ffma_without_local_memory(n, dty
 
 @pytest.mark.slow
 def test_the_heaviest_configs_of_the_space_compile_without_spills():
-    from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.rank.space import enumerate_space
-
     problem = Problem.create(16, 4095, 4095, "bf16", "row", "row")
-    configs = list(enumerate_space(FAMILY, H100, problem=problem))
-    assert len(configs) > 20
-    heaviest = {}
-    for c in sorted(configs, key=FAMILY.regs_estimate):
-        heaviest[(c.cta.n, c.k_warps)] = c
-    kernels = [Kernel(Arch.SM90A, problem.operands, c) for c in heaviest.values()]
-    for kernel, result in zip(kernels, compile_many(kernels)):
-        assert not isinstance(result, Exception), (kernel.name, result)
-        assert result.spill_bytes == 0 and result.resources.stack_bytes == 0, kernel.name
+    heaviest_compile_without_spills(FAMILY, H100, problem, lambda c: (c.cta.n, c.k_warps), at_least=20)
 
 
 GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, A layout])

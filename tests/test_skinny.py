@@ -12,16 +12,10 @@ from gemmgen.model.arch import Arch, lookup_gpu
 from gemmgen.model.problem import Problem
 from gemmgen.model.tiles import Kernel, TileConfig
 from gemmgen.runtime.manifest import make_manifest
+from space_helpers import broken, compile_cache, heaviest_compile_without_spills  # noqa: F401 (a fixture)
 
 H100 = lookup_gpu("h100")
 FAMILY = gemmgen.families.get("sm80_skinny")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 def skinny(cta="16x128x128", warp="16x32x128", k_warps=1, splits=1, stages=1) -> TileConfig:
@@ -29,10 +23,6 @@ def skinny(cta="16x128x128", warp="16x32x128", k_warps=1, splits=1, stages=1) ->
     if splits > 1:
         d["decomposition"] = {"kind": "splitk", "splits": splits}
     return TileConfig.from_dict(d)
-
-
-def broken(config, problem):
-    return [v.rule for v in constraints.check(config, H100, Arch.SM90A, problem)]
 
 
 def test_skinny_takes_row_major_a_and_either_b_and_names_the_rule_for_others():
@@ -101,20 +91,9 @@ def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype, b):
 
 @pytest.mark.slow
 def test_the_heaviest_configs_of_the_space_compile_without_spills():
-    from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.rank.space import enumerate_space
-
     problem = Problem.create(16, 4095, 4095, "bf16", "row", "col")
-    configs = list(enumerate_space(FAMILY, H100, problem=problem))
-    assert len(configs) > 50
     # The space's register-heaviest configurations (one per CTA tile M and stage count): where a spill would show.
-    heaviest = {}
-    for c in sorted(configs, key=FAMILY.regs_estimate):
-        heaviest[(c.cta.m, c.stages)] = c
-    kernels = [Kernel(Arch.SM90A, problem.operands, c) for c in heaviest.values()]
-    for kernel, result in zip(kernels, compile_many(kernels)):
-        assert not isinstance(result, Exception), (kernel.name, result)
-        assert result.spill_bytes == 0 and result.resources.stack_bytes == 0, kernel.name
+    heaviest_compile_without_spills(FAMILY, H100, problem, lambda c: (c.cta.m, c.stages), at_least=50)
 
 
 ROW_B = skinny("16x128x64", "16x64x64")

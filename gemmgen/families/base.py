@@ -204,6 +204,22 @@ class KernelFamily:
         return f"<kernel family {self.name}>"
 
 
+class FewRowsFamily(KernelFamily):
+    """A family for a few rows of D whose every CTA covers all M rows (sm80_skinny, sm80_gemv): a kernel serves M
+    up to its CTA tile M, and its loads' rate per SM grows with the warps resident, up to a cap."""
+
+    def serves(self, kernel: Kernel) -> dict:
+        out = super().serves(kernel)
+        out["m_max"] = kernel.config.cta.m
+        return out
+
+
+def warp_scaled_rate(rate: "tuple[float, float]", warps_per_sm: float) -> float:
+    """Bytes per second one SM's loads sustain from (per resident warp, cap per SM) and its resident warps."""
+    per_warp, cap = rate
+    return min(cap, warps_per_sm * per_warp)
+
+
 def elt_bytes(operands: "Operands | None") -> int:
     """Bytes per A/B element (16-bit when no operands are given, as the space is checked without a problem)."""
     return operands.a_dtype.bytes if operands else 2
@@ -304,5 +320,5 @@ def require_family(config: TileConfig, family: KernelFamily) -> None:
         raise InvalidInput(f"{family.name} needs a {family.name} configuration", config.family)
 
 
-__all__ = ["KWarpsConfig", "KernelFamily", "Launches", "Prepass", "column_block_launches", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "header_context", "pointer_params",
+__all__ = ["FewRowsFamily", "KWarpsConfig", "KernelFamily", "Launches", "Prepass", "column_block_launches", "MAX_OPERAND_ELEMENTS", "ModelTraits", "REG_ALLOC_UNIT", "REG_LIMIT", "Rule", "elt_bytes", "header_context", "pointer_params", "warp_scaled_rate",
            "pow2", "reduce_launch", "require_family", "scalar_param", "scalar_params", "tensor_param", "workspace_param"]

@@ -16,7 +16,7 @@ from ...model import paths
 from ...model.arch import Arch, DType, Gpu
 from ...model.tiles import DecompKind, Kernel, TileConfig
 from .. import register
-from ..base import KernelFamily, Launches, ModelTraits
+from ..base import FewRowsFamily, Launches, ModelTraits, warp_scaled_rate
 from . import context as _context
 from . import launch as _launch
 from . import rules as _rules
@@ -34,7 +34,7 @@ SIMT_EFFICIENCY = 0.7
 SM_LOAD_RATE = {True: (4e9, 28e9), False: (1.6e9, 14e9)}
 
 
-class Sm80Gemv(KernelFamily):
+class Sm80Gemv(FewRowsFamily):
     name = "sm80_gemv"
     config_type = GemvConfig
     min_arch = Arch.SM80
@@ -68,13 +68,7 @@ class Sm80Gemv(KernelFamily):
         return config.threads * config.cta.k * 16
 
     def sm_load_rate(self, config: TileConfig, problem, warps_per_sm: float) -> float:
-        per_warp, cap = SM_LOAD_RATE[problem.operands.align_b == 8]
-        return min(cap, warps_per_sm * per_warp)
-
-    def serves(self, kernel: Kernel) -> dict:
-        out = super().serves(kernel)
-        out["m_max"] = kernel.config.cta.m
-        return out
+        return warp_scaled_rate(SM_LOAD_RATE[problem.operands.align_b == 8], warps_per_sm)
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)

@@ -18,7 +18,7 @@ from ...model import paths
 from ...model.arch import Arch, DType, Gpu
 from ...model.tiles import DecompKind, Kernel, TileConfig
 from .. import register
-from ..base import KernelFamily, Launches, ModelTraits
+from ..base import FewRowsFamily, Launches, ModelTraits, warp_scaled_rate
 from . import context as _context
 from . import launch as _launch
 from . import rules as _rules
@@ -38,7 +38,7 @@ SM_LOAD_RATE = {("col", True): (4e9, 28e9), ("col", False): (0.65e9, 11e9),
                 ("row", True): (1.9e9, 16e9), ("row", False): (0.56e9, 5e9)}
 
 
-class Sm80Skinny(KernelFamily):
+class Sm80Skinny(FewRowsFamily):
     name = "sm80_skinny"
     config_type = SkinnyConfig
     min_arch = Arch.SM80
@@ -72,13 +72,7 @@ class Sm80Skinny(KernelFamily):
         return config.threads * config.stages * steps * vectors * 16
 
     def sm_load_rate(self, config: TileConfig, problem, warps_per_sm: float) -> float:
-        per_warp, cap = SM_LOAD_RATE[(problem.b_layout.value, all(problem.operands.rows_aligned))]
-        return min(cap, warps_per_sm * per_warp)
-
-    def serves(self, kernel: Kernel) -> dict:
-        out = super().serves(kernel)
-        out["m_max"] = kernel.config.cta.m
-        return out
+        return warp_scaled_rate(SM_LOAD_RATE[(problem.b_layout.value, all(problem.operands.rows_aligned))], warps_per_sm)
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)
