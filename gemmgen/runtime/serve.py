@@ -8,8 +8,6 @@ its grid and workspace are computed for the problem at hand.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from .. import families
 from ..families.rules import check
 from ..model.arch import Arch, loosest_gpu
@@ -39,7 +37,7 @@ def problem_from_shapes(base: Problem, a_shape, b_shape, d_shape, a_strides=None
         raise InvalidInput("operands must be A: M x K, B: K x N and D: M x N", f"A {a_shape}, B {b_shape}, D {d_shape}")
     if min(m, n, k) <= 0:
         raise InvalidInput("M, N and K must be positive", (m, n, k))
-    problem = replace(base, m=int(m), n=int(n), k=int(k), a_ld=0, b_ld=0, c_ld=0)
+    problem = base.with_shape(int(m), int(n), int(k))
     ops = base.operands
     return problem.with_leading(_leading(a_strides, (m, k), base.a_layout, ops.align_a),
                                 _leading(b_strides, (k, n), base.b_layout, ops.align_b),
