@@ -168,6 +168,33 @@ def test_dropping_one_k_element_fails_verification(gpu_bench, reference):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("reference", ["auto", "kernel"])
+@pytest.mark.parametrize("problem", [
+    Problem.create(96, 80, 72, "bf16", "row", "col", beta=1.0, lda=75, ldb=81, ldc=83),
+    Problem.create(33, 17, 40, "f16", "col", "row", bias=True, activation="relu", lda=40, ldb=24, ldc=17),
+])
+def test_views_with_gaps_verify_and_time_and_cublas_runs_on_them(gpu_bench, problem, reference):
+    """Operands allocated with their leading dimensions, NaN in the gaps: a kernel that honours them passes."""
+    gpu_bench.reference = reference
+    m = gpu_bench.measure(*_naive(problem), problem)
+    assert m.ok, m.reason
+    assert m.backend == ("kernel" if reference == "kernel" else "torch")
+    if reference == "auto":
+        t = gpu_bench.cublas_time(problem)
+        assert t is not None and t > 0
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_writes_between_the_rows_of_d_fails_verification(gpu_bench):
+    gpu_bench.reference = "auto"
+    packed = Problem.create(64, 48, 32, "bf16", "row", "col")
+    assert gpu_bench.measure(*_naive(packed, fault="past"), packed).ok  # packed: the fault writes nothing extra
+    view = packed.with_leading(0, 0, 56)
+    m = gpu_bench.measure(*_naive(view, fault="past"), view)
+    assert not m.ok and "between D's rows" in m.reason, m.reason
+
+
+@pytest.mark.gpu
 def test_cublas_is_timed_when_torch_is_there(gpu_bench):
     pytest.importorskip("torch")
     t = gpu_bench.cublas_time(Problem.create(1024, 1024, 1024))

@@ -158,10 +158,62 @@ def test_a_loaded_kernel_computes_on_views_and_writes_only_inside_d(tmp_path, ca
         gemm.close()
 
 
-def test_the_tuners_benchmark_refuses_a_problem_with_leading_dimensions_it_would_not_allocate():
-    from gemmgen.tune.reference import storage_shapes
+def test_the_tuners_benchmark_allocates_views_with_gaps_and_compares_inside_them():
+    import numpy as np
 
-    p = Problem.create(64, 64, 64, "bf16", "row", "col")
-    assert storage_shapes(p)["A"] == (64, 64)
-    with pytest.raises(InvalidInput, match="packed operands"):
-        storage_shapes(p.with_leading(72, 0, 0))
+    from gemmgen.tune.reference import in_view, operand_bytes, storage_shapes, view_widths
+
+    p = Problem.create(64, 48, 40, "bf16", "col", "row", beta=1.0)
+    assert storage_shapes(p)["A"] == (40, 64) and view_widths(p) == {}
+    v = p.with_leading(72, 50, 56)
+    shapes = storage_shapes(v)
+    assert (shapes["A"], shapes["B"], shapes["C"], shapes["D"]) == ((40, 72), (40, 50), (64, 56), (64, 56))
+    assert view_widths(v) == {"A": 64, "B": 48, "C": 48, "D": 48}
+    assert operand_bytes(v)["A"] == 40 * 72 * 2
+    storage = np.arange(64 * 56).reshape(64, 56)
+    assert in_view(storage, v, "D").shape == (64, 48) and in_view(storage, p.with_leading(0, 0, 0), "D") is storage
+
+
+def test_tune_takes_leading_dimensions_for_one_shape_and_refuses_them_for_a_shape_set(capsys, tmp_path):
+    from gemmgen.cli import main
+    from gemmgen.tune.suite import SuiteFileError, load_shapes
+
+    out = tmp_path / "bundle"
+    assert main(["tune", "256", "192", "128", "--lda", "131", "--ldc", "200", "--gpu", "h100", "--dry-run",
+                 "--jobs", "0", "--top-k", "1", "--out", str(out)]) == 0
+    import json
+
+    manifest = json.loads(next(out.glob("*.json")).read_text())
+    assert (manifest["problem"]["lda"], manifest["problem"]["ldc"]) == (131, 200)
+    assert "_a1x" in manifest["name"]  # 131 elements apart: rows off 16-byte boundaries
+    for argv in (["tune", "--m", "1..16", "--n", "64", "--k", "64", "--ldb", "72", "--gpu", "h100", "--dry-run"],
+                 ["tune", "64", "64", "64", "--lda", "63", "--gpu", "h100", "--dry-run"]):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "not a shape set" in err and "lda must be at least" in err
+
+    suite = tmp_path / "views.yaml"
+    suite.write_text("shapes:\n  - {name: qkv_slice, M: 512, N: 512, K: 256, lda: 264, ldc: 1536}\n")
+    (shape,) = load_shapes(suite)
+    assert shape.problem("bf16").label.endswith("_ld264x512x1536")
+    suite.write_text("shapes:\n  - {M: 512, N: 512, K: 256, ldb: 500}\n")
+    with pytest.raises(SuiteFileError, match="ldb must be at least"):
+        load_shapes(suite)
+
+
+@pytest.mark.gpu
+def test_tune_measures_a_view_and_exports_a_kernel_for_its_leading_dimensions(tmp_path):
+    """`gemmgen tune --lda/--ldc` on the GPU: the benchmark allocates the gaps (NaN in them), every trial is
+    verified there, and the winner's manifest records the view's leading dimensions."""
+    import json
+
+    pytest.importorskip("optuna")
+    from gemmgen.cli import main
+
+    out = tmp_path / "bundle"
+    argv = ["tune", "300", "200", "100", "--lda", "104", "--ldc", "205", "--trials", "4", "--top-k", "3",
+            "--storage", f"sqlite:///{tmp_path / 'studies.db'}", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    manifest = json.loads(next(out.glob("*.json")).read_text())
+    assert (manifest["problem"]["lda"], manifest["problem"]["ldc"]) == (104, 205)
+    assert manifest["measured"] and manifest["verification"]

@@ -61,12 +61,21 @@ def refuse_together(args, flag: str, others: "tuple[str, ...]", why: str) -> Non
             raise InvalidInput(f"{flag} and {other} cannot be used together ({why})", f"{flag} {other}")
 
 
-def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True) -> None:
-    """M N K and the operand description: dtype, layouts, epilogue."""
+def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True, leading: "bool | None" = None) -> None:
+    """M N K and the operand description: dtype, layouts, epilogue; and the leading dimensions (`leading`, by
+    default where the command takes a shape)."""
     if shape:
         parser.add_argument("M", help="rows of A and D")
         parser.add_argument("N", help="columns of B and D")
         parser.add_argument("K", help="the reduction dimension")
+    if shape if leading is None else leading:
+        for flag, operand, what in (("--lda", "A", "K for row-major A, M for column-major"),
+                                    ("--ldb", "B", "N for row-major B, K for column-major"),
+                                    ("--ldc", "C and D", "N")):
+            parser.add_argument(flag, type=int_arg(flag, 0), default=0, metavar="LD",
+                                help=f"leading dimension of {operand} in elements, when it is a view into a wider "
+                                     f"array (default 0: packed, {what}); the benchmark allocates it so, with NaN "
+                                     "in the gaps")
     parser.add_argument("--dtype", default="bf16", type=text_arg("--dtype"),
                         help="A/B dtype: bf16 (default), f16, e4m3, e5m2, f32 (tf32 math); `gemmgen space` lists "
                              "each GPU's")
@@ -105,7 +114,8 @@ def problem_from_args(args) -> Problem:
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
                           getattr(args, "b_dtype", None), getattr(args, "scaling", None),
                           getattr(args, "row_sums", False), getattr(args, "fp32_math", None),
-                          getattr(args, "fp8_accum", None))
+                          getattr(args, "fp8_accum", None), getattr(args, "lda", 0), getattr(args, "ldb", 0),
+                          getattr(args, "ldc", 0))
 
 
 def progress_bar(total: int, desc: str, unit: str, initial: int = 0):

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput, NoGpu
-from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, add_problem_args, float_arg, int_arg,
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, add_problem_args, float_arg, given, int_arg,
                       problem_from_args, progress_bar, refuse_together, table, text_arg)
 from ._tune_set import add_shape_set_args, is_shape_set, run_shape_set
 
@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("M", nargs="?", help="rows of A and D (or tune a shape set: --m RANGE --n N --k K, --shapes)")
     p.add_argument("N", nargs="?", help="columns of B and D")
     p.add_argument("K", nargs="?", help="the reduction dimension")
-    add_problem_args(p, shape=False)
+    add_problem_args(p, shape=False, leading=True)
     add_gpu_arg(p)
     add_shape_set_args(p)
     p.add_argument("--trials", type=int_arg("--trials", 1, COUNT_MAX), default=100,
@@ -288,6 +288,10 @@ def run(args) -> int:
 
     refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
     if is_shape_set(args):
+        for flag in ("--lda", "--ldb", "--ldc"):
+            if given(args, flag):
+                raise InvalidInput(f"{flag} is for one shape (M N K), not a shape set: a dispatch table's kernels "
+                                   "serve every leading dimension their alignment allows", getattr(args, flag[2:]))
         return run_shape_set(args)
     if None in (args.M, args.N, args.K):
         raise InvalidInput("tune needs M N K, or a shape set: --m LO..HI --n N --k K, or --shapes FILE",

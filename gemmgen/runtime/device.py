@@ -26,6 +26,7 @@ from .launch import (NULLABLE_TENSORS, TENSORMAP_BYTES, LaunchSequence, PackedPa
 
 POISON_16 = 0xFFFF  # a NaN for both bf16 and f16: exponent all ones, mantissa non-zero
 POISON_32 = 0xFFFFFFFF  # a NaN in fp32
+POISON_8 = 0xFF  # a NaN in both fp8 formats (e4m3: S.1111.111; e5m2: exponent all ones, mantissa non-zero)
 
 @dataclass(frozen=True)
 class DeviceProps:
@@ -352,6 +353,17 @@ class Device:
             self.memset(buf, POISON_32, 4, stream)
         else:
             raise InvalidInput("poison supports 16- and 32-bit dtypes", dt.value)
+
+    def poison_2d(self, ptr: int, dtype: "DType | str", pitch: int, width: int, height: int, stream: int = 0) -> None:
+        """NaN into `width` elements of each of `height` rows `pitch` elements apart, from address `ptr`: the gaps
+        between the rows of a view, so a kernel that lets them into its result fails its check."""
+        dt = DType.parse(dtype)
+        driver = drv.driver_module()
+        calls = {1: ("cuMemsetD2D8Async", driver.cuMemsetD2D8Async, POISON_8),
+                 2: ("cuMemsetD2D16Async", driver.cuMemsetD2D16Async, POISON_16),
+                 4: ("cuMemsetD2D32Async", driver.cuMemsetD2D32Async, POISON_32)}
+        name, call, value = calls[dt.bytes]
+        check(name, call(ptr, pitch * dt.bytes, value, width, height, stream))
 
     def copy_to_device(self, buf: Buffer, host) -> None:
         """Copy a host array (buffer protocol) into `buf`."""

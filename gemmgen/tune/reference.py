@@ -71,17 +71,15 @@ def available_backends() -> "list[str]":
 
 
 def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
-    """Shape of each operand as it lies in memory (row-major storage order): packed, as the tuner's benchmark and
-    reference allocate them (a kernel launched for wider leading dimensions there would read past them)."""
-    if not problem.packed:
-        raise InvalidInput("the tuner's benchmark and reference run packed operands; views with wider leading "
-                           "dimensions are for gemmgen.load", problem.label)
+    """Shape of each operand's storage (row-major storage order), as the tuner's benchmark allocates it: a row is
+    the operand's leading dimension long, so a problem with wider leading dimensions (a view) gets buffers with
+    gaps between its rows (view_widths says how much of each row is the operand)."""
     m, n, k = problem.m, problem.n, problem.k
-    shapes = {"A": (m, k) if problem.a_layout is Layout.ROW else (k, m),
-              "B": (k, n) if problem.b_layout is Layout.ROW else (n, k),
-              "D": (m, n)}
+    shapes = {"A": (m, problem.lda) if problem.a_layout is Layout.ROW else (k, problem.lda),
+              "B": (k, problem.ldb) if problem.b_layout is Layout.ROW else (n, problem.ldb),
+              "D": (m, problem.ldc)}
     if problem.epilogue.beta != 0:
-        shapes["C"] = (m, n)
+        shapes["C"] = (m, problem.ldc)
     if problem.epilogue.bias:
         shapes["bias"] = (n,)
     if problem.scaling is not Scaling.TENSOR:
@@ -89,6 +87,21 @@ def storage_shapes(problem: Problem) -> "dict[str, tuple[int, ...]]":
     if problem.epilogue.row_sums:
         shapes["row_sums"] = (m,)
     return shapes
+
+
+def view_widths(problem: Problem) -> "dict[str, int]":
+    """How many elements of each storage row (storage_shapes) belong to the operand, for the 2-D operands whose
+    leading dimension is wider than that; the rest of the row is a gap no kernel may write (nor let into D)."""
+    widths = {"A": problem.k if problem.a_layout is Layout.ROW else problem.m,
+              "B": problem.n if problem.b_layout is Layout.ROW else problem.k, "C": problem.n, "D": problem.n}
+    shapes = storage_shapes(problem)
+    return {name: width for name, width in widths.items() if name in shapes and shapes[name][1] > width}
+
+
+def in_view(array, problem: Problem, name: str):
+    """The operand's part of a 2-D array over its whole storage (any library that slices like NumPy)."""
+    width = view_widths(problem).get(name)
+    return array if width is None else array[:, :width]
 
 
 def operand_dtypes(problem: Problem) -> "dict[str, DType]":
@@ -113,10 +126,34 @@ def compare(device, problem: Problem, pointers: GemmPointers, backend: str = "au
     if problem.a_dtype.bytes == 1 and backend != "torch":
         raise InvalidInput("fp8 products are verified against torch (float8 tensors): install torch", backend)
     if backend == "torch":
-        return _compare_torch(problem, pointers)
-    if backend == "cupy":
-        return _compare_cupy(problem, pointers)
-    return _compare_kernel(device, problem, pointers, seed)
+        result = _compare_torch(problem, pointers)
+    elif backend == "cupy":
+        result = _compare_cupy(problem, pointers)
+    else:
+        result = _compare_kernel(device, problem, pointers, seed)
+    return _with_gaps(device, problem, pointers, result)
+
+
+def _with_gaps(device, problem: Problem, pointers: GemmPointers, result: Comparison) -> Comparison:
+    """`result`, failed when D is a view and the kernel wrote into the gaps between its rows (they were poisoned
+    with D, and a user's array keeps other data there)."""
+    width = view_widths(problem).get("D")
+    if width is None:
+        return result
+    import numpy as np
+
+    from ..runtime.device import POISON_16, POISON_32, Buffer
+
+    rows, pitch = storage_shapes(problem)["D"]
+    bits, poison = (np.uint16, POISON_16) if problem.c_dtype.bytes == 2 else (np.uint32, POISON_32)
+    count = rows * pitch
+    raw = device.copy_to_host(Buffer(pointers.d, count * problem.c_dtype.bytes), bits, count).reshape(rows, pitch)
+    written = int(np.count_nonzero(raw[:, width:] != poison))
+    if not written:
+        return result
+    detail = "; ".join(filter(None, (result.detail, f"{written} elements written between D's rows (columns "
+                                                    f"{width}..{pitch - 1} of its leading dimension)")))
+    return Comparison(math.inf, result.nonfinite, result.backend, result.sample_rel_error, detail)
 
 
 # --- torch ------------------------------------------------------------------------------------
@@ -148,7 +185,7 @@ def torch_operands(problem: Problem, pointers: GemmPointers) -> dict:
         # CAI has no bf16 typestr: wrap the 16 bits as int16 and reinterpret.
         typestr = {1: "|u1", 2: "<i2", 4: "<f4"}[dt.bytes]
         tensor = torch.as_tensor(_CudaArray(addresses[name], shape, typestr)).view(dtypes[dt])
-        out[name] = tensor
+        out[name] = in_view(tensor, problem, name)
     if problem.a_layout is Layout.COL:
         out["A"] = out["A"].t()
     if problem.b_layout is Layout.COL:
@@ -240,21 +277,21 @@ def _compare_cupy(problem: Problem, pointers: GemmPointers) -> Comparison:
     import cupy as cp
 
     shapes = storage_shapes(problem)
-    a = _cupy_float(cp, pointers.a, shapes["A"], problem.a_dtype)
-    b = _cupy_float(cp, pointers.b, shapes["B"], problem.b_dtype)
+    a = in_view(_cupy_float(cp, pointers.a, shapes["A"], problem.a_dtype), problem, "A")
+    b = in_view(_cupy_float(cp, pointers.b, shapes["B"], problem.b_dtype), problem, "B")
     a = a.T if problem.a_layout is Layout.COL else a
     b = b.T if problem.b_layout is Layout.COL else b
     ep = problem.epilogue
     x = cp.matmul(a, b) * ep.alpha  # cupy keeps fp32 unless CUPY_TF32=1 is set
     if ep.beta != 0:
-        x += ep.beta * _cupy_float(cp, pointers.c, shapes["C"], problem.c_dtype)
+        x += ep.beta * in_view(_cupy_float(cp, pointers.c, shapes["C"], problem.c_dtype), problem, "C")
     if ep.bias:
         x += _cupy_float(cp, pointers.bias, shapes["bias"], problem.c_dtype)
     if ep.activation is Activation.RELU:
         x = cp.maximum(x, 0)
     elif ep.activation is Activation.GELU:
         x = 0.5 * x * (1 + cp.tanh(GELU_C * (x + 0.044715 * x ** 3)))
-    out = _cupy_float(cp, pointers.d, shapes["D"], problem.c_dtype)
+    out = in_view(_cupy_float(cp, pointers.d, shapes["D"], problem.c_dtype), problem, "D")
     finite = cp.isfinite(out)
     nonfinite = int(out.size - int(finite.sum()))
     diff = cp.where(finite, out - x, 0)
@@ -359,22 +396,22 @@ def _compare_kernel(device, problem: Problem, pointers: GemmPointers, seed: int)
         raw = device.copy_to_host(Buffer(ptr, count * dtype.bytes), numpy_dtype(dtype), count)
         return to_float32(raw, dtype).astype(np.float64).reshape(shape)
 
-    out = host(pointers.d, (m, n), problem.c_dtype).reshape(-1)
+    shapes = storage_shapes(problem)
+    out = in_view(host(pointers.d, shapes["D"], problem.c_dtype), problem, "D").reshape(-1)
     finite = np.isfinite(out)
     nonfinite = int(out.size - finite.sum())
     rel = _ratio(float(np.linalg.norm(np.where(finite, out - ref, 0.0))), float(np.linalg.norm(ref)))
 
     # float64 at sampled entries: checks the fp32 reference kernel and the output independently of it.
-    shapes = storage_shapes(problem)
-    a = host(pointers.a, shapes["A"], problem.a_dtype)
-    b = host(pointers.b, shapes["B"], problem.b_dtype)
+    a = in_view(host(pointers.a, shapes["A"], problem.a_dtype), problem, "A")
+    b = in_view(host(pointers.b, shapes["B"], problem.b_dtype), problem, "B")
     a = a.T if problem.a_layout is Layout.COL else a
     b = b.T if problem.b_layout is Layout.COL else b
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, m, SAMPLES)
     cols = rng.integers(0, n, SAMPLES)
     acc = np.einsum("sk,ks->s", a[rows, :], b[:, cols])
-    c = host(pointers.c, (m, n), problem.c_dtype)[rows, cols] if pointers.c else None
+    c = in_view(host(pointers.c, shapes["C"], problem.c_dtype), problem, "C")[rows, cols] if pointers.c else None
     bias = host(pointers.bias, (n,), problem.c_dtype)[cols] if pointers.bias else None
     exact = epilogue_numpy(acc, problem, c, bias)
     sampled_out = out.reshape(m, n)[rows, cols]
@@ -417,12 +454,13 @@ def _ratio(num: float, den: float) -> float:
 
 # --- a naive kernel with the sm80 ABI: for tests, fault injection and launcher examples ---------------------
 
-NAIVE_FAULTS = ("none", "oob", "hang", "wrong")
+NAIVE_FAULTS = ("none", "oob", "hang", "wrong", "past")
 
 _NAIVE_TEMPLATE = r"""
 // A naive GEMM with gemmgen's plain pointer kernel ABI, one thread per output. Not fast; for testing the
 // launcher, verification and fault isolation. FAULT: 0 none, 1 writes to an unmapped address, 2 never
-// finishes, 3 drops the last K element (a wrong result).
+// finishes, 3 drops the last K element (a wrong result), 4 also writes one element past each row of D (into the gap
+// of a view: right inside the view, wrong outside it).
 #define FAULT __FAULT__
 typedef unsigned short T;  // bf16 or f16 bits
 __device__ __forceinline__ float ld(const T* p, long long i) {
@@ -482,6 +520,9 @@ extern "C" __global__ void __NAME__(const T* A, const T* B, const T* C, T* D, co
 #else
     float acc = dot(A, B, i, j, 0, FAULT == 3 ? K - 1 : K, lda, ldb);
     D[(long long)i * ldd + j] = st(epilogue(acc, C, bias, i, j, ldc, alpha, beta));
+#if FAULT == 4
+    if (j == N - 1 && ldd > N) D[(long long)i * ldd + N] = st(0.0f);
+#endif
 #endif
 }
 

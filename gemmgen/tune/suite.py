@@ -45,12 +45,15 @@ class Shape:
     a: str = "row"
     b: str = "row"
     suite: str = ""  # the suite file's name (its `suite:` key, else its stem)
+    lda: int = 0  # leading dimensions of a view wider than its operand (0: packed)
+    ldb: int = 0
+    ldc: int = 0
 
     def problem(self, dtype: str) -> Problem:
-        return Problem.create(self.m, self.n, self.k, dtype, self.a, self.b)
+        return Problem.create(self.m, self.n, self.k, dtype, self.a, self.b, lda=self.lda, ldb=self.ldb, ldc=self.ldc)
 
 
-_KEYS = {"name", "M", "N", "K", "a", "b"}
+_KEYS = {"name", "M", "N", "K", "a", "b", "lda", "ldb", "ldc"}
 
 
 def load_suites(paths: "list[str]") -> "list[Shape]":
@@ -90,6 +93,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         try:
             m, n, k = (parse_dim(axis, entry.get(axis)) for axis in ("M", "N", "K"))
             a, b = Layout.parse(entry.get("a", "row")).value, Layout.parse(entry.get("b", "row")).value
+            # A leading dimension is checked against the operand it belongs to (at least its packed one).
+            lds = {key: entry.get(key, 0) for key in ("lda", "ldb", "ldc")}
+            Problem.create(m, n, k, "bf16", a, b, **lds)
         except InvalidInput as exc:
             raise SuiteFileError(where, f"{at}: {exc.rule}", repr(exc.value)) from None
         name = entry.get("name", f"{m}x{n}x{k}")
@@ -98,7 +104,7 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         if name in names:
             raise SuiteFileError(where, f"{at}: shape names must be unique", name)
         names.add(name)
-        shapes.append(Shape(name, m, n, k, a, b, suite))
+        shapes.append(Shape(name, m, n, k, a, b, suite, lds["lda"], lds["ldb"], lds["ldc"]))
     return shapes
 
 

@@ -23,7 +23,7 @@ from ...model.errors import CudaError
 from ...model.problem import Fp8Accum, Fp32Math, Problem, Scaling
 from .policy import HOLD_BASE_S, HOLD_BATCH, HOLD_MAX_S, HOLD_PER_RUN_S, HOST_BOUND_S, Measurement, TimingPolicy, describe, failed, manifest_mismatch, median, plan_runs, rotation_count, threshold, timing_policy, verdict
 from .. import utility
-from ..reference import GemmPointers, operand_bytes, operand_dtypes, storage_shapes
+from ..reference import GemmPointers, operand_bytes, operand_dtypes, storage_shapes, view_widths
 
 
 
@@ -268,6 +268,13 @@ class GpuBenchmark:
             # Scales away from 1 (and apart per row and column), so a kernel that drops or swaps one fails.
             lo, hi = (0.25, 4.0) if name in ("scale_a", "scale_b") else (-1.0, 1.0)
             self.helpers.fill_uniform(self.device, buf, dtypes[name], count, self._rng.getrandbits(63), lo, hi)
+        # A view's gaps hold NaN, as a user's uninitialized memory may: a kernel must neither write them (the
+        # check reads D's back) nor let them into its result.
+        for name, width in view_widths(problem).items():
+            if name != "D":
+                rows, pitch = shapes[name]
+                self.device.poison_2d(entry.buffers[name].ptr + width * dtypes[name].bytes, dtypes[name], pitch,
+                                      pitch - width, rows)
 
     def _release_sets(self) -> None:
         if self._device is not None:
@@ -365,6 +372,11 @@ class GpuBenchmark:
                 o = ops[i % len(ops)]
                 torch.sum(o["A"], dim=1, out=o["row_sums"])
 
+        if not problem.packed:
+            try:
+                run(0)
+            except RuntimeError:
+                return None  # torch refuses this view for cuBLAS (its fp8 product wants packed rows): no baseline
         stream = torch.cuda.current_stream().cuda_stream
         return median(self._timed(run, stream, "timing cuBLAS"))
 
@@ -373,14 +385,13 @@ class GpuBenchmark:
 
         if problem.a_dtype is not DType.F16 or problem.epilogue.beta or problem.epilogue.bias or problem.epilogue.row_sums:
             return None  # cupy has no bf16, and its matmul has no epilogue
-        from ..reference import _CudaArray
+        from ..reference import _CudaArray, in_view
 
         shapes = storage_shapes(problem)
 
         def arrays(s):
-            a = cp.asarray(_CudaArray(s.pointers.a, shapes["A"], "<f2"))
-            b = cp.asarray(_CudaArray(s.pointers.b, shapes["B"], "<f2"))
-            d = cp.asarray(_CudaArray(s.pointers.d, shapes["D"], "<f2"))
+            a, b, d = (in_view(cp.asarray(_CudaArray(ptr, shapes[name], "<f2")), problem, name)
+                       for name, ptr in (("A", s.pointers.a), ("B", s.pointers.b), ("D", s.pointers.d)))
             return (a.T if problem.a_layout.value == "col" else a, b.T if problem.b_layout.value == "col" else b, d)
 
         ops = [arrays(s) for s in sets]
@@ -394,4 +405,4 @@ def _storage_key(problem: Problem) -> tuple:
     e4m3 and e5m2 operands are the same size but not the same values."""
     return (problem.m, problem.n, problem.k, problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout,
             problem.b_layout, problem.epilogue.beta != 0, problem.epilogue.bias, problem.scaling,
-            problem.epilogue.row_sums)
+            problem.epilogue.row_sums, problem.lda, problem.ldb, problem.ldc)
