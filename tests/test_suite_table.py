@@ -44,6 +44,20 @@ def test_two_other_shapes_are_served_differ_from_the_tuned_one_and_step_off_the_
         assert shapes[0].m == dims[0] - 1  # M - 1 first: a partial CTA tile in M
 
 
+@pytest.mark.parametrize("lds, layouts", [((4097, 0, 0), ("row", "row")), ((0, 4099, 0), ("row", "col")),
+                                          ((0, 0, 12288), ("col", "row"))])
+def test_the_other_shapes_of_a_view_keep_its_gaps(lds, layouts):
+    """A winner tuned on a view is checked on views: each leading dimension moves with its operand's width."""
+    problem = Problem.create(2048, 4096, 4096, "bf16", *layouts).with_leading(*lds)
+    shapes = other_shapes(manifest_of(problem))
+    assert len(shapes) == 2
+    packed = problem.with_shape(problem.m, problem.n, problem.k)
+    for other in shapes:
+        grown = other.with_shape(other.m, other.n, other.k)
+        assert (other.lda - grown.lda, other.ldb - grown.ldb, other.ldc - grown.ldc) == (
+            problem.lda - packed.lda, problem.ldb - packed.ldb, problem.ldc - packed.ldc)
+
+
 def test_a_swapped_tile_keeps_m_within_its_m_max():
     from gemmgen.families.rules import check
     from gemmgen.tune.search import default_engines

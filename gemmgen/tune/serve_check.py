@@ -8,7 +8,7 @@ its tile grid (M - 1 when M may be any value), each on fresh random inputs with 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
@@ -50,7 +50,7 @@ def other_shapes(manifest: dict, count: int = 2) -> "list[Problem]":
     for mm, nn, kk in candidates:
         if min(mm, nn, kk) <= 0 or (mm, nn, kk) == (m, n, k):
             continue
-        problem = replace(base, m=mm, n=nn, k=kk)
+        problem = _moved(base, mm, nn, kk)
         try:
             check_serves(kernel, problem)
         except InvalidInput:
@@ -60,6 +60,17 @@ def other_shapes(manifest: dict, count: int = 2) -> "list[Problem]":
         if len(out) == count:
             break
     return out
+
+
+def _moved(base: Problem, m: int, n: int, k: int) -> Problem:
+    """`base` at another shape, a view keeping the gaps between its rows (each leading dimension moves with its
+    operand's width), so the check runs the same kind of operands the kernel was tuned on."""
+    moved = base.with_shape(m, n, k)
+    if base.packed:
+        return moved
+    packed = base.with_shape(base.m, base.n, base.k)
+    return moved.with_leading(moved.lda + base.lda - packed.lda, moved.ldb + base.ldb - packed.ldb,
+                              moved.ldc + base.ldc - packed.ldc)
 
 
 def verify_other_shapes(manifest: dict, cubin: bytes, measurer, count: int = 2) -> "tuple[ShapeCheck, ...]":
