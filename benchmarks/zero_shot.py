@@ -38,15 +38,15 @@ ROUNDS, CALLS, PASSES = 5, 10, 3
 TOP = 3  # candidates compiled per pick, as a dry run does (the first that compiles is the pick)
 
 
-def shapes(files) -> "list[tuple[str, int, int, int, bool]]":
-    """(name, M, N, K, held out) for each distinct shape of the files, in order."""
+def shapes(files) -> "list[tuple[str, int, int, int, str, str, bool]]":
+    """(name, M, N, K, A's layout, B's layout, held out) for each distinct shape of the files, in order."""
     import yaml
 
     seen, out = {}, []
     held = set()
     for f in files:
         for row in yaml.safe_load(Path(f).read_text())["shapes"]:
-            key = (int(row["M"]), int(row["N"]), int(row["K"]))
+            key = (int(row["M"]), int(row["N"]), int(row["K"]), row.get("a", "row"), row.get("b", "row"))
             if "heldout" in Path(f).name:
                 held.add(key)
             if key not in seen:
@@ -90,9 +90,9 @@ def plan(shape_files, dtypes, gpu, variants, tuned):
     from gemmgen.model.tiles import TileConfig
 
     problems, kernels = [], {}
-    for name, m, n, k, held in shapes(shape_files):
+    for name, m, n, k, a, b, held in shapes(shape_files):
         for dtype in dtypes:
-            problem = Problem.create(m, n, k, dtype)
+            problem = Problem.create(m, n, k, dtype, a, b)
             entry = {"name": name, "problem": problem, "held_out": held, "dtype": dtype, "kernels": {}}
             for variant, p in variants.items():
                 entry["kernels"][variant] = [Kernel(gpu.arch, problem.operands, r.config)
@@ -109,9 +109,16 @@ def plan(shape_files, dtypes, gpu, variants, tuned):
 
 
 def operands(torch, problem, dtype):
+    """A (M x K), B (K x N) in the problem's layouts (a column-major operand is a transposed view) and D."""
     m, n, k = problem.m, problem.n, problem.k
-    a = torch.randn(m, k, device="cuda", dtype=torch.float32).to(dtype)
-    b = torch.randn(k, n, device="cuda", dtype=torch.float32).to(dtype)
+
+    def randn(rows, cols, col_major):
+        x = torch.randn(cols, rows, device="cuda", dtype=torch.float32).t() if col_major else \
+            torch.randn(rows, cols, device="cuda", dtype=torch.float32)
+        return x.to(dtype)
+
+    a = randn(m, k, problem.a_layout.value == "col")
+    b = randn(k, n, problem.b_layout.value == "col")
     return a, b, torch.empty(m, n, device="cuda", dtype=dtype)
 
 

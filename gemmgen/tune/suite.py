@@ -159,7 +159,12 @@ class SuiteRow:
 
 
 def row_for(shape: Shape, dtype: str, **fields) -> SuiteRow:
-    """A row of `shape` in `dtype`; `fields` are SuiteRow's measured fields."""
+    """A row of `shape` in `dtype`; `fields` are SuiteRow's measured fields. A view's leading dimensions lead
+    its note (the table's M, N, K alone would not say it)."""
+    lds = ", ".join(f"{key} {value}" for key, value in (("lda", shape.lda), ("ldb", shape.ldb), ("ldc", shape.ldc))
+                    if value)
+    if lds:
+        fields["note"] = "; ".join(filter(None, (f"view: {lds}", fields.get("note", ""))))
     return SuiteRow(shape.name, shape.m, shape.n, shape.k, dtype, suite=shape.suite, **fields)
 
 
