@@ -168,22 +168,27 @@ def main(argv=None) -> int:
                          "'none': the default constants)")
     ap.add_argument("--defaults", action="store_true", help="also time the default constants' pick")
     ap.add_argument("--jobs", type=int, default=None, help="parallel NVRTC compiles (default: every core)")
+    ap.add_argument("--timing", choices=("events", "graph"), default="events",
+                    help="events (default: back-to-back calls between two events, host-bound below ~20 us per "
+                         "call) or graph (the calls captured in a CUDA graph: the kernels' GPU time alone)")
     ap.add_argument("--out", default=None, help="write zero_shot-<date>.json here")
     args = ap.parse_args(argv)
     import torch
 
     from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.rank.calibration import read_calibration
+    from gemmgen.rank.calibration import params_for, read_calibration
     from gemmgen.rank.predict import DEFAULT_PARAMS
     from gemmgen.runtime.detect import detect_gpu
 
     torch.backends.cuda.matmul.allow_tf32 = False
     gpu = detect_gpu().gpu
-    cal = args.calibration or str(ROOT / "results" / gpu.key / "calibration.json")
-    if args.calibration == "none" or not Path(cal).exists():
+    if args.calibration == "none":
         params, cal = DEFAULT_PARAMS, None
-    else:
-        params = read_calibration(cal)[0]
+    elif args.calibration:
+        params, cal = read_calibration(args.calibration)[0], args.calibration
+    else:  # what tuning and dry runs use on this GPU (its own calibration, or its chip's)
+        params, found = params_for(gpu)
+        cal = str(found) if found else None
     variants = {"zero_shot": params}
     if args.defaults and cal is not None:
         variants["zero_shot_defaults"] = DEFAULT_PARAMS
@@ -222,7 +227,9 @@ def main(argv=None) -> int:
             torch.matmul(s[0], s[1], out=s[2])
 
         fns = {"cublas": cublas, **{v: (lambda s, g=g: g(*s)) for v, g in contenders.items()}}
-        times = harness.interleaved_times(torch, fns, sets, lambda torch, fn, sets: timed(torch, fn, sets), PASSES)
+        time_one = ((lambda torch, fn, sets: harness.graph_timed(torch, fn, sets, CALLS * 2, ROUNDS))
+                    if args.timing == "graph" else (lambda torch, fn, sets: timed(torch, fn, sets)))
+        times = harness.interleaved_times(torch, fns, sets, time_one, PASSES)
         med = {v: statistics.median(ts) for v, ts in times.items()}
         row["cublas_time_s"] = med["cublas"]
         for v in contenders:
@@ -256,7 +263,7 @@ def main(argv=None) -> int:
             out["defaults_geomean_vs_cublas"] = geomean([z["vs_cublas"] for z in d])
         return out
 
-    report = {"device": torch.cuda.get_device_name(), "gpu": gpu.key, "calibration": cal,
+    report = {"device": torch.cuda.get_device_name(), "gpu": gpu.key, "calibration": cal, "timing_mode": args.timing,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_s": time.time() - t_start,
               "timing": f"CUDA events, {ROUNDS} rounds x {CALLS} calls over {SETS} input sets, median of {PASSES} "
                         "interleaved passes", "rows": rows,

@@ -34,9 +34,19 @@ def user_calibration_path(gpu: "Gpu | str") -> Path:
 
 
 def calibration_paths(gpu: "Gpu | str") -> "list[Path]":
-    """Where a calibration of `gpu` is looked for, first match wins."""
+    """Where a calibration of `gpu` is looked for, first match wins: its own, then (for a catalogue entry) those of
+    GPUs of the same chip, the same architecture and SM count at the same board power. An H200 is an H100 SXM's
+    GH100 with faster memory: the fitted compute rates, efficiencies and energies carry over, and the memory terms
+    scale with the H200's own bandwidth, so the H100's fit ranks better there than the defaults do."""
     key = gpu.key if isinstance(gpu, Gpu) else str(gpu)
-    return [user_calibration_path(key)] + [root / key / "calibration.json" for root in paths.results_dirs()]
+    keys = [key]
+    if isinstance(gpu, Gpu):
+        from ..model.arch import catalogue
+
+        keys += [g.key for g in catalogue().values() if g.key != key and g.arch == gpu.arch
+                 and g.sm_count == gpu.sm_count and g.power_limit_w == gpu.power_limit_w]
+    return [path for k in keys
+            for path in [user_calibration_path(k)] + [root / k / "calibration.json" for root in paths.results_dirs()]]
 
 
 def params_to_dict(params: ModelParams) -> dict:

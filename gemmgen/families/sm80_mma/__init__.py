@@ -19,7 +19,7 @@ from .config import Sm80Config
 
 # Fraction of the datasheet tensor peak mma.sync sustains: on Hopper it cannot feed the tensor cores
 # (about 65% reported); on sm_80/86/89 about 80%.
-EFFICIENCY_HOPPER = 0.65
+EFFICIENCY_HOPPER = 0.57
 EFFICIENCY_OTHER = 0.80
 # Rows that are not 16-byte aligned are copied by narrower cp.async (down to 2-byte copies through registers):
 # on the H100 the best configurations ran 16x4096x4095 (rc) in 55.3 us, 16x4095x4095 (rr) in 61.0 and 1x4095x4095
