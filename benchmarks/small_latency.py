@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Where a small product's time goes: each kernel's own GPU duration (CUPTI, through torch.profiler) beside the
+graph-timed time per call, for gemmgen's candidates and cuBLAS, on products of a few microseconds.
+
+    PYTHONPATH=$PWD python3 benchmarks/small_latency.py [--shape M,N,K,LAYOUTS ...] [--top 6] [--out DIR]
+
+For each shape: the model's top configurations of every family (public rank APIs), compiled, exported and loaded
+with gemmgen.load, verified once on fresh inputs with D poisoned against an fp32 product, then (1) CUDA-graph timed
+(CALLS calls per replay over rotating input sets, median of replays) and (2) profiled: the summed duration of the
+kernels one call launches, as CUPTI records them (the launch gaps between kernels excluded). The difference between
+(1) and (2) is what a call costs outside its kernels' execution (launch latency in the graph, gaps between a pack or
+reduce launch and the GEMM); (2) against the model's prediction shows the kernel's own fixed cost.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
+
+SHAPES = ("88,4360,560,cc", "104,14648,376,rr", "236,1006,872,rr", "112,11952,1775,cr", "128,128,64,rr")
+SETS, CALLS, REPLAYS = 4, 40, 7
+
+
+def operands(torch, problem):
+    def randn(rows, cols, col_major):
+        x = torch.randn(cols, rows, device="cuda").t() if col_major else torch.randn(rows, cols, device="cuda")
+        return x.to(torch.bfloat16)
+
+    return (randn(problem.m, problem.k, problem.a_layout.value == "col"),
+            randn(problem.k, problem.n, problem.b_layout.value == "col"),
+            torch.empty(problem.m, problem.n, device="cuda", dtype=torch.bfloat16))
+
+
+def kernel_us(torch, fn, sets, calls: int = 20) -> "dict[str, float]":
+    """GPU µs per call of each kernel name fn launches (CUPTI durations, summed over the calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for s in sets:
+        fn(s)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for j in range(calls):
+            fn(sets[j % len(sets)])
+        torch.cuda.synchronize()
+    out = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        if us and not event.key.startswith(("cuda", "Memcpy")):
+            out[event.key[:60]] = us / calls
+    return out
+
+
+def variants(pick, problem, gpu) -> list:
+    """(Ranked, launched without PDL) pairs: the pick, then the pick with one knob changed, where the rules allow."""
+    import dataclasses
+
+    from gemmgen.families.rules import check
+    from gemmgen.rank.ranking import Ranked
+
+    out = [(pick, False)]
+    cfg = pick.config
+    if cfg.family != "sm90_wgmma":
+        return out
+    out.append((pick, True))
+    changes = [{"persistent": False}, {"persistent": False, "schedule": "cooperative"}, {"stages": 2}, {"stages": 3},
+               {"stages": 4}, {"schedule": "cooperative"}]
+    for change in changes:
+        try:
+            other = cfg.from_dict(dict(cfg.to_dict(), **change))
+        except Exception:  # noqa: BLE001 - a combination the config itself refuses
+            continue
+        if other != cfg and not check(other, gpu, gpu.arch, problem):
+            out.append((Ranked(other, None, None, "", 0), False))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", default=None, metavar="M,N,K,LAYOUTS")
+    ap.add_argument("--top", type=int, default=6, help="model-ranked configurations per shape (all families)")
+    ap.add_argument("--variants", action="store_true",
+                    help="instead of the model's top few: its pick, and the pick changed one knob at a time "
+                         "(launched without PDL, not persistent, 2-4 stages, 1x2 cluster, cooperative)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import torch
+
+    from gemmgen import Problem
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.rank.calibration import params_for
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.ranking import rank_configs
+    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+
+    gpu = detected_gpu()
+    params, _ = params_for(gpu)
+    plans = []
+    for text in args.shape or SHAPES:
+        m, n, k, lay = text.split(",")
+        problem = Problem.create(int(m), int(n), int(k), "bf16", {"r": "row", "c": "col"}[lay[0]],
+                                 {"r": "row", "c": "col"}[lay[1]])
+        space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
+        ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
+        plans.append((problem, variants(ranked[0], problem, gpu) if args.variants else
+                      [(r, False) for r in ranked[:args.top]]))
+    kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r, _ in rs]
+    built = compile_many(kernels, None)
+    rows, i = [], 0
+    for problem, ranked in plans:
+        sets = [operands(torch, problem) for _ in range(SETS)]
+        ref = sets[0][0].float() @ sets[0][1].float()
+
+        def cublas(s):
+            torch.matmul(s[0], s[1], out=s[2])
+
+        entries = [("cuBLAS", None, cublas)]
+        for r, no_pdl in ranked:
+            kernel, compiled = kernels[i], built[i]
+            i += 1
+            if isinstance(compiled, Exception):
+                continue
+            gemm = load_compiled(kernel, problem, compiled, "gemmgen-latency-", without_pdl=no_pdl)
+            a, b, d = sets[0]
+            d.fill_(float("nan"))
+            gemm(a, b, d)
+            torch.cuda.synchronize()
+            err = float((d.float() - ref).norm() / ref.norm())
+            if not err < 1e-2:
+                print(f"  {kernel.config.tag}: wrong result ({err})", flush=True)
+                continue
+            entries.append((kernel.config.tag + (" (no PDL)" if no_pdl else ""), r.time_s, lambda s, g=gemm: g(*s)))
+        for name, predicted, fn in entries:
+            graph_us = statistics.median(harness.graph_timed(torch, fn, sets, CALLS, REPLAYS) * 1e6 for _ in range(3))
+            kernels_us = kernel_us(torch, fn, sets)
+            rows.append({"shape": problem.label, "kernel": name, "predicted_us": predicted and predicted * 1e6,
+                         "graph_us": graph_us, "kernel_us": sum(kernels_us.values()), "kernels": kernels_us})
+            print(f"{problem.label:28s} {name[:78]:78s} graph {graph_us:6.1f} us  kernels {sum(kernels_us.values()):6.1f}"
+                  f" us  predicted {'-' if not predicted else f'{predicted * 1e6:5.1f}'}", flush=True)
+        del sets
+    if args.out:
+        print("written:", write_report(args.out, "small_latency.json", {"gpu": gpu.key, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "small_latency.py")
