@@ -52,10 +52,9 @@ def kernel_for(problem, config, arch=None):
     return Kernel(arch or Arch.SM90A, problem.operands, config)
 
 
-def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-", without_pdl: bool = False):
+def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
     """`compiled` exported as a bundle into a fresh temporary folder (unmeasured) and loaded with gemmgen.load:
-    the path a user's kernel takes. `without_pdl`: its launches stripped of programmatic dependent launch (an
-    experiment's control; the manifest is edited as any launcher could)."""
+    the path a user's kernel takes."""
     import tempfile
 
     import gemmgen
@@ -63,12 +62,6 @@ def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-", wit
 
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     export_bundle(folder, kernel, problem, compiled, measured=None, verification=None, environment={})
-    if without_pdl:
-        for path in folder.glob("*.json"):
-            manifest = json.loads(path.read_text())
-            for launch in manifest.get("launches", []):
-                launch["programmatic"] = False
-            path.write_text(json.dumps(manifest, indent=1))
     return gemmgen.load(folder)
 
 

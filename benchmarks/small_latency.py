@@ -57,17 +57,16 @@ def kernel_us(torch, fn, sets, calls: int = 20) -> "dict[str, float]":
 
 
 def variants(pick, problem, gpu) -> list:
-    """(Ranked, launched without PDL) pairs: the pick, then the pick with one knob changed, where the rules allow."""
+    """The pick, then the pick with one knob changed, where the rules allow (Ranked, unpredicted)."""
     import dataclasses
 
     from gemmgen.families.rules import check
     from gemmgen.rank.ranking import Ranked
 
-    out = [(pick, False)]
+    out = [pick]
     cfg = pick.config
     if cfg.family != "sm90_wgmma":
         return out
-    out.append((pick, True))
     changes = [{"persistent": False}, {"persistent": False, "schedule": "cooperative"}, {"stages": 2}, {"stages": 3},
                {"stages": 4}, {"schedule": "cooperative"}]
     for change in changes:
@@ -76,7 +75,7 @@ def variants(pick, problem, gpu) -> list:
         except Exception:  # noqa: BLE001 - a combination the config itself refuses
             continue
         if other != cfg and not check(other, gpu, gpu.arch, problem):
-            out.append((Ranked(other, None, None, "", 0), False))
+            out.append(Ranked(other, None, None, "", 0))
     return out
 
 
@@ -86,7 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=6, help="model-ranked configurations per shape (all families)")
     ap.add_argument("--variants", action="store_true",
                     help="instead of the model's top few: its pick, and the pick changed one knob at a time "
-                         "(launched without PDL, not persistent, 2-4 stages, 1x2 cluster, cooperative)")
+                         "(not persistent, 2-4 stages, cooperative; benchmarks/pdl.py measures the launches "
+                         "without programmatic dependent launch)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -107,9 +107,8 @@ def main(argv=None) -> int:
                                  {"r": "row", "c": "col"}[lay[1]])
         space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
         ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
-        plans.append((problem, variants(ranked[0], problem, gpu) if args.variants else
-                      [(r, False) for r in ranked[:args.top]]))
-    kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r, _ in rs]
+        plans.append((problem, variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]))
+    kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]
     built = compile_many(kernels, None)
     rows, i = [], 0
     for problem, ranked in plans:
@@ -120,12 +119,12 @@ def main(argv=None) -> int:
             torch.matmul(s[0], s[1], out=s[2])
 
         entries = [("cuBLAS", None, cublas)]
-        for r, no_pdl in ranked:
+        for r in ranked:
             kernel, compiled = kernels[i], built[i]
             i += 1
             if isinstance(compiled, Exception):
                 continue
-            gemm = load_compiled(kernel, problem, compiled, "gemmgen-latency-", without_pdl=no_pdl)
+            gemm = load_compiled(kernel, problem, compiled, "gemmgen-latency-")
             a, b, d = sets[0]
             d.fill_(float("nan"))
             gemm(a, b, d)
@@ -134,7 +133,7 @@ def main(argv=None) -> int:
             if not err < 1e-2:
                 print(f"  {kernel.config.tag}: wrong result ({err})", flush=True)
                 continue
-            entries.append((kernel.config.tag + (" (no PDL)" if no_pdl else ""), r.time_s, lambda s, g=gemm: g(*s)))
+            entries.append((kernel.config.tag, r.time_s, lambda s, g=gemm: g(*s)))
         for name, predicted, fn in entries:
             graph_us = statistics.median(harness.graph_timed(torch, fn, sets, CALLS, REPLAYS) * 1e6 for _ in range(3))
             kernels_us = kernel_us(torch, fn, sets)
