@@ -52,7 +52,7 @@ def kernel_us(torch, fn, sets, calls: int = 20) -> "dict[str, float]":
     for event in prof.key_averages():
         us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
         if us and not event.key.startswith(("cuda", "Memcpy")):
-            out[event.key[:60]] = us / calls
+            out[event.key[-70:]] = us / calls
     return out
 
 
@@ -87,6 +87,8 @@ def main(argv=None) -> int:
                     help="instead of the model's top few: its pick, and the pick changed one knob at a time "
                          "(not persistent, 2-4 stages, cooperative; benchmarks/pdl.py measures the launches "
                          "without programmatic dependent launch)")
+    ap.add_argument("--tile", action="append", default=[], metavar="MxN",
+                    help="also the two best-ranked configurations with this CTA tile (repeatable)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -107,7 +109,10 @@ def main(argv=None) -> int:
                                  {"r": "row", "c": "col"}[lay[1]])
         space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
         ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
-        plans.append((problem, variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]))
+        chosen = variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]
+        for tile in args.tile:
+            chosen += [r for r in ranked if f"cta{tile}x" in r.config.tag and r not in chosen][:2]
+        plans.append((problem, chosen))
     kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]
     built = compile_many(kernels, None)
     rows, i = [], 0
