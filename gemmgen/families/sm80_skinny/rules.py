@@ -8,7 +8,7 @@ from .config import SkinnyConfig
 
 MMA_SHAPES = {(16, 8, 16)}
 K_STEP = 32  # K one warp covers per pair of m16n8k16 MMAs: 4 threads x 8 contiguous elements
-MAX_ROWS = 128  # m16 tiles held per thread: eight at warp N 16 take 244 registers (rows80_128); more would spill
+MAX_ROWS = 64  # m16 tiles held per thread: beyond four the A fragments crowd out the loads in flight
 
 
 def check(config: SkinnyConfig, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
@@ -17,7 +17,7 @@ def check(config: SkinnyConfig, gpu: Gpu, arch: Arch, problem: "Problem | None",
     rule((mma.m, mma.n, mma.k) in MMA_SHAPES, "mma.sync shape for 16-bit inputs must be", str(mma), "16x8x16")
     rule(warp.m == cta.m, "sm80_skinny warps hold every row of the CTA tile: warp tile M must equal CTA tile M",
          warp.m, cta.m)
-    rule(cta.m % 16 == 0 and cta.m <= MAX_ROWS, "sm80_skinny CTA tile M must be a multiple of 16 up to 128", cta.m,
+    rule(cta.m % 16 == 0 and cta.m <= MAX_ROWS, "sm80_skinny CTA tile M must be 16, 32, 48 or 64", cta.m,
          f"16..{MAX_ROWS}")
     rule(warp.n % 8 == 0 and warp.n <= 64, "sm80_skinny warp tile N must be a multiple of 8 up to 64", warp.n, "8..64")
     rule(cta.k % K_STEP == 0 and cta.k <= 4 * K_STEP, "sm80_skinny CTA tile K must be 32, 64, 96 or 128", cta.k,
