@@ -87,8 +87,9 @@ def main(argv=None) -> int:
                     help="instead of the model's top few: its pick, and the pick changed one knob at a time "
                          "(not persistent, 2-4 stages, cooperative; benchmarks/pdl.py measures the launches "
                          "without programmatic dependent launch)")
-    ap.add_argument("--tile", action="append", default=[], metavar="MxN",
-                    help="also the two best-ranked configurations with this CTA tile (repeatable)")
+    ap.add_argument("--match", action="append", default=[], metavar="TEXT",
+                    help="also the two best-ranked configurations whose tag contains TEXT, e.g. sm80_skinny_cta128x "
+                         "(repeatable)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -110,8 +111,8 @@ def main(argv=None) -> int:
         space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
         ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
         chosen = variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]
-        for tile in args.tile:
-            chosen += [r for r in ranked if f"cta{tile}x" in r.config.tag and r not in chosen][:2]
+        for text in args.match:
+            chosen += [r for r in ranked if text in r.config.tag and r not in chosen][:2]
         plans.append((problem, chosen))
     kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]
     built = compile_many(kernels, None)
