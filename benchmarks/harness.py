@@ -65,6 +65,18 @@ def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
     return gemmgen.load(folder)
 
 
+def poisoned_error(torch, gemm, a, b, d) -> float:
+    """gemm(a, b, d) once with D poisoned (NaN) first: its relative error against the fp32 product of a and b in
+    float64, NaN where any element is not finite (an unwritten one keeps the poison)."""
+    d.fill_(float("nan"))
+    gemm(a, b, d)
+    torch.cuda.synchronize()
+    if not bool(torch.isfinite(d).all()):
+        return float("nan")
+    ref = (a.float() @ b.float()).double()
+    return float((d.double() - ref).norm() / ref.norm())
+
+
 def verify_shapes(torch, gemm, shapes, a_layout: str, b_layout: str, operand, rel_error, tolerance: float = 1e-2):
     """Run a loaded bf16 kernel at each (M, N, K) of `shapes` on fresh random operands in the given layouts, D
     poisoned with NaN first, against an fp32 product (the caller sets TF32 off). Returns (all within tolerance,
@@ -177,5 +189,6 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) 
     return times
 
 
-__all__ = ["ROOT", "event_time", "interleaved_times", "kernel_for", "load_compiled", "run_main", "timed", "verify_all",
+__all__ = ["ROOT", "event_time", "interleaved_times", "kernel_for", "load_compiled", "poisoned_error", "run_main", "timed",
+           "verify_all",
            "verify_shapes", "write_report"]
