@@ -111,3 +111,14 @@ def test_detection_on_a_gpu_reads_the_driver_and_matches_the_catalogue():
     assert found.gpu is not None, found.reason
     assert found.props["sm_count"] == found.gpu.sm_count
     assert found.props["smem_per_block_optin"] == found.gpu.smem_per_block_optin
+
+
+def test_dtype_names_users_type_are_understood_and_others_refused_by_name():
+    from gemmgen.model.arch import DType
+    from gemmgen.model.errors import InvalidInput
+
+    # tf32 is fp32 inputs' default math, and torch spells its fp8 types float8_e4m3fn / float8_e5m2.
+    assert DType.parse("tf32") is DType.F32 and DType.parse("bfloat16") is DType.BF16
+    assert DType.parse("float8_e4m3fn") is DType.E4M3 and DType.parse("float8_e5m2") is DType.E5M2
+    with pytest.raises(InvalidInput, match="dtype must be one of"):
+        DType.parse("fp64")

@@ -38,9 +38,12 @@ class DType(str, Enum):
     def parse(cls, text: "str | DType") -> "DType":
         if isinstance(text, DType):
             return text
+        # tf32 is how fp32 inputs are multiplied (their default math), so `--dtype tf32` asks for f32 inputs;
+        # the torch names of the fp8 types are accepted as they are spelled there.
         aliases = {"bfloat16": "bf16", "fp16": "f16", "float16": "f16", "half": "f16",
-                   "fp32": "f32", "float32": "f32", "float": "f32",
-                   "fp8": "e4m3", "fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
+                   "fp32": "f32", "float32": "f32", "float": "f32", "tf32": "f32",
+                   "fp8": "e4m3", "fp8e4m3": "e4m3", "fp8e5m2": "e5m2", "e4m3fn": "e4m3", "float8_e4m3fn": "e4m3",
+                   "float8_e5m2": "e5m2"}
         return cls(parse.name("dtype", text, [d.value for d in cls], aliases))
 
 
