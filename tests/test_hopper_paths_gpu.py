@@ -501,3 +501,30 @@ def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it
         assert err < TOLERANCE
         guard = torch.cat([full[:8], full[8 + mm * nn:]])
         assert bool(torch.isnan(guard).all()), f"{case}: a store landed outside D"
+
+
+# Two 64-row tiles in a 2x1 cluster (search space `skinny_clusters`): for M <= 128 the pair covers every row and
+# multicasts B's tile. Every layout, M below, inside and at the pair's 128 rows (one CTA of the pair without rows
+# when M <= 64), odd N and K, bias + GELU + beta; D poisoned first.
+SKINNY_CLUSTERS = {
+    "64x128_s6": {"cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 6, "cluster": "2x1"},
+    "64x256_s4": {"cta": "64x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4, "cluster": "2x1"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(SKINNY_CLUSTERS))
+@pytest.mark.parametrize("a,b", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
+def test_two_64_row_tiles_in_a_cluster_share_b_and_compute_every_row(case, a, b):
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **SKINNY_CLUSTERS[case]}
+    gemm = load(Problem.create(100, 1999, 520, "bf16", a, b, bias=True, activation="gelu", beta=0.5), config)
+    for mm, nn, kk in ((100, 1999, 520), (128, 4104, 1032), (65, 520, 8), (7, 1000, 264)):
+        A, B = operand(mm, kk, a), operand(kk, nn, b)
+        C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
+        bias = torch.randn(nn, device="cuda").to(torch.bfloat16)
+        D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, B, D, C=C, bias=bias)
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
+        err = rel_error(D, ref)
+        print(f"skinny cluster {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
+        assert err < TOLERANCE

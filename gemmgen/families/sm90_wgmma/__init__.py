@@ -137,8 +137,11 @@ class Sm90Wgmma(KernelFamily):
 
     def serves(self, kernel: Kernel) -> dict:
         out = super().serves(kernel)
-        if kernel.config.swap_ab:
-            out["m_max"] = kernel.config.cta.n  # the swapped kernel's tile N holds all of M
+        cfg = kernel.config
+        if cfg.swap_ab:
+            out["m_max"] = cfg.cta.n  # the swapped kernel's tile N holds all of M
+        elif cfg.cta.m == 64 and cfg.cluster.m > 1:
+            out["m_max"] = cfg.cta.m * cfg.cluster.m  # a cluster of 64-row tiles covers every row (rules)
         return out
 
     def context(self, kernel: Kernel) -> dict:

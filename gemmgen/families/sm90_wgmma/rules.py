@@ -155,6 +155,12 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     if config.cluster.m > 1:
         rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
              "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
+        if cta.m == 64 and problem is not None and not config.swap_ab:
+            # The pair of 64-row tiles is for M <= 128, where it covers every row and B's tile is read once
+            # per N tile: measured 5-23% faster than 1x1 at M 88-128 and up to 15% slower at M 1024-1912,
+            # where the model cannot tell them apart (docs/perf-notes.md, "Shapes nobody chose").
+            rule(problem.m <= cta.m * config.cluster.m, "a 2x1 cluster of 64-row tiles serves M up to 128 (the pair "
+                 "covers every row, so B is read once per N tile)", problem.m, cta.m * config.cluster.m)
     if config.cluster.n > 1:
         # fp8 and tf32 A reaches shared memory K-major in any layout (packed, launch.transposed).
         if operands is not None and (operands.a_layout.value == "row" or elt != 2):
