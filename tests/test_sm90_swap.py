@@ -79,7 +79,7 @@ def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame(
 
 @pytest.mark.parametrize("changes,problem,rule", [
     ({"streamk": True}, None, "a swapped kernel writes D transposed"),
-    ({"cluster": True}, None, "the operand swap is implemented without clusters, or with 2x1 ones"),
+    ({"cluster": True}, None, "the operand swap is implemented without clusters"),
     ({}, Problem.create(64, 4096, 4096), "the operand swap serves skinny products"),
     ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles narrower than 64 columns need B K-major"),
 ])
@@ -90,7 +90,7 @@ def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rul
     if changes.get("streamk"):
         config = replace(config, decomposition=Decomposition(DecompKind.STREAM_K, 1))
     if changes.get("cluster"):
-        config = replace(config, cluster=Cluster(1, 2))   # 2x1 (pairs sharing the activations) is implemented
+        config = replace(config, cluster=Cluster(2, 1))
     problem = problem or Problem.create(16, 4096, 4096)
     violations = constraints.check(config, H100, Arch.SM90A, problem)
     assert any(rule in v.rule for v in violations), [v.rule for v in violations]
@@ -165,7 +165,7 @@ def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_fir
     from gemmgen.rank.space import enumerate_space
     skinny = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(16, 4096, 4096))
               if c.swap_ab]
-    assert skinny and all(c.cta.n in (16, 32, 64) or (c.cta.n == 128 and c.cluster.m == 2) for c in skinny)
+    assert skinny and all(c.cta.n in (16, 32, 64) for c in skinny)
     assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
                 if c.swap_ab]
     p = Problem.create(16, 4096, 4096)
