@@ -509,8 +509,6 @@ def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it
 SKINNY_CLUSTERS = {
     "64x128_s6": {"cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 6, "cluster": "2x1"},
     "64x256_s4": {"cta": "64x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4, "cluster": "2x1"},
-    "64x128_s6_swap": {"cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 6, "cluster": "2x1",
-                       "swap_ab": True},
 }
 
 

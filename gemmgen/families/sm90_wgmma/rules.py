@@ -50,9 +50,7 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     # reads the swapped operands (cta.m tiles the problem's N, cta.n its M).
     if config.swap_ab:
         staged_epilogue("a swapped kernel", "writes D transposed from its staged epilogue or its reduction launch")
-        rule(config.cluster.size == 1 or config.cluster.m > 1, "the operand swap is implemented without clusters, "
-             "or with 2x1 ones (pairs along the problem's N sharing the activations' tile)", str(config.cluster),
-             "1x1 or 2x1")
+        rule(config.cluster.size == 1, "the operand swap is implemented without clusters", str(config.cluster), "1x1")
         if problem is not None:
             rule(problem.m <= cta.n, "the operand swap serves skinny products: M must fit the swapped tile's N",
                  problem.m, cta.n)
