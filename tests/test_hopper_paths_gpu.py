@@ -479,6 +479,18 @@ COMPOSED = {
 }
 
 
+def bias_gelu_beta_error(gemm, m: int, n: int, k: int, a: str, b: str, D) -> float:
+    """gemm on fresh A, B, C and bias (the bundles below: beta 0.5, bias, GELU) into D, which the caller poisoned:
+    the relative error against the fp32 epilogue of A @ B."""
+    A, B = operand(m, k, a), operand(k, n, b)
+    C = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    gemm(A, B, D, C=C, bias=bias)
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
+    return rel_error(D, ref)
+
+
 @pytest.mark.parametrize("case", sorted(COMPOSED))
 @pytest.mark.parametrize("a,b", [("row", "row"), ("col", "col")])
 def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it(case, a, b):
@@ -486,17 +498,10 @@ def test_an_unaligned_d_leaves_as_composed_16_byte_stores_and_nothing_outside_it
     m, n, k = 1001, 1999, 515
     gemm = load(Problem.create(m, n, k, "bf16", a, b, bias=True, activation="gelu", beta=0.5), config)
     for mm, nn, kk in ((m, n, k), (333, 517, 259), (70, 9, 77)):
-        A, B = operand(mm, kk, a), operand(kk, nn, b)
-        C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
-        bias = torch.randn(nn, device="cuda").to(torch.bfloat16)
         # D contiguous (the bundle's ldd is N; the loader wants its start 16-byte aligned) inside a NaN-filled
         # buffer, 8 guard elements before it and 10 after.
         full = torch.full((mm * nn + 18,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        D = full[8:8 + mm * nn].view(mm, nn)
-        gemm(A, B, D, C=C, bias=bias)
-        torch.cuda.synchronize()
-        ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
-        err = rel_error(D, ref)
+        err = bias_gelu_beta_error(gemm, mm, nn, kk, a, b, full[8:8 + mm * nn].view(mm, nn))
         print(f"composed {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
         assert err < TOLERANCE
         guard = torch.cat([full[:8], full[8 + mm * nn:]])
@@ -519,13 +524,7 @@ def test_two_64_row_tiles_in_a_cluster_share_b_and_compute_every_row(case, a, b)
     gemm = load(Problem.create(100, 1999, 520, "bf16", a, b, bias=True, activation="gelu", beta=0.5), config)
     # (M keeps column-major A's leading dimension on the bundle's alignment: 100 elements, 8-byte rows.)
     for mm, nn, kk in ((100, 1999, 520), (128, 4104, 1032), (68, 520, 8), (4, 1000, 264)):
-        A, B = operand(mm, kk, a), operand(kk, nn, b)
-        C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
-        bias = torch.randn(nn, device="cuda").to(torch.bfloat16)
         D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-        gemm(A, B, D, C=C, bias=bias)
-        torch.cuda.synchronize()
-        ref = torch.nn.functional.gelu(A.float() @ B.float() + 0.5 * C.float() + bias.float(), approximate="tanh")
-        err = rel_error(D, ref)
+        err = bias_gelu_beta_error(gemm, mm, nn, kk, a, b, D)
         print(f"skinny cluster {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
         assert err < TOLERANCE
