@@ -1,5 +1,7 @@
 """The calibration report: rank correlation and measured/predicted ratios from stored tunes."""
 
+import json
+
 import pytest
 
 from gemmgen.model.arch import lookup_gpu
@@ -50,3 +52,24 @@ def test_simulated_tunes_are_left_out_and_the_cli_says_when_nothing_is_stored(tm
     assert main(["calibrate", "--gpu", "h100"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "calibration needs measured tunes" in err[0]
+
+
+def test_a_gpu_without_its_own_calibration_ranks_with_its_chips(tmp_path, monkeypatch):
+    """An H200 (the H100 SXM's chip, SM count and power) uses the H100 SXM's calibration when it has none; a
+    GPU of another chip (an A100) does not borrow it."""
+    from gemmgen.model import paths
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank import calibration
+
+    results = tmp_path / "results"
+    (results / "h100-sxm").mkdir(parents=True)
+    fitted = {"format": calibration.CALIBRATION_FORMAT, "params": {"dram_efficiency": 0.77}}
+    (results / "h100-sxm" / "calibration.json").write_text(json.dumps(fitted))
+    monkeypatch.setattr(paths, "results_dirs", lambda: [results])
+    monkeypatch.setattr(paths, "user_data_dir", lambda: tmp_path / "user")
+    params, path = calibration.params_for(lookup_gpu("h200"))
+    assert path == results / "h100-sxm" / "calibration.json" and params.dram_efficiency == 0.77
+    assert calibration.params_for(lookup_gpu("a100"))[1] is None
+    (results / "h200").mkdir()
+    (results / "h200" / "calibration.json").write_text(json.dumps({**fitted, "params": {"dram_efficiency": 0.8}}))
+    assert calibration.params_for(lookup_gpu("h200"))[0].dram_efficiency == 0.8   # its own comes first

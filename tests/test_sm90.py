@@ -115,6 +115,28 @@ def test_multicast_slices_need_64_wide_pieces():
     assert any("1x2 cluster" in v.rule for v in constraints.check(worse, H100, Arch.SM90A))
 
 
+def test_a_pair_of_64_row_tiles_sharing_b_serves_m_up_to_128_and_says_so():
+    """2x1 clusters of 64-row tiles (skinny_clusters) cover every row of M <= 128; at larger M they measured slower
+    than 1x1 tiles, so the rules refuse them there and the manifest states m_max."""
+    from gemmgen.runtime.manifest import make_manifest
+
+    pair = Sm90Config(Shape3(64, 128, 64), Shape3(64, 128, 64), Shape3(64, 128, 16), 6, cluster=Cluster(2, 1),
+                      warp_specialized=True, persistent=True)
+    for m in (1, 100, 128):
+        assert constraints.check(pair, H100, Arch.SM90A, Problem.create(m, 4096, 4096, "bf16", "row", "col")) == []
+    refused = constraints.check(pair, H100, Arch.SM90A, Problem.create(129, 4096, 4096, "bf16", "row", "col"))
+    assert [v.rule for v in refused if "serves M up to 128" in v.rule], refused
+    problem = Problem.create(100, 4096, 4096, "bf16", "row", "col")
+    assert make_manifest(Kernel(Arch.SM90A, problem.operands, pair), problem)["serves"]["m_max"] == 128
+    # 128-row tiles in 2x1 clusters (the large-product kernels) keep every M.
+    wide = hopper_config("128x256x64", "64x256x64", cluster=(2, 1))
+    assert constraints.check(wide, H100, Arch.SM90A, Problem.create(4096, 4096, 4096)) == []
+    space = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(96, 4096, 4096, "bf16",
+                                                                                     "row", "col"))
+             if c.cta.m == 64 and c.cluster.m == 2]
+    assert {c.cta.n for c in space} == {128, 256}
+
+
 def test_a_1x2_cluster_multicasts_a_k_major_a_in_96_row_slices_but_mn_major_a_only_in_64_wide_blocks():
     config = hopper_config("192x192x64", "64x192x64", stages=3, cluster=(1, 2))
     assert not constraints.check(config, H100, Arch.SM90A, operands=ops(a="row", b="row"))
