@@ -100,6 +100,24 @@ def test_lookup_answers_the_exact_problem_or_the_nearest_shape_and_says_which(tm
     assert not other.exact and not other.same_operands
 
 
+def test_lookup_of_a_view_is_exact_only_for_its_own_leading_dimensions_and_prefers_its_rows_alignment(tmp_path):
+    """A view's leading dimensions decide the rows' alignment, so a packed shape's winner is not an exact answer for
+    it; of two held records at the same shape, the one of the view's alignment class comes first."""
+    from gemmgen.tune.results import lookup
+
+    _store(tmp_path, ts.PROBLEM)                                         # 4096^3, rows 16-byte aligned
+    unaligned = Problem.create(4096, 4096, 4095, "bf16")                # rows of A off 16-byte boundaries
+    _store(tmp_path, unaligned)
+    view = ts.PROBLEM.with_leading(4097, 0, 0)
+    answer = lookup(view, ts.GPU)
+    assert not answer.exact and answer.same_operands and answer.problem == unaligned
+    aligned_view = lookup(ts.PROBLEM.with_leading(4104, 0, 0), ts.GPU)
+    assert not aligned_view.exact and aligned_view.same_operands and aligned_view.problem == ts.PROBLEM
+    other = lookup(ts.PROBLEM.with_leading(4100, 0, 0), ts.GPU)         # 8-byte rows: no record of that class
+    assert not other.same_operands and other.other_alignment and other.problem.label.startswith("4096x4096x")
+    assert lookup(ts.PROBLEM, ts.GPU).exact
+
+
 def test_lookup_skips_unreadable_records(tmp_path):
     from gemmgen.tune.results import gpu_dir, lookup
 

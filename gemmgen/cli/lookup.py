@@ -23,7 +23,9 @@ def describe(answer, problem) -> "list[str]":
     if answer.exact:
         lines.append(f"exact match: {held.label} on {record['gpu']}, tuned {record.get('date', '?')}")
     else:
-        why = "" if answer.same_operands else " (different dtype, layouts or epilogue: none with the same held)"
+        why = "" if answer.same_operands else (
+            " (tuned for rows of another alignment: compile its configuration for this problem)"
+            if answer.other_alignment else " (different dtype, layouts or epilogue: none with the same held)")
         lines.append(f"no record for {problem.label}; nearest held: {held.label} "
                      f"(log-distance {answer.distance:.2f}){why}, tuned {record.get('date', '?')}")
     if not answer.fits:

@@ -112,11 +112,12 @@ class Answer:
     path: Path
     exact: bool
     distance: float  # log-distance over M, N, K (0 when exact)
-    same_operands: bool  # dtypes and layouts match the question
+    same_operands: bool  # dtypes, layouts, the rows' alignment and the epilogue kind match the question
     # Whether the held winner's configuration is feasible for the question (a swapped skinny-M winner is not for
     # a larger M, a K-major one not for another layout); when none held is, the first rule it breaks.
     fits: bool = True
     misfit: str = ""
+    other_alignment: bool = False  # the same operands but for the rows' alignment (a view's leading dimensions)
 
     @property
     def problem(self) -> Problem:
@@ -147,9 +148,15 @@ def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
     return out
 
 
-def _operands_key(problem: Problem) -> tuple:
-    return (problem.a_dtype, problem.b_dtype, problem.c_dtype, problem.a_layout, problem.b_layout, problem.epilogue.bias,
-            problem.epilogue.activation, problem.epilogue.beta != 0, problem.scaling, problem.epilogue.row_sums)
+def _operands_key(problem: Problem, alignment: bool = True) -> tuple:
+    """What a winner's kernel is compiled for besides the shape: dtypes, layouts, the epilogue, and (`alignment`)
+    the rows' alignment, which the leading dimensions decide (a view with odd ones needs another kernel than its
+    packed shape)."""
+    ops = problem.operands
+    aligns = (ops.align_a, ops.align_b, ops.align_c) if alignment else ()
+    return (ops.a_dtype, ops.b_dtype, ops.c_dtype, ops.a_layout, ops.b_layout, problem.epilogue.bias,
+            problem.epilogue.activation, problem.epilogue.beta != 0, problem.scaling, problem.epilogue.row_sums,
+            *aligns)
 
 
 def log_distance(a: Problem, b: Problem) -> float:
@@ -162,7 +169,7 @@ def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
     records = load_records(gpu)
     if not records:
         raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
-    want = _operands_key(problem)
+    want, like = _operands_key(problem), _operands_key(problem, alignment=False)
     best = None
     for path, record in records:
         try:
@@ -170,12 +177,17 @@ def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
         except (InvalidInput, KeyError, TypeError):
             continue
         same = _operands_key(held) == want
+        similar = same or _operands_key(held, alignment=False) == like
         distance = log_distance(problem, held)
         misfit = "" if distance == 0.0 and same else _misfit(record, problem, gpu)
-        # A winner that can run the question first, then same operands, nearest shape, the most recent record.
-        rank = (bool(misfit), not same, distance, -_timestamp(record))
+        # A winner that can run the question first, then same operands (then the same but for the rows'
+        # alignment), nearest shape, the most recent record.
+        rank = (bool(misfit), not same, not similar, distance, -_timestamp(record))
         if best is None or rank < best[0]:
-            best = (rank, Answer(record, path, same and distance == 0.0, distance, same, not misfit, misfit))
+            # Exact: the very problem tuned, its leading dimensions included (a view of the same alignment runs
+            # the same kernel, but was not what was measured).
+            exact = same and distance == 0.0 and held.label == problem.label
+            best = (rank, Answer(record, path, exact, distance, same, not misfit, misfit, similar and not same))
     if best is None:
         raise NothingStored(gpu.key if isinstance(gpu, Gpu) else str(gpu), gpu_dir(gpu) / "tunes")
     return best[1]

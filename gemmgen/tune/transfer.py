@@ -32,7 +32,10 @@ def nearest_records(problem: Problem, gpu: "Gpu | str", count: int, simulated: b
     operands, nearest first. `records` defaults to every record held for the GPU (tune/results.load_records)."""
     if count <= 0:
         return []
-    want = _operands_key(problem)
+    # Configurations carry over between alignments (the rules still filter them for this problem), so neighbours
+    # are matched on dtypes, layouts and epilogue; a record of the same shape is a source when it is another
+    # problem (a view's leading dimensions), never the problem itself.
+    want = _operands_key(problem, alignment=False)
     found = []
     for _, record in (load_records(gpu) if records is None else records):
         if record.get("simulated") and not simulated:
@@ -42,7 +45,7 @@ def nearest_records(problem: Problem, gpu: "Gpu | str", count: int, simulated: b
         except (InvalidInput, KeyError, TypeError, ValueError):
             continue
         distance = log_distance(problem, held)
-        if distance == 0.0 or _operands_key(held) != want:
+        if held.label == problem.label or _operands_key(held, alignment=False) != want:
             continue
         found.append((distance, held, record))
     found.sort(key=lambda f: (f[0], f[1].m, f[1].n, f[1].k))
