@@ -54,3 +54,24 @@ def test_space_check_picks_a_feasible_case_for_every_configuration_of_every_fami
         covered = {kernel.config.tag for _, _, kernel in todo if kernel.config.family == name}
         assert covered == feasible, sorted(feasible - covered)[:3]
     assert all(not check(k.config, gpu, gpu.arch, problem) for _, problem, k in todo)
+
+
+def test_the_random_suite_is_reproducible_and_a_valid_suite_file(tmp_path):
+    """benchmarks/random_suite.py: the same seed gives the same file (the checked-in random-seed11.yaml is that
+    file), and what it writes loads as a suite of problems every dimension and layout of which is accepted."""
+    from gemmgen.tune.suite import load_shapes
+
+    def draw(seed: int, count: int) -> str:
+        done = subprocess.run([sys.executable, str(BENCH / "random_suite.py"), "--seed", str(seed), "--count",
+                               str(count)], capture_output=True, text=True, timeout=60, cwd=BENCH.parent)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert draw(11, 20) == (BENCH / "suites" / "random-seed11.yaml").read_text()
+    path = tmp_path / "drawn.yaml"
+    path.write_text(draw(3, 200))
+    shapes = load_shapes(path)
+    assert len(shapes) == 200 and len({s.name for s in shapes}) == 200
+    assert all(2 * s.m * s.n * s.k <= 2.2e12 and 1 <= s.m <= 8192 for s in shapes)
+    assert {s.a for s in shapes} == {s.b for s in shapes} == {"row", "col"}
+    assert any(s.n % 8 for s in shapes) and any(s.m <= 16 for s in shapes)
