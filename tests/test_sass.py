@@ -109,3 +109,23 @@ def test_tf32_default_config_sass_runs_hgmma_tf32_through_tma_with_no_local_memo
     assert count_prefix(counts, "UTMALDG") > 0
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0, compiled.resources
     assert compiled.spill_bytes == 0
+
+
+@pytest.mark.parametrize("fields", [
+    # A pair of 64-row tiles sharing B by multicast (skinny_clusters, M <= 128), and a 64x192 tile on one
+    # consumer warpgroup (n192_one): the tiles this space gained for products of 65-128 rows.
+    {"cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 6, "cluster": "2x1"},
+    {"cta": "64x192x64", "warp": "64x192x64", "mma": "64x192x16", "stages": 6},
+])
+def test_the_m128_tiles_sass_runs_hgmma_through_tma_multicast_with_no_local_memory(fields):
+    from gemmgen.model.tiles import TileConfig
+
+    problem = Problem.create(100, 5000, 3000, "bf16", "row", "col")
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **fields})
+    compiled = compile_kernel(Kernel(Arch.SM90A, problem.operands, config), H100)
+    counts = instruction_counts(dump_sass(compiled.cubin))
+    assert count_prefix(counts, "HGMMA") > 0 and count_prefix(counts, "UTMALDG") > 0
+    # The pair's shared operand arrives through multicast TMA loads (2x1: B); a lone CTA issues none.
+    assert (count_prefix(counts, "UTMALDG.2D.MULTICAST") > 0) == (config.cluster.size > 1)
+    assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0
+    assert compiled.spill_bytes == 0
