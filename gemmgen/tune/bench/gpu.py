@@ -385,6 +385,8 @@ class GpuBenchmark:
 
         if problem.a_dtype is not DType.F16 or problem.epilogue.beta or problem.epilogue.bias or problem.epilogue.row_sums:
             return None  # cupy has no bf16, and its matmul has no epilogue
+        if not problem.packed:
+            return None  # cupy's matmul writes a contiguous out only: no baseline for a D with gaps
         from ..reference import _CudaArray, in_view
 
         shapes = storage_shapes(problem)
