@@ -1,5 +1,5 @@
-"""Helpers shared by the few-row families' tests (tests/test_skinny.py, tests/test_gemv.py): a private compile
-cache, the rules a configuration breaks, compile checks over a family's whole space."""
+"""Helpers shared by tests: a private compile cache per test module (imported by the few-row families' tests and the
+NVRTC, SASS and row-sums tests), the rules a configuration breaks, compile checks over a family's whole space."""
 from __future__ import annotations
 
 import pytest

@@ -13,14 +13,8 @@ from gemmgen.codegen.nvrtc import Compiled, compile_kernel, compile_many, compil
 from gemmgen.model.problem import Operands, Problem
 from gemmgen.rank.space import enumerate_space
 from gemmgen.families.sm80_mma.config import Sm80Config
-from gemmgen.model.tiles import Kernel, Shape3, TileConfig
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
+from gemmgen.model.tiles import Kernel, Shape3
+from space_helpers import compile_cache  # noqa: F401 (an autouse fixture: this module's compiles get their own cache)
 
 
 SMALL = Sm80Config(Shape3(64, 64, 32), Shape3(32, 32, 32), Shape3(16, 8, 16), 3)

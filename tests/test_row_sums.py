@@ -17,6 +17,7 @@ from gemmgen.runtime.loader import ArrayInfo, LoadedKernel, check_operand, expec
 from gemmgen.runtime.bundle import check_schema
 from gemmgen.runtime.manifest import make_manifest
 from test_inputs import refused  # the one CLI-refusal check (exit 2, one line, no traceback)
+from space_helpers import compile_cache  # noqa: F401 (an autouse fixture: this module's compiles get their own cache)
 
 H100 = lookup_gpu("h100")
 BASE = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, "raster": {"order": "row", "group": 8}}
@@ -26,13 +27,6 @@ THREE = {**BASE, "cta": "192x128x64", "warp": "64x128x64", "mma": "64x128x16", "
 PINGPONG = {**BASE, "cta": "128x128x64", "warp": "128x128x64", "mma": "64x128x16", "stages": 6,
             "schedule": "pingpong"}
 A_MCAST = {**COOP, "cluster": "1x2", "store_warp": True}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 def wgrad(m=1000, n=777, k=333, a="col", b="row", dtype="bf16", **kw) -> Problem:

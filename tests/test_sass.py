@@ -11,15 +11,9 @@ from gemmgen.model.problem import Problem
 from gemmgen.codegen.sass import count_prefix, dump_sass, instruction_counts
 from gemmgen.rank.space import default_config
 from gemmgen.model.tiles import Kernel
+from space_helpers import compile_cache  # noqa: F401 (an autouse fixture: this module's compiles get their own cache)
 
 H100 = lookup_gpu("h100")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMMGEN_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 SAMPLE = """
