@@ -16,7 +16,7 @@ from gemmgen.tune import bench
 from gemmgen.tune.bench import GpuBenchmark, Measurement, TimingPolicy
 from gemmgen.model.errors import CudaError, InvalidInput
 from gemmgen.model.problem import Problem
-from gemmgen.tune.reference import naive_manifest
+from gemmgen.tune.naive import naive_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +128,7 @@ def _device_cc():
 
 
 def _naive(problem, fault="none", splits=1):
-    from gemmgen.tune.reference import naive_cubin
+    from gemmgen.tune.naive import naive_cubin
 
     return naive_manifest(problem, fault, splits), naive_cubin(problem, _device_cc(), fault, splits)
 

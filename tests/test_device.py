@@ -32,7 +32,7 @@ def compile_for_device(*args):
 compile_for_device.cache_clear = lambda: __import__("gemmgen.codegen.nvrtc", fromlist=["x"]).compile_for_device.cache_clear()
 from gemmgen.model.errors import CudaError, InvalidInput, NoGpu
 from gemmgen.model.problem import Problem
-from gemmgen.tune.reference import naive_manifest
+from gemmgen.tune.naive import naive_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -250,7 +250,7 @@ def test_device_random_fill_is_uniform_seeded_and_never_zero(dev, dtype):
 
 def _run_naive(dev, problem, splits=1, fault="none"):
     """Launch the naive ABI kernel from its manifest; return D (fp32 host) and the float64 reference."""
-    from gemmgen.tune.reference import naive_cubin
+    from gemmgen.tune.naive import naive_cubin
 
     manifest = naive_manifest(problem, fault, splits)
     module = dev.load(naive_cubin(problem, dev.props.cc, fault, splits))

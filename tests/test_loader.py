@@ -14,7 +14,7 @@ import gemmgen
 from gemmgen.model.errors import InvalidInput
 from gemmgen.runtime.loader import ArrayInfo, check_operand, describe_array, find_manifest, read_bundle
 from gemmgen.model.problem import Problem
-from gemmgen.tune.reference import naive_manifest
+from gemmgen.tune.naive import naive_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,7 +111,7 @@ def test_c_and_bias_must_match_how_the_kernel_was_built(tmp_path):
 
 def _gpu_bundle(folder: Path, problem: Problem, splits: int = 1) -> Path:
     from gemmgen.runtime.device import Device
-    from gemmgen.tune.reference import naive_cubin
+    from gemmgen.tune.naive import naive_cubin
 
     with Device() as dev:
         cc = dev.props.cc

@@ -199,7 +199,7 @@ def test_on_the_gpu_an_oob_and_a_hung_kernel_fail_their_trials_while_the_tune_co
     from concurrent.futures import Future
 
     from gemmgen.runtime.detect import detect_gpu
-    from gemmgen.tune.reference import naive_cubin, naive_manifest
+    from gemmgen.tune.naive import naive_cubin, naive_manifest
     from gemmgen.tune.search import Engines, model_top, rank_configs, tune
     from gemmgen.tune.worker import CUDA_ERROR, HANG, WorkerBenchmark, gpu_benchmark
 
