@@ -93,9 +93,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         try:
             m, n, k = (parse_dim(axis, entry.get(axis)) for axis in ("M", "N", "K"))
             a, b = Layout.parse(entry.get("a", "row")).value, Layout.parse(entry.get("b", "row")).value
-            # A leading dimension is checked against the operand it belongs to (at least its packed one).
-            lds = {key: entry.get(key, 0) for key in ("lda", "ldb", "ldc")}
-            Problem.create(m, n, k, "bf16", a, b, **lds)
+            # A leading dimension is checked against the operand it belongs to (at least its packed one); one
+            # equal to the packed value is packed.
+            view = Problem.create(m, n, k, "bf16", a, b, **{key: entry.get(key, 0) for key in ("lda", "ldb", "ldc")})
         except InvalidInput as exc:
             raise SuiteFileError(where, f"{at}: {exc.rule}", repr(exc.value)) from None
         name = entry.get("name", f"{m}x{n}x{k}")
@@ -104,7 +104,7 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         if name in names:
             raise SuiteFileError(where, f"{at}: shape names must be unique", name)
         names.add(name)
-        shapes.append(Shape(name, m, n, k, a, b, suite, lds["lda"], lds["ldb"], lds["ldc"]))
+        shapes.append(Shape(name, m, n, k, a, b, suite, view.a_ld, view.b_ld, view.c_ld))
     return shapes
 
 

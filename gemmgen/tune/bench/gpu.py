@@ -387,13 +387,14 @@ class GpuBenchmark:
             return None  # cupy has no bf16, and its matmul has no epilogue
         if not problem.packed:
             return None  # cupy's matmul writes a contiguous out only: no baseline for a D with gaps
-        from ..reference import _CudaArray, in_view
+        from ..reference import _CudaArray
 
         shapes = storage_shapes(problem)
 
         def arrays(s):
-            a, b, d = (in_view(cp.asarray(_CudaArray(ptr, shapes[name], "<f2")), problem, name)
-                       for name, ptr in (("A", s.pointers.a), ("B", s.pointers.b), ("D", s.pointers.d)))
+            a = cp.asarray(_CudaArray(s.pointers.a, shapes["A"], "<f2"))
+            b = cp.asarray(_CudaArray(s.pointers.b, shapes["B"], "<f2"))
+            d = cp.asarray(_CudaArray(s.pointers.d, shapes["D"], "<f2"))
             return (a.T if problem.a_layout.value == "col" else a, b.T if problem.b_layout.value == "col" else b, d)
 
         ops = [arrays(s) for s in sets]
