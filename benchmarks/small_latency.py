@@ -77,6 +77,30 @@ def variants(pick, problem, gpu) -> list:
     return out
 
 
+def changed(ranked, changes, problem, gpu) -> list:
+    """`ranked`'s configuration with each change applied (unpredicted Ranked), where the rules allow it."""
+    from gemmgen.families.rules import check
+    from gemmgen.rank.ranking import Ranked
+
+    out = []
+    for change in changes:
+        fields = {}
+        for item in change.split(","):
+            key, _, value = item.partition("=")
+            fields[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value, value)
+        try:
+            other = ranked.config.from_dict(dict(ranked.config.to_dict(), **fields))
+        except Exception as exc:  # noqa: BLE001 - a combination the config itself refuses
+            print(f"  {ranked.config.tag} with {change}: {exc}", flush=True)
+            continue
+        broken = check(other, gpu, gpu.arch, problem)
+        if broken:
+            print(f"  {other.tag}: {broken[0]}", flush=True)
+            continue
+        out.append(Ranked(other, None, None, "", 0))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, metavar="M,N,K,LAYOUTS")
@@ -88,6 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--match", action="append", default=[], metavar="TEXT",
                     help="also the two best-ranked configurations whose tag contains TEXT, e.g. sm80_skinny_cta128x "
                          "(repeatable)")
+    ap.add_argument("--change", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE]",
+                    help="also each --match'ed configuration with these fields changed, e.g. stages=8 or "
+                         "cta=64x64,warp=64x64,mma=64x64x16 (repeatable; a change the rules refuse is reported)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -110,7 +137,9 @@ def main(argv=None) -> int:
         ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
         chosen = variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]
         for text in args.match:
-            chosen += [r for r in ranked if text in r.config.tag and r not in chosen][:2]
+            matched = [r for r in ranked if text in r.config.tag and r not in chosen][:2]
+            chosen += matched
+            chosen += [v for r in matched[:1] for v in changed(r, args.change, problem, gpu) if v not in chosen]
         plans.append((problem, chosen))
     kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]
     built = compile_many(kernels, None)
