@@ -528,3 +528,41 @@ def test_two_64_row_tiles_in_a_cluster_share_b_and_compute_every_row(case, a, b)
         err = bias_gelu_beta_error(gemm, mm, nn, kk, a, b, D)
         print(f"skinny cluster {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
         assert err < TOLERANCE
+
+
+# Tiles as wide as a batch's M (search spaces `batch_swap`, `batch_narrow`): swapped tiles whose N (the problem's
+# M) is 48-112 columns, alone or in 1x2 pairs sharing the weights' tile and 2x1 pairs sharing the activations';
+# and 64x96 tiles unswapped in 2x1 pairs. Their N is not a multiple of 64: a K-major box of the tile's height and
+# the staged epilogue's 16-column chunks. M at the most the kernel serves, just past one tile, about half a tile
+# and 3; odd N, K down to one k-tile; bias + GELU + beta; D poisoned first.
+BATCH_TILES = {
+    "swap_64x48_1x2": ({"cta": "64x48x64", "warp": "64x48x64", "mma": "64x48x16", "stages": 12, "cluster": "1x2",
+                        "swap_ab": True}, [("row", "col")]),
+    "swap_128x48_1x2": ({"cta": "128x48x64", "warp": "64x48x64", "mma": "64x48x16", "stages": 8, "cluster": "1x2",
+                         "swap_ab": True}, [("row", "col"), ("row", "row")]),
+    "swap_64x80": ({"cta": "64x80x64", "warp": "64x80x64", "mma": "64x80x16", "stages": 10, "cluster": "1x1",
+                    "swap_ab": True}, [("row", "col"), ("row", "row")]),
+    "swap_64x112_2x1": ({"cta": "64x112x64", "warp": "64x112x64", "mma": "64x112x16", "stages": 8, "cluster": "2x1",
+                         "swap_ab": True}, [("row", "col"), ("row", "row")]),
+    "narrow_64x96_2x1": ({"cta": "64x96x64", "warp": "64x96x64", "mma": "64x96x16", "stages": 10, "cluster": "2x1"},
+                         [("row", "col"), ("col", "col")]),
+}
+
+
+@pytest.mark.parametrize("case,a,b", [(c, a, b) for c, (_, layouts) in sorted(BATCH_TILES.items()) for a, b in layouts])
+def test_tiles_as_wide_as_the_batch_compute_every_row(case, a, b):
+    fields, _ = BATCH_TILES[case]
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **fields}
+    cta_m, cta_n = (int(x) for x in fields["cta"].split("x")[:2])
+    cl_m, cl_n = (int(x) for x in fields["cluster"].split("x"))
+    m_max = cta_n * cl_n if fields.get("swap_ab") else cta_m * cl_m
+    tile = cta_n if fields.get("swap_ab") else cta_m
+    gemm = load(Problem.create(m_max, 1999, 520, "bf16", a, b, bias=True, activation="gelu", beta=0.5), config)
+    # (M keeps column-major A's leading dimension on the bundle's alignment: multiples of 8 elements.)
+    for mm, nn, kk in ((m_max, 1999, 520), (tile + 8, 4104, 1032), (tile // 2 + 8 if a == "col" else tile // 2 + 1,
+                                                                      520, 64), (8 if a == "col" else 3, 1000, 264)):
+        mm = min(mm, m_max)
+        D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+        err = bias_gelu_beta_error(gemm, mm, nn, kk, a, b, D)
+        print(f"batch tile {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
+        assert err < TOLERANCE

@@ -110,15 +110,22 @@ def test_tf32_default_config_sass_runs_hgmma_tf32_through_tma_with_no_local_memo
     # consumer warpgroup (n192_one): the tiles this space gained for products of 65-128 rows.
     {"cta": "64x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 6, "cluster": "2x1"},
     {"cta": "64x192x64", "warp": "64x192x64", "mma": "64x192x16", "stages": 6},
+    # Tiles as wide as the batch (batch_swap, batch_narrow): N not a multiple of 64, B K-major in one box (or one
+    # 48-row slice per CTA of a 2x1 pair), the staged epilogue's 16-column chunks; the 1x2 pair multicasts A.
+    {"cta": "64x96x64", "warp": "64x96x64", "mma": "64x96x16", "stages": 10, "cluster": "2x1"},
+    {"cta": "64x48x64", "warp": "64x48x64", "mma": "64x48x16", "stages": 12, "cluster": "1x2", "swap_ab": True},
+    {"cta": "64x112x64", "warp": "64x112x64", "mma": "64x112x16", "stages": 8, "swap_ab": True},
 ])
 def test_the_m128_tiles_sass_runs_hgmma_through_tma_multicast_with_no_local_memory(fields):
     from gemmgen.model.tiles import TileConfig
 
-    problem = Problem.create(100, 5000, 3000, "bf16", "row", "col")
+    problem = Problem.create(96, 5000, 3000, "bf16", "row", "col")
     config = TileConfig.from_dict({"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **fields})
     compiled = compile_kernel(Kernel(Arch.SM90A, problem.operands, config), H100)
-    counts = instruction_counts(dump_sass(compiled.cubin))
+    text = dump_sass(compiled.cubin)
+    counts = instruction_counts(text)
     assert count_prefix(counts, "HGMMA") > 0 and count_prefix(counts, "UTMALDG") > 0
+    assert set(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(config.warp.n)}
     # The pair's shared operand arrives through multicast TMA loads (2x1: B); a lone CTA issues none.
     assert (count_prefix(counts, "UTMALDG.2D.MULTICAST") > 0) == (config.cluster.size > 1)
     assert count_prefix(counts, "LDL") == 0 and count_prefix(counts, "STL") == 0

@@ -79,9 +79,10 @@ def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame(
 
 @pytest.mark.parametrize("changes,problem,rule", [
     ({"streamk": True}, None, "a swapped kernel writes D transposed"),
-    ({"cluster": True}, None, "the operand swap is implemented without clusters"),
+    # a 2x1 pair shares the activations' tile, so it holds no more of M than one tile (a 1x2 pair holds two)
+    ({"cluster": True}, Problem.create(24, 4096, 4096), "the operand swap serves skinny products"),
     ({}, Problem.create(64, 4096, 4096), "the operand swap serves skinny products"),
-    ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles narrower than 64 columns need B K-major"),
+    ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles whose N is not a multiple of 64 need B K-major"),
 ])
 def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rule):
     from dataclasses import replace
@@ -111,8 +112,10 @@ def test_narrow_tiles_take_the_staged_epilogue_with_dp_or_split_k_and_k_major_b(
     assert any("use the staged epilogue" in v.rule for v in constraints.check(streamk, H100, Arch.SM90A, operands=ops()))
     pp = replace(dp, cta=Shape3(64, 16, 64), schedule=Schedule.PINGPONG)
     assert any("cooperative schedule, no store warp" in v.rule for v in constraints.check(pp, H100, Arch.SM90A, operands=ops()))
-    wide48 = replace(narrow, cta=Shape3(128, 48, 64), warp=Shape3(64, 48, 64), mma=Shape3(64, 48, 16))
-    assert any("16 or 32 wide" in v.rule for v in constraints.check(wide48, H100, Arch.SM90A, operands=ops()))
+    wide40 = replace(narrow, cta=Shape3(128, 40, 64), warp=Shape3(64, 40, 64), mma=Shape3(64, 40, 16))
+    assert any("must be a multiple of 16" in v.rule for v in constraints.check(wide40, H100, Arch.SM90A, operands=ops()))
+    wide48 = replace(wide40, cta=Shape3(128, 48, 64), warp=Shape3(64, 48, 64), mma=Shape3(64, 48, 16))
+    assert constraints.check(wide48, H100, Arch.SM90A, operands=ops()) == []
 
 
 def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_workspace():
@@ -135,7 +138,7 @@ def test_swapped_kernel_compiles_to_narrow_hgmma_without_local_memory_and_reduce
     problem = Problem.create(16, 4096, 4096, "bf16", "row", "row")
     kernel = Kernel(Arch.SM90A, problem.operands, swap_config(cta, warp, stages))
     source = render(kernel)
-    assert "workspace + (size_t)col * N + row" in source and "constexpr int EPI_CW = WN < 32 ? WN : 32;" in source
+    assert "workspace + (size_t)col * N + row" in source and "constexpr int EPI_CW = WN % 32 == 0 ? 32 : 16;" in source
     compiled = compile_sm90(kernel)
     assert compiled.spill_bytes == 0
     from gemmgen.codegen.sass import dump_sass
@@ -165,7 +168,7 @@ def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_fir
     from gemmgen.rank.space import enumerate_space
     skinny = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(16, 4096, 4096))
               if c.swap_ab]
-    assert skinny and all(c.cta.n in (16, 32, 64) for c in skinny)
+    assert {16, 32, 64} <= {c.cta.n for c in skinny} and all(c.cta.n * c.cluster.n >= 16 for c in skinny)
     assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
                 if c.swap_ab]
     p = Problem.create(16, 4096, 4096)

@@ -139,7 +139,7 @@ class Sm90Wgmma(KernelFamily):
         out = super().serves(kernel)
         cfg = kernel.config
         if cfg.swap_ab:
-            out["m_max"] = cfg.cta.n  # the swapped kernel's tile N holds all of M
+            out["m_max"] = cfg.cta.n * cfg.cluster.n  # the swapped tile's N (a 1x2 pair's two) holds all of M
         elif cfg.cta.m == 64 and cfg.cluster.m > 1:
             out["m_max"] = cfg.cta.m * cfg.cluster.m  # a cluster of 64-row tiles covers every row (rules)
         return out

@@ -242,9 +242,9 @@ def uses_tma_store(kernel: Kernel) -> bool:
     """D leaves through TMA stores (a third tensor map) when its rows start on 16-byte boundaries (align_c 8,
     TMA's rule) and the kernel writes D itself: split-K's partials are fp32 plain stores and its D comes from
     the reduction. Otherwise the epilogue stages per warp and stores with vectorized st.global; so do swapped
-    kernels (their tile is D^T's) and tiles narrower than the 32-column store boxes."""
+    kernels (their tile is D^T's) and tiles whose N is not a multiple of 64."""
     cfg = kernel.config
-    return kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n >= 64
+    return kernel.operands.align_c >= 8 and splits(kernel) == 1 and not cfg.swap_ab and cfg.cta.n % 64 == 0
 
 
 def uses_composed_stores(kernel: Kernel) -> bool:
@@ -257,7 +257,7 @@ def uses_composed_stores(kernel: Kernel) -> bool:
     cfg = kernel.config
     share = (cfg.warp.m // 64) * (cfg.warp.n // 32)
     return (kernel.operands.align_c < 8 and kernel.operands.c_dtype.bytes == 2 and splits(kernel) == 1
-            and not cfg.swap_ab and cfg.cta.n >= 64 and epi_boxes(cfg, kernel.operands) >= share)
+            and not cfg.swap_ab and cfg.cta.n % 64 == 0 and epi_boxes(cfg, kernel.operands) >= share)
 
 
 def uses_box_epilogue(kernel: Kernel) -> bool:

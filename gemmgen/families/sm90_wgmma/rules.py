@@ -50,10 +50,10 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     # reads the swapped operands (cta.m tiles the problem's N, cta.n its M).
     if config.swap_ab:
         staged_epilogue("a swapped kernel", "writes D transposed from its staged epilogue or its reduction launch")
-        rule(config.cluster.size == 1, "the operand swap is implemented without clusters", str(config.cluster), "1x1")
         if problem is not None:
-            rule(problem.m <= cta.n, "the operand swap serves skinny products: M must fit the swapped tile's N",
-                 problem.m, cta.n)
+            # A 1x2 cluster's two tiles of the problem's M share the weights' tile (the swapped kernel's A).
+            rule(problem.m <= cta.n * config.cluster.n, "the operand swap serves skinny products: M must fit the "
+                 "swapped tile's N (times the cluster's N)", problem.m, cta.n * config.cluster.n)
         if operands is not None:
             operands = operands.swapped()
 
@@ -136,14 +136,16 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
     # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
     # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
-    if cta.n < 64:
-        rule(cta.n in (16, 32) and warp.n == cta.n and cta.m % 64 == 0, "sm90 tiles narrower than 64 columns "
-             "must be 16 or 32 wide, one warpgroup wide, with CTA tile M a multiple of 64",
-             f"{cta.m}x{cta.n}/{warp.n}", "Mx16 or Mx32")
-        staged_epilogue("sm90 tiles narrower than 64 columns", "use the staged epilogue")
-        if operands is not None and elt == 2:   # fp8 and tf32 B reaches shared memory K-major in any layout
-            rule(operands.b_layout.value == "col", "sm90 tiles narrower than 64 columns need B K-major in "
-                 "shared memory (column-major B, or row-major A when swapped)", operands.b_layout.value, "col")
+    b_kmajor = operands is None or operands.b_layout.value == "col" or elt != 2
+    if cta.n % 64:
+        # A K-major B tile of any whole number of 8-row swizzle groups is one box of its own height, and the
+        # staged epilogue writes 16- or 32-column chunks: tiles as wide as a batch's M (48-112, as cuBLAS runs).
+        rule(cta.n % 16 == 0 and warp.n == cta.n and cta.m % 64 == 0, "sm90 tiles whose N is not a multiple of "
+             "64 must be a multiple of 16, one warpgroup wide, with CTA tile M a multiple of 64",
+             f"{cta.m}x{cta.n}/{warp.n}", "Mx16, Mx32, Mx48, ...")
+        staged_epilogue("sm90 tiles whose N is not a multiple of 64", "use the staged epilogue")
+        rule(b_kmajor, "sm90 tiles whose N is not a multiple of 64 need B K-major in shared memory (column-major "
+             "B, or row-major A when swapped)", _b_major(operands, config.swap_ab), "K-major")
     else:
         rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
              "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
@@ -153,8 +155,14 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
          config.warp_specialized, True)
     # A 2-CTA cluster splits the shared operand's tile into one TMA slice per CTA.
     if config.cluster.m > 1:
-        rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
-             "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
+        if b_kmajor:
+            # K-major B: each CTA's slice is a box of N rows of 128 bytes, whole 8-row swizzle groups.
+            rule(cta.n % (8 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
+                 "into 8-row slices per CTA (K-major B)", cta.n, 8 * config.cluster.size)
+        else:
+            # MN-major B is stored as 64-wide column blocks, one TMA box each: slices are whole blocks.
+            rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
+                 "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
         if cta.m == 64 and problem is not None and not config.swap_ab:
             # The pair of 64-row tiles is for M <= 128, where it covers every row and B's tile is read once
             # per N tile: measured 5-23% faster than 1x1 at M 88-128 and up to 15% slower at M 1024-1912,
@@ -198,6 +206,14 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              config.schedule.value, Schedule.COOPERATIVE.value)
     # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled): an operand whose rows
     # are not is packed into the workspace first (launch.pack_plan), so no alignment rule stands here.
+
+
+def _b_major(operands: "Operands | None", swapped: bool) -> str:
+    """How the kernel's B (the problem's A when swapped; `operands` are the kernel's) reaches shared memory."""
+    if operands is None:
+        return "unknown"
+    kmajor = operands.b_layout.value == "col"
+    return f"{'row' if kmajor == swapped else 'column'}-major {'A' if swapped else 'B'}"
 
 
 def _check_block_scaling(config: Sm90Config, rule: Rule) -> None:
