@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Where fp8 promotion's time goes: one promoted configuration against itself with parts of the promotion taken out.
 
-    PYTHONPATH=$PWD python3 benchmarks/fp8_promote_lab.py [--shape 4096,4096,4096] [--tile 128x128] [--stages 5]
-                                                            [--out DIR]
+    PYTHONPATH=$PWD python3 benchmarks/fp8_promote_lab.py [--shape 4096,4096,4096] [--tile CTA[:WARP][:STAGES] ...]
+                                                            [--stages 5] [--edits] [--out DIR]
 
-fp8 e4m3 (A row-major, B column-major, per-tensor scales). The kernels: the tile unpromoted, promoted every 1, 2
-and 4 k-tiles (gemmgen's own renders, through the public API), and variants of the promote-1 kernel made by editing
-its rendered source here (never switches in the templates):
+fp8 e4m3 (A row-major, B column-major, per-tensor scales). The kernels: each tile unpromoted, promoted every 1, 2
+and 4 k-tiles where the rules allow (gemmgen's own renders, through the public API), and with --edits variants of
+the promote-1 kernel made by editing its rendered source here (never switches in the templates):
   - noadd: the partial sums are not added into the fp32 accumulators (wrong results; the drain alone);
   - dephase, dephase600: the second consumer warpgroup starts each tile's main loop ~0.25 (0.6) us after the
     first, so their interval ends (drains) fall apart in time (correct results; is the cost the two drains in step?).
@@ -43,29 +43,45 @@ EDITS = {
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4096,4096,4096")
-    ap.add_argument("--tile", default="128x128", help="CTA tile M x N; two consumer warpgroups stacked in M")
+    ap.add_argument("--tile", action="append", default=None, metavar="CTA[:WARP][:STAGES]",
+                    help="CTA tile M x N, optionally one consumer warpgroup's tile (default: two stacked in M) and "
+                         "the stages (default --stages); repeatable, e.g. 128x192:128x96 (two m64 wgmma chains "
+                         "per warpgroup, side by side in N)")
     ap.add_argument("--stages", type=int, default=5)
+    ap.add_argument("--edits", action="store_true", help="also the promote-1 variants edited in the source")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
 
     from gemmgen import Kernel, Problem, TileConfig
-    from gemmgen.codegen.nvrtc import compile_kernel, compile_source, options_for
-    from gemmgen.codegen.render import render
+    from gemmgen.codegen.nvrtc import compile_many, compile_source, options_for
+    from gemmgen.families.rules import check
 
     gpu = detected_gpu()
     m, n, k = (int(x) for x in args.shape.split(","))
-    tm, tn = (int(x) for x in args.tile.split("x"))
     problem = Problem.create(m, n, k, "e4m3", "row", "col")
 
-    def config(**knobs):
-        return TileConfig.from_dict({"family": "sm90_wgmma", "cta": f"{tm}x{tn}x128", "warp": f"{tm // 2}x{tn}x128",
-                                     "mma": f"64x{tn}x32", "stages": args.stages, "warp_specialized": True,
+    def config(tile, **knobs):
+        parts = tile.split(":")
+        tm, tn = (int(x) for x in parts[0].split("x"))
+        wm, wn = (int(x) for x in parts[1].split("x")) if len(parts) > 1 and parts[1] else (tm // 2, tn)
+        stages = int(parts[2]) if len(parts) > 2 else args.stages
+        return TileConfig.from_dict({"family": "sm90_wgmma", "cta": f"{tm}x{tn}x128", "warp": f"{wm}x{wn}x128",
+                                     "mma": f"64x{wn}x32", "stages": stages, "warp_specialized": True,
                                      "persistent": True, **knobs})
 
-    variants = [("unpromoted", config(), None), ("promote 1", config(promote=1), None),
-                ("promote 2", config(promote=2), None), ("promote 4", config(promote=4), None)]
-    variants += [(f"promote 1 {name}", config(promote=1), name) for name in EDITS]
+    variants = []
+    for tile in args.tile or ["128x128"]:
+        for label, knobs in (("unpromoted", {}), ("promote 1", {"promote": 1}), ("promote 2", {"promote": 2}),
+                             ("promote 4", {"promote": 4})):
+            cfg = config(tile, **knobs)
+            broken = check(cfg, gpu, gpu.arch, problem)
+            if broken:
+                print(f"  {tile} {label}: {broken[0]}")
+                continue
+            variants.append((f"{tile} {label}", cfg, None))
+        if args.edits:
+            variants += [(f"{tile} promote 1 {name}", config(tile, promote=1), name) for name in EDITS]
 
     sets = []
     for _ in range(SETS):
@@ -89,9 +105,12 @@ def main(argv=None) -> int:
         err = rel(torch._scaled_mm(A, B, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast))
         rows.append({"kernel": f"cuBLAS{' fast' if fast else ''}", "us": harness.graph_timed(torch, cublas, sets) * 1e6,
                      "error": err})
-    for name, cfg, edit in variants:
-        kernel = Kernel(gpu.arch, problem.operands, cfg)
-        compiled = compile_kernel(kernel, gpu)
+    kernels = [Kernel(gpu.arch, problem.operands, cfg) for _, cfg, _ in variants]
+    built = compile_many(kernels)
+    for (name, cfg, edit), kernel, compiled in zip(variants, kernels, built):
+        if isinstance(compiled, Exception):
+            print(f"  {name}: {compiled}")
+            continue
         if edit:
             source = compiled.source
             for marker, replacement in EDITS[edit]:
@@ -113,14 +132,14 @@ def main(argv=None) -> int:
         us = harness.graph_timed(torch, lambda s, g=gemm: g(s[0], s[1], s[2], scale_a=s[3], scale_b=s[4]), sets) * 1e6
         rows.append({"kernel": name, "config": cfg.tag, "us": us, "error": err})
     flops = 2.0 * m * n * k
-    print(f"\nfp8 e4m3 {m}x{n}x{k} rc, tile {args.tile} s{args.stages}, {torch.cuda.get_device_name()}")
-    print(f"{'kernel':22s} {'us':>8s} {'TFLOP/s':>8s} {'x cuBLAS':>9s} {'rel. error':>10s}")
+    print(f"\nfp8 e4m3 {m}x{n}x{k} rc, {torch.cuda.get_device_name()}")
+    print(f"{'kernel':36s} {'us':>8s} {'TFLOP/s':>8s} {'x cuBLAS':>9s} {'rel. error':>10s}")
     base = rows[0]["us"]
     for r in rows:
-        print(f"{r['kernel']:22s} {r['us']:8.1f} {flops / r['us'] / 1e6:8.1f} {base / r['us']:9.3f} {r['error']:10.2e}")
+        print(f"{r['kernel']:36s} {r['us']:8.1f} {flops / r['us'] / 1e6:8.1f} {base / r['us']:9.3f} {r['error']:10.2e}")
     if args.out:
         print("written:", write_report(args.out, "fp8_promote_lab.json", {"gpu": gpu.key, "shape": [m, n, k],
-                                                                          "tile": args.tile, "rows": rows}))
+                                                                          "tiles": args.tile, "rows": rows}))
     return 0
 
 
