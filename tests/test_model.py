@@ -153,3 +153,28 @@ def test_sm80_mma_on_unaligned_rows_is_priced_at_its_measured_fifth_and_the_pack
                 for r in rank_configs(enumerate_space(family, h100, problem=mid), mid, h100, model, heuristic_time)),
                key=lambda r: r.time_s)
     assert best.config.family == "sm90_wgmma"
+
+
+def test_a_grid_of_few_hopper_ctas_streams_at_its_ctas_rate_and_a_decode_product_takes_the_swapped_tile():
+    """A TMA-fed CTA streams about 48 GB/s from DRAM (H100: 16x14336x4096 with 64x256 tiles, 56 CTAs, moved 118 MB
+    at 47 GB/s per CTA), so 56 CTAs cannot pull HBM's rate and 132 can; before this cap the model ranked the 64x256
+    tile first there and it ran 48.9 us against the swapped 64x16 tile's 46.3 (docs/perf-notes.md)."""
+    from gemmgen.families.sm90_wgmma import SM_STREAM_RATE
+    from gemmgen.model.arch import lookup_gpu as gpu_of
+    from gemmgen.rank.calibration import params_for
+    from gemmgen.rank.ranking import rank_configs
+    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+
+    h100 = gpu_of("h100")
+    params, _ = params_for(h100)
+    decode = Problem.create(16, 14336, 4096, "bf16", "row", "col")
+    wide = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "64x256x64", "warp": "64x256x64", "mma": "64x256x16",
+                                 "stages": 4, "warp_specialized": True, "persistent": True})
+    few = predict(decode, wide, h100, params)
+    assert few.units == 56 and few.dram_rate <= 56 * SM_STREAM_RATE * 1.0001
+    large = predict(Problem.create(8192, 8192, 8192, "bf16", "row", "col"), wide, h100, params)
+    assert large.dram_rate > 56 * SM_STREAM_RATE     # a full grid is not held to it
+    ranked = [r for family in families_for(h100.arch)
+              for r in rank_configs(enumerate_space(family, h100, problem=decode), decode, h100,
+                                    lambda p, c, g: predict(p, c, g, params), heuristic_time)]
+    assert min(ranked, key=lambda r: r.time_s).config.swap_ab

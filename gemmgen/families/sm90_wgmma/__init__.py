@@ -41,6 +41,11 @@ ELEMENT_D_RATE = 1.0e12
 # first to leave a third of the bubble; measured on the H100 (docs/perf-notes.md, "fp8 promotion intervals"):
 # -1.5% to +6% against plain promotion at the same interval, so it is priced at nearly the plain bubble.
 PROMOTE_STAGGER_BUBBLE = 0.22
+# Bytes per second one CTA's TMA loads stream from DRAM, whatever its ring holds: a grid of few CTAs cannot pull
+# HBM's rate. Measured on the H100 (docs/perf-notes.md, "Few CTAs streaming B"): 16x14336x4096 rc with 64x256
+# tiles (56 CTAs) moved its 118 MB at 47 GB/s per CTA once the launch's fixed time is taken off, where 132 CTAs of
+# a swapped 64x16 tile reached 2.55 TB/s.
+SM_STREAM_RATE = 48e9
 
 
 class Sm90Wgmma(KernelFamily):
@@ -104,6 +109,9 @@ class Sm90Wgmma(KernelFamily):
             return 0.0   # the reduction launch or the transposed staged stores write D: not measured apart
         rate = COMPOSED_D_RATE if _launch.uses_composed_stores(kernel) else ELEMENT_D_RATE
         return problem.m * problem.n * ops.c_dtype.bytes / rate
+
+    def sm_load_rate(self, config: Sm90Config, problem: Problem, warps_per_sm: float) -> float:
+        return SM_STREAM_RATE
 
     def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
