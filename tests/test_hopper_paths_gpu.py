@@ -566,3 +566,36 @@ def test_tiles_as_wide_as_the_batch_compute_every_row(case, a, b):
         err = bias_gelu_beta_error(gemm, mm, nn, kk, a, b, D)
         print(f"batch tile {case} {a}{b} {mm}x{nn}x{kk}: {err:.2e}")
         assert err < TOLERANCE
+
+
+# The batch tiles for fp8 and fp32 (tf32) inputs, whose B reaches shared memory K-major in any layout (packed where
+# it is not): the swapped 64x48 pair (1x2) and the unswapped 64x96 pair (2x1), with BK one 128-byte row.
+@pytest.mark.parametrize("dtype", ["e4m3", "f32"])
+@pytest.mark.parametrize("swapped", [True, False])
+def test_batch_tiles_for_fp8_and_tf32_match_the_fp32_reference(dtype, swapped):
+    bk, mk = (128, 32) if dtype == "e4m3" else (32, 8)
+    tile, cluster = ("64x48", "1x2") if swapped else ("64x96", "2x1")
+    config = {"family": "sm90_wgmma", "cta": f"{tile}x{bk}", "warp": f"{tile}x{bk}",
+              "mma": f"64x{tile.split('x')[1]}x{mk}", "stages": 6, "cluster": cluster, "swap_ab": swapped,
+              "warp_specialized": True, "persistent": True}
+    m_max = 96 if swapped else 128
+    gemm = load(Problem.create(m_max, 1000, 784, dtype, "row", "col", bias=True), config)
+    for m, n, k in ((m_max, 1000, 784), (50, 3000, 1040), (3, 520, 128)):
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        bias = torch.randn(n, device="cuda")
+        if dtype == "e4m3":
+            sa, sb = (a.abs().max() / 200).reshape(()), (b.abs().max() / 200).reshape(())
+            A, B = (a / sa).to(torch.float8_e4m3fn), (b / sb).to(torch.float8_e4m3fn).t()
+            bias = bias.to(torch.bfloat16)
+            D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm(A, B, D, bias=bias, scale_a=sa, scale_b=sb)
+            ref = (A.float() @ B.float()) * (sa * sb) + bias.float()
+        else:
+            A, B = a, b.t()
+            D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+            gemm(A, B, D, bias=bias)
+            ref = A.double() @ B.double() + bias.double()
+        torch.cuda.synchronize()
+        err = rel_error(D, ref)
+        print(f"batch tile {dtype} {tile} {cluster} {m}x{n}x{k}: {err:.2e}")
+        assert err < TOLERANCE
