@@ -46,6 +46,11 @@ PROMOTE_STAGGER_BUBBLE = 0.22
 # tiles (56 CTAs) moved its 118 MB at 47 GB/s per CTA once the launch's fixed time is taken off, where 132 CTAs of
 # a swapped 64x16 tile reached 2.55 TB/s.
 SM_STREAM_RATE = 48e9
+# A 1x2 pair of swapped tiles whose second tile is at most half full (M up to 1.5 tiles): measured 13-35% slower than
+# one tile as wide as M (H100, docs/perf-notes.md, "Tiles as wide as the batch": M 40-64 on 64x48 pairs), while the
+# model's other terms price the two level; its loads are taken to reach this fraction of the memory rate. (A rule
+# would refuse such a pair at the M it still serves correctly.)
+HALF_EMPTY_PAIR_LOAD_EFFICIENCY = 0.75
 
 
 class Sm90Wgmma(KernelFamily):
@@ -109,6 +114,12 @@ class Sm90Wgmma(KernelFamily):
             return 0.0   # the reduction launch or the transposed staged stores write D: not measured apart
         rate = COMPOSED_D_RATE if _launch.uses_composed_stores(kernel) else ELEMENT_D_RATE
         return problem.m * problem.n * ops.c_dtype.bytes / rate
+
+    def load_efficiency(self, config: Sm90Config, problem: Problem) -> float:
+        # A swapped kernel is priced on the swapped problem, whose N is the caller's M.
+        if config.swap_ab and config.cluster.n > 1 and 2 * problem.n <= 3 * config.cta.n:
+            return HALF_EMPTY_PAIR_LOAD_EFFICIENCY
+        return 1.0
 
     def sm_load_rate(self, config: Sm90Config, problem: Problem, warps_per_sm: float) -> float:
         return SM_STREAM_RATE

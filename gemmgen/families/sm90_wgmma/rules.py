@@ -54,12 +54,6 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
             # A 1x2 cluster's two tiles of the problem's M share the weights' tile (the swapped kernel's A).
             rule(problem.m <= cta.n * config.cluster.n, "the operand swap serves skinny products: M must fit the "
                  "swapped tile's N (times the cluster's N)", problem.m, cta.n * config.cluster.n)
-            if config.cluster.n > 1:
-                # The pair pays where its second tile is at least half full: 96x4096x4096 on 64x48 pairs 16.9 us
-                # against 18.2 for one 64x96 tile, but 40-64 rows on 64x48 pairs 19-35% slower than one tile as
-                # wide as M (H100, docs/perf-notes.md, "Tiles as wide as the batch").
-                rule(2 * problem.m > 3 * cta.n, "a 1x2 pair of swapped tiles needs its second tile at least half "
-                     "full: M above 1.5 times the tile's N", problem.m, f"> {3 * cta.n // 2}")
         if operands is not None:
             operands = operands.swapped()
 
