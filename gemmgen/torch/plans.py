@@ -38,18 +38,20 @@ _plans = REGISTRY.plans  # cleared by the registry whenever what it finds may ch
 
 # --- the checks ------------------------------------------------------------------------------------------------
 
-def _layouts(x: Tensor, gaps: bool = False) -> "tuple[Layout, ...]":
-    """The layouts a 2-D tensor has (both when an extent of 1 makes it either): packed, or with `gaps` also a view
-    whose rows (columns) lie further apart than its width (height), as a column slice of a wider tensor does;
-    none when neither."""
+def _layouts(x: Tensor) -> "tuple[tuple[Layout, ...], bool]":
+    """The layouts a 2-D tensor has (both when an extent of 1 makes it either), counting a view whose rows (columns)
+    lie further apart than its width (height), as a column slice of a wider tensor does; and whether it has such gaps
+    in every layout it has (not packed). No layouts when neither."""
     rows, cols = x.shape
     s_row, s_col = x.stride()
-    out = []
-    if (cols <= 1 or s_col == 1) and (rows <= 1 or s_row == cols or (gaps and s_row > cols)):
+    out, packed = [], False
+    if (cols <= 1 or s_col == 1) and (rows <= 1 or s_row >= cols):
         out.append(Layout.ROW)
-    if (rows <= 1 or s_row == 1) and (cols <= 1 or s_col == rows or (gaps and s_col > rows)):
+        packed = packed or rows <= 1 or s_row == cols
+    if (rows <= 1 or s_row == 1) and (cols <= 1 or s_col >= rows):
         out.append(Layout.COL)
-    return tuple(out)
+        packed = packed or cols <= 1 or s_col == rows
+    return tuple(out), not packed
 
 
 def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation, row_sums: bool = False):
@@ -67,13 +69,13 @@ def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation, row_sums: bo
     (m, k), n = A.shape, B.shape[1]
     if m == 0 or n == 0 or k == 0:
         return None, "an empty operand"
-    a_layouts, b_layouts = _layouts(A, gaps=True), _layouts(B, gaps=True)
+    (a_layouts, a_gaps), (b_layouts, b_gaps) = _layouts(A), _layouts(B)
     if not a_layouts or not b_layouts:
         return None, "an operand that is neither row- nor column-major (with unit stride along one axis)"
     # A view with gaps goes to gemmgen's own kernels, which take leading dimensions (and refuse, by a rule that
     # becomes the fallback's reason, one their alignment cannot take); a callable registered by the user was
     # promised packed operands.
-    gapped = not (_layouts(A) and _layouts(B))
+    gapped = a_gaps or b_gaps
     gpu = gpu or gpu_key(A.get_device())
     # A plain product may also run on a kernel built with row sums (called without them, it skips them): a layer
     # whose store holds only the weight gradient with its bias gradient still finds it when the bias is frozen.
