@@ -129,7 +129,11 @@ def replay_shapes(tmp_path, ms, n=256, k=256):
 
 
 def _tune_set(tmp_path, replay, out, buckets="pow2"):
+    # One sampler seed for both bucketings: past the model's top 3 the sampler's draws pick the trials, and the
+    # pow2/auto comparison below is about the same measurements (unseeded, near-tied configurations of the space
+    # could win one run and not the other: CI, 2026-11-27).
     return main(["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100", "--replay", str(replay),
+                 "--seed", "11",
                  "--trials", "5", "--top-k", "3", "--finalists", "2", "--rounds", "2", "--jobs", "2", "--no-progress",
                  "--out", str(out), "--buckets", buckets, "--storage", f"sqlite:///{tmp_path / 'studies.db'}"])
 
