@@ -75,3 +75,27 @@ def test_the_random_suite_is_reproducible_and_a_valid_suite_file(tmp_path):
     assert all(2 * s.m * s.n * s.k <= 2.2e12 and 1 <= s.m <= 8192 for s in shapes)
     assert {s.a for s in shapes} == {s.b for s in shapes} == {"row", "col"}
     assert any(s.n % 8 for s in shapes) and any(s.m <= 16 for s in shapes)
+
+
+def test_small_latency_changes_a_matched_configuration_where_the_rules_allow_and_says_why_not(capsys):
+    """benchmarks/small_latency.py --change: a matched configuration with fields changed (numbers and booleans
+    parsed), kept where the rules accept it for the shape, reported with the broken rule where they do not."""
+    sys.path.insert(0, str(BENCH.parent))
+    from benchmarks.small_latency import changed
+    from gemmgen import Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.tiles import TileConfig
+    from gemmgen.rank.ranking import Ranked
+
+    gpu = lookup_gpu("h100")
+    problem = Problem.create(96, 4096, 4096, "bf16", "row", "col")
+    base = Ranked(TileConfig.from_dict({"family": "sm90_wgmma", "cta": "64x128x64", "warp": "64x128x64",
+                                        "mma": "64x128x16", "stages": 6, "cluster": "2x1",
+                                        "warp_specialized": True, "persistent": True}), None, None, "", 0)
+    out = changed(base, ["stages=8", "swap_ab=true,cta=64x48x64,warp=64x48x64,mma=64x48x16,cluster=1x2,stages=12",
+                         "stages=12", "cluster=3x1"], problem, gpu)
+    assert [r.config.stages for r in out] == [8, 12]
+    assert out[1].config.swap_ab and (out[1].config.cluster.m, out[1].config.cluster.n) == (1, 2)
+    printed = capsys.readouterr().out
+    assert "shared memory per block must fit" in printed   # 12 stages of 64x128 tiles
+    assert "cluster must be" in printed
