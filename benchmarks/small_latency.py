@@ -56,9 +56,21 @@ def kernel_us(torch, fn, sets, calls: int = 20) -> "dict[str, float]":
     return out
 
 
+def with_fields(config, fields: dict, problem, gpu):
+    """(`config` with `fields` replaced, "") where the configuration and the rules accept it for `problem`, else
+    (None, why not)."""
+    from gemmgen.families.rules import check
+
+    try:
+        other = config.from_dict(dict(config.to_dict(), **fields))
+    except Exception as exc:  # noqa: BLE001 - a combination the config itself refuses
+        return None, f"{config.tag} with {fields}: {exc}"
+    broken = check(other, gpu, gpu.arch, problem)
+    return (None, f"{other.tag}: {broken[0]}") if broken else (other, "")
+
+
 def variants(pick, problem, gpu) -> list:
     """The pick, then the pick with one knob changed, where the rules allow (Ranked, unpredicted)."""
-    from gemmgen.families.rules import check
     from gemmgen.rank.ranking import Ranked
 
     out = [pick]
@@ -68,18 +80,15 @@ def variants(pick, problem, gpu) -> list:
     changes = [{"persistent": False}, {"persistent": False, "schedule": "cooperative"}, {"stages": 2}, {"stages": 3},
                {"stages": 4}, {"schedule": "cooperative"}]
     for change in changes:
-        try:
-            other = cfg.from_dict(dict(cfg.to_dict(), **change))
-        except Exception:  # noqa: BLE001 - a combination the config itself refuses
-            continue
-        if other != cfg and not check(other, gpu, gpu.arch, problem):
+        other, _ = with_fields(cfg, change, problem, gpu)
+        if other is not None and other != cfg:
             out.append(Ranked(other, None, None, "", 0))
     return out
 
 
 def changed(ranked, changes, problem, gpu) -> list:
-    """`ranked`'s configuration with each change applied (unpredicted Ranked), where the rules allow it."""
-    from gemmgen.families.rules import check
+    """`ranked`'s configuration with each change (text KNOB=VALUE[,KNOB=VALUE]) applied (unpredicted Ranked), where
+    the rules allow it; the others reported."""
     from gemmgen.rank.ranking import Ranked
 
     out = []
@@ -88,14 +97,9 @@ def changed(ranked, changes, problem, gpu) -> list:
         for item in change.split(","):
             key, _, value = item.partition("=")
             fields[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value, value)
-        try:
-            other = ranked.config.from_dict(dict(ranked.config.to_dict(), **fields))
-        except Exception as exc:  # noqa: BLE001 - a combination the config itself refuses
-            print(f"  {ranked.config.tag} with {change}: {exc}", flush=True)
-            continue
-        broken = check(other, gpu, gpu.arch, problem)
-        if broken:
-            print(f"  {other.tag}: {broken[0]}", flush=True)
+        other, why = with_fields(ranked.config, fields, problem, gpu)
+        if other is None:
+            print(f"  {why}", flush=True)
             continue
         out.append(Ranked(other, None, None, "", 0))
     return out
