@@ -133,9 +133,9 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # products reach 2e-5, with it 2-4e-7 (H100, tests/test_hopper_paths_gpu.py), fp32's class.
         rule(config.promote >= 1, "3xTF32 (split3) promotes its partial sums into fp32 (promote 1, 2, 4 or 8)",
              config.promote, "1, 2, 4 or 8")
-    # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A B tile of
-    # 16 or 32 rows is one K-major box of its own height (the swapped kernels' activations); its epilogue
-    # is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
+    # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A K-major B tile
+    # whose N is not a multiple of 64 (16-240 rows: the swapped kernels' activations, the batch tiles) is one box of
+    # its own height; its epilogue is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
     b_kmajor = operands is None or operands.b_layout.value == "col" or elt != 2
     if cta.n % 64:
         # A K-major B tile of any whole number of 8-row swizzle groups is one box of its own height, and the
