@@ -18,8 +18,8 @@ sys.path.insert(0, str(HERE.parent))
 from gemmgen.cli import main  # noqa: E402
 from gemmgen.model.errors import InvalidInput  # noqa: E402
 from gemmgen.runtime.dispatch import Table, load_dispatch, parse_tables  # noqa: E402
-from gemmgen.tune.buckets import (Bucket, BucketOutcome, parse_range, point_buckets, pow2_buckets,  # noqa: E402
-                                  read_shape_file, table_entries)
+from gemmgen.tune.buckets import (SPLIT_DEPTH, SPLIT_GAIN, Bucket, BucketOutcome, parse_range,  # noqa: E402
+                                  point_buckets, pow2_buckets, read_shape_file, refine_buckets, table_entries)
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +52,82 @@ def test_a_shape_file_gives_per_n_k_buckets_up_to_each_listed_m(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([[1, 2]]))
     with pytest.raises(InvalidInput, match=r"must be \[M, N, K\]"):
         read_shape_file(tmp_path / "bad.json")
+
+
+def _tile_ranking(m, n, k):
+    """A fake model: a tile of width w serves M <= w at a time growing with w, the narrowest that holds M first."""
+    widths = [w for w in (16, 32, 48, 64, 80, 96, 128, 256) if w >= m] or [256]
+    return {f"w{w}": 10.0 + w / 16 for w in widths}
+
+
+def test_auto_splits_a_bucket_where_the_models_top_kernel_is_slow_at_its_middle():
+    calls = []
+
+    def ranked_at(m, n, k):
+        calls.append(m)
+        return _tile_ranking(m, n, k)
+
+    got = refine_buckets([Bucket(4096, 4096, 33, 64)], ranked_at, depth=1)
+    assert [(b.m_min, b.m_max) for b in got] == [(33, 48), (49, 64)]  # w64 at 48: 14 vs w48's 13, > 3%
+    deeper = refine_buckets([Bucket(4096, 4096, 33, 64), Bucket(4096, 4096, 65, 128)], _tile_ranking, depth=2)
+    # 33..48 and 49..64 each hold one tile's width: no second split; 65..96 does (w96 at 80: 16 against 15).
+    assert [(b.m_min, b.m_max) for b in deeper] == [(33, 48), (49, 64), (65, 80), (81, 96), (97, 128)]
+    # Within the gain nothing splits; one M, depth 0, or a shape the model has nothing for stay as they are.
+    flat = lambda m, n, k: {"a": 1.0, "b": 1.0 + SPLIT_GAIN / 2}  # noqa: E731
+    assert refine_buckets([Bucket(64, 64, 1, 512)], flat) == [Bucket(64, 64, 1, 512)]
+    assert refine_buckets([Bucket(64, 64, 7, 7)], _tile_ranking) == [Bucket(64, 64, 7, 7)]
+    assert refine_buckets([Bucket(64, 64, 33, 64)], _tile_ranking, depth=0) == [Bucket(64, 64, 33, 64)]
+    assert refine_buckets([Bucket(64, 64, 33, 64)], lambda m, n, k: {}) == [Bucket(64, 64, 33, 64)]
+    # The top's kernel cannot run at the middle (absent from its ranking): split.
+    gone = lambda m, n, k: {"big": 1.0} if m > 48 else {"small": 2.0}  # noqa: E731
+    assert len(refine_buckets([Bucket(64, 64, 33, 64)], gone, depth=1)) == 2
+    with pytest.raises(InvalidInput, match="gain >= 0"):
+        refine_buckets([Bucket(64, 64, 1, 2)], flat, gain=-1)
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 8192), (5, 100), (3, 3), (100, 101)])
+def test_refined_buckets_still_cover_the_range_without_gap_or_overlap(lo, hi):
+    got = refine_buckets(pow2_buckets(lo, hi, 4096, 4096), _tile_ranking)
+    assert got[0].m_min == lo and got[-1].m_max == hi
+    assert all(a.m_max + 1 == b.m_min for a, b in zip(got, got[1:]))
+    assert len(got) <= len(pow2_buckets(lo, hi, 4096, 4096)) * 2 ** SPLIT_DEPTH
+
+
+def test_auto_dry_run_gives_m_40_a_tile_no_wider_than_the_models_choice_there(capsys, tmp_path):
+    # pow2 serves 33..64 with the kernel picked at 64; auto asks the model at 48 and splits where it disagrees.
+    from test_cli_tune import _sass_tools
+
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    import shutil
+
+    calibration = tmp_path / "results" / "h100-sxm" / "calibration.json"  # the model as users get it
+    calibration.parent.mkdir(parents=True)
+    shutil.copy(HERE.parent / "results" / "h100-sxm" / "calibration.json", calibration)
+    common = ["tune", "--m", "1..64", "--n", "4096", "--k", "4096", "--b", "col", "--gpu", "h100", "--dry-run",
+              "--jobs", "0"]
+    assert main(common + ["--buckets", "auto", "--out", str(tmp_path / "auto")]) == 0
+    table = json.loads((tmp_path / "auto" / "dispatch.json").read_text())["tables"][0]["buckets"]
+    assert any(b["m_max"] < 64 and b["m_min"] > 32 for b in table), table  # 33..64 was split
+    from gemmgen import Problem, lookup_gpu
+    from gemmgen.tune.dispatch import model_ranking
+    from gemmgen.tune.engines import default_engines
+
+    engines = default_engines(0)
+    try:
+        gpu = lookup_gpu("h100")
+        ranked = model_ranking(Problem.create(40, 4096, 4096, "bf16", "row", "col"), gpu, gpu.arch, engines)
+        at40 = ranked(40, 4096, 4096)
+    finally:
+        engines.close()
+    def cost_at_40(folder):
+        served = load_dispatch(folder).kernel_for(40, 4096, 4096).name
+        return at40[next(t for t in at40 if served.endswith(t))] / next(iter(at40.values()))
+
+    assert cost_at_40(tmp_path / "auto") <= (1 + SPLIT_GAIN) ** SPLIT_DEPTH
+    # What auto mends: pow2's 33..64 gets the kernel picked at 64, predicted slower at 40 than the gain allows.
+    assert main(common + ["--buckets", "pow2", "--out", str(tmp_path / "pow2")]) == 0
+    assert cost_at_40(tmp_path / "pow2") > 1 + SPLIT_GAIN
 
 
 def _outcome(lo, hi, winner, **times):

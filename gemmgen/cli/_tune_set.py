@@ -71,6 +71,11 @@ def run_shape_set(args) -> int:
     progress = Progress(not args.no_progress)
 
     def on_event(kind, info):
+        if kind == "split":
+            if not args.no_progress:
+                print(f"--buckets auto: the model splits {info['before']} buckets into {info['after']} (where the "
+                      "kernel it picks at a bucket's top is predicted slower at its middle)", file=sys.stderr)
+            return
         if kind == "bucket":
             b = info["bucket"]
             progress.label = f"[{b.label} @ {b.n}x{b.k}] "
@@ -125,7 +130,8 @@ def dry_run_shape_set(args, base, buckets, options) -> int:
     result = model_buckets(base, buckets, gpu, jobs=options.jobs, bucketing=args.buckets, out=args.out)
     rows = [[f"{e['m_min']}..{e['m_max']}", f"{t['n']}x{t['k']}", ",".join(str(m) for m in e["tuned_at"]),
              e["kernel"]] for t in result.tables for e in t["buckets"]]
-    print(f"dry run: {len(buckets)} buckets on {gpu.key}, the model's pick for each (compiled, not measured); "
+    picked = sum(len(e["tuned_at"]) for t in result.tables for e in t["buckets"])
+    print(f"dry run: {picked} buckets on {gpu.key}, the model's pick for each (compiled, not measured); "
           f"{len(result.kernels)} distinct kernels")
     print(table(rows, ["M", "N x K", "picked at M", "kernel"]))
     if result.folder is not None:

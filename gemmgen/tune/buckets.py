@@ -8,7 +8,10 @@ again on load.
   ranges     --m LO..HI at fixed N and K: power-of-two upper bounds, LO..1, 2, 3..4, 5..8, ..., ..HI.
   shape file a YAML/JSON list of [M, N, K] (or {M:, N:, K:}): each N x K gets buckets whose upper bounds are its
              listed M values, the first from M = 1.
-  auto       after tuning, walking up in M, a bucket takes the kernel of the bucket below it when its own study
+  auto       before tuning, a bucket is split at its middle M where the model predicts that the kernel it ranks
+             first at the bucket's top costs more than SPLIT_GAIN over its first choice at the middle (a swapped
+             tile as wide as 64 rows of M is the wrong kernel for 40; refine_buckets, up to SPLIT_DEPTH halvings);
+             after tuning, walking up in M, a bucket takes the kernel of the bucket below it when its own study
              measured that kernel within MERGE_TOLERANCE of its own winner, and neighbours with one kernel merge:
              fewer cubins, at a measured cost each merged bucket records.
 """
@@ -23,6 +26,10 @@ from ..model.problem import parse_dim
 BUCKETINGS = ("pow2", "auto")
 MERGE_TOLERANCE = 0.01  # a lower bucket's kernel within 1% of a bucket's own winner serves that bucket too
 MAX_M = 1 << 24
+# auto splits a bucket where the model predicts its top's kernel at least 3% slower at its middle than the best
+# there: the model's error between neighbouring tiles of one family is about that size, and a split costs a tune.
+SPLIT_GAIN = 0.03
+SPLIT_DEPTH = 2  # halvings per bucket: 33..64 can become 33..40, 41..48, 49..56, 57..64, at most 4x the tunes
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,41 @@ def point_buckets(shapes: "list[tuple[int, int, int]]") -> "list[Bucket]":
     return out
 
 
+def refine_buckets(buckets: "list[Bucket]", ranked_at, gain: float = SPLIT_GAIN,
+                   depth: int = SPLIT_DEPTH) -> "list[Bucket]":
+    """Split buckets where one kernel would not serve their lower part well, by the model (no measurement).
+
+    `ranked_at(m, n, k)` gives the model's predicted seconds per configuration tag at that shape, best first.
+    A bucket of at least two M values is halved when the first choice at its top is predicted more than `gain`
+    slower at its middle M than the first choice there (or cannot run there); each half is checked the same way,
+    `depth` times at most."""
+    if gain < 0 or depth < 0:
+        raise InvalidInput("refine_buckets needs gain >= 0 and depth >= 0", (gain, depth))
+    out: "list[Bucket]" = []
+
+    def visit(b: Bucket, left: int) -> None:
+        if left == 0 or b.m_max == b.m_min:
+            out.append(b)
+            return
+        mid = (b.m_min - 1 + b.m_max) // 2  # the lower half's top: where its own tune would run
+        top, there = ranked_at(b.m_max, b.n, b.k), ranked_at(mid, b.n, b.k)
+        if not top or not there:
+            out.append(b)
+            return
+        first_top = next(iter(top))
+        best_there = next(iter(there.values()))
+        served = there.get(first_top)
+        if served is not None and served <= best_there * (1 + gain):
+            out.append(b)
+            return
+        visit(Bucket(b.n, b.k, b.m_min, mid), left - 1)
+        visit(Bucket(b.n, b.k, mid + 1, b.m_max), left - 1)
+
+    for bucket in sorted(buckets, key=lambda b: (b.n, b.k, b.m_min)):
+        visit(bucket, depth)
+    return out
+
+
 @dataclass(frozen=True)
 class BucketOutcome:
     """What tuning one bucket gave: its winner and every kernel its study measured (kernel name -> seconds,
@@ -157,5 +199,5 @@ def table_entries(outcomes: "list[BucketOutcome]", bucketing: str,
     return entries
 
 
-__all__ = ["BUCKETINGS", "Bucket", "BucketOutcome", "MERGE_TOLERANCE", "parse_range", "point_buckets",
-           "pow2_buckets", "read_shape_file", "table_entries"]
+__all__ = ["BUCKETINGS", "Bucket", "BucketOutcome", "MERGE_TOLERANCE", "SPLIT_DEPTH", "SPLIT_GAIN", "parse_range",
+           "point_buckets", "pow2_buckets", "read_shape_file", "refine_buckets", "table_entries"]

@@ -16,7 +16,7 @@ from ..model.arch import Arch, Gpu
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
 from ..model.tiles import Kernel
-from .buckets import Bucket, BucketOutcome, table_entries
+from .buckets import Bucket, BucketOutcome, refine_buckets, table_entries
 from .results import fingerprint, now, write_json_atomic
 
 DISPATCH_FORMAT = "gemmgen-dispatch/1"  # runtime/dispatch.py reads it (and checks it is this)
@@ -61,6 +61,38 @@ def measured_times(record_path: "Path | None") -> "dict[str, float]":
     return times
 
 
+def model_ranking(base: Problem, gpu: Gpu, arch: Arch, engines):
+    """(m, n, k) -> {config tag: predicted seconds}, best first, over the configurations the rules allow at that
+    shape (base's dtypes, layouts and epilogue); cached per shape. What `auto` splits buckets by."""
+    from ..families.rules import check
+    from ..rank.ranking import SearchSpace, rank_configs
+
+    cache: "dict[tuple[int, int, int], dict[str, float]]" = {}
+
+    def ranked_at(m: int, n: int, k: int) -> "dict[str, float]":
+        key = (m, n, k)
+        if key not in cache:
+            problem = replace(base, m=m, n=n, k=k)
+            space = SearchSpace(engines.enumerate(problem, gpu, arch), lambda c: check(c, gpu, arch, problem))
+            ranking = rank_configs(space.configs, problem, gpu, engines.predict, engines.tiebreak)
+            cache[key] = {r.config.tag: r.time_s for r in ranking}
+        return cache[key]
+
+    return ranked_at
+
+
+def plan_buckets(base: Problem, buckets: "list[Bucket]", gpu: Gpu, arch: Arch, engines, bucketing: str,
+                 emit=None) -> "list[Bucket]":
+    """The buckets a shape set tunes: as given, or under `auto` split where the model says one kernel would not
+    serve a bucket's lower part (tune/buckets.refine_buckets). `emit("split", {...})` names each split."""
+    if bucketing != "auto":
+        return list(buckets)
+    refined = refine_buckets(buckets, model_ranking(base, gpu, arch, engines))
+    if emit is not None and len(refined) != len(buckets):
+        emit("split", {"before": len(buckets), "after": len(refined), "buckets": tuple(refined)})
+    return refined
+
+
 def tune_buckets(base: Problem, buckets: "list[Bucket]", gpu: Gpu, measurer, options, *, engines=None,
                  arch: "Arch | None" = None, on_event=None, device: "dict | None" = None,
                  bucketing: str = "pow2", out: "str | None" = None) -> DispatchResult:
@@ -77,6 +109,7 @@ def tune_buckets(base: Problem, buckets: "list[Bucket]", gpu: Gpu, measurer, opt
     emit = on_event or (lambda kind, info: None)
     runs: "list[BucketRun]" = []
     try:
+        buckets = plan_buckets(base, buckets, gpu, arch, engines, bucketing, emit)
         previous: "dict[tuple[int, int], BucketRun]" = {}
         ordered = sorted(buckets, key=lambda b: (b.n, b.k, b.m_max))
         for i, bucket in enumerate(ordered):
@@ -173,6 +206,7 @@ def model_buckets(base: Problem, buckets: "list[Bucket]", gpu: Gpu, *, jobs: int
     engines = engines or default_engines(jobs)
     arch = arch or gpu.arch
     try:
+        buckets = plan_buckets(base, buckets, gpu, arch, engines, bucketing)
         outcomes, picks = [], {}
         for bucket in sorted(buckets, key=lambda b: (b.n, b.k, b.m_max)):
             problem = replace(base, m=bucket.m_max, n=bucket.n, k=bucket.k)
@@ -204,4 +238,5 @@ def _tables(outcomes: "list[BucketOutcome]", bucketing: str) -> "list[dict]":
             for n, k in sorted({(o.bucket.n, o.bucket.k) for o in outcomes})]
 
 
-__all__ = ["BucketRun", "DispatchResult", "Export", "export_dispatch", "measured_times", "model_buckets", "tune_buckets"]
+__all__ = ["BucketRun", "DispatchResult", "Export", "export_dispatch", "measured_times", "model_buckets",
+           "model_ranking", "plan_buckets", "tune_buckets"]
