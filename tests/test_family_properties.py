@@ -125,7 +125,16 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
             assert maps[tm] == ("workspace" if tensor in sources and not in_place else tensor)
             if split3:   # the small parts' maps
                 assert maps[tm + "2"] == "workspace"
-        assert sum(m == "workspace" for m in maps.values()) == (0 if in_place else len(sources)) + 2 * split3
+            if tm + "e" in maps:   # the edge map reads what the main map reads, its box cut to the last tile's rows
+                edge = next(p for p in main["params"] if p["name"] == tm + "e")
+                full = next(p for p in main["params"] if p["name"] == tm)
+                extent, tile = (gemm.m, config.cta.m) if tm == "tmA" else (gemm.n, config.cta.n)
+                assert edge["tensor"] == full["tensor"] and edge["dims"] == full["dims"]
+                assert edge["box"] == [full["box"][0], extent - (math.ceil(extent / tile) - 1) * tile]
+        packed_maps = 0 if in_place else sum(1 + (tm + "e" in maps) for tm, tensor in
+                                             (("tmA", "B" if swapped else "A"), ("tmB", "A" if swapped else "B"))
+                                             if tensor in sources)
+        assert sum(m == "workspace" for m in maps.values()) == packed_maps + 2 * split3
     scalars = {p["name"]: p["value"] for p in main["params"] if p["kind"] == "scalar"}
     if getattr(config, "split3", False):   # three segments of K rounded up to whole k-tiles
         assert scalars["K"] == 3 * math.ceil(gemm.k / config.cta.k) * config.cta.k

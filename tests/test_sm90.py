@@ -179,8 +179,28 @@ def test_manifest_launch_is_persistent_and_clustered():
     one_shot = Kernel(Arch.SM90A, problem.operands, hopper_config(persistent=False))
     assert sm90.launch(one_shot, problem, sm_count=132)["grid"] == [32 * 16, 1, 1]
     names = [p["name"] for p in entry["params"]]
-    assert names == ["tmA", "tmB", "tmD", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb", "ldc", "ldd",
-                     "alpha", "beta"]
+    # A K-major A that the 2x1 cluster does not multicast has an edge map (tmAe); the multicast B has none.
+    assert names == ["tmA", "tmB", "tmAe", "tmD", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb",
+                     "ldc", "ldd", "alpha", "beta"]
+
+
+@pytest.mark.parametrize("m,n,cluster,b,want", [
+    (129, 4096, (1, 1), "col", {"tmAe": 1, "tmBe": 256}),    # one row past 128 (128x256 tiles): a box of 1 row
+    (4096, 1000, (1, 1), "col", {"tmAe": 128, "tmBe": 1000 - 3 * 256}),
+    (4096, 1000, (2, 1), "col", {"tmAe": 128}),              # B multicast over the pair: no edge map for it
+    (4096, 1000, (1, 2), "col", {"tmBe": 1000 - 3 * 256}),   # A multicast
+    (200, 1000, (1, 1), "row", {"tmAe": 200 - 128}),         # row-major B is MN-major: 64-wide boxes, no edge map
+])
+def test_edge_maps_cut_the_last_tiles_box_to_the_rows_left(m, n, cluster, b, want):
+    problem = Problem.create(m, n, 4096, b=b)
+    kernel = Kernel(Arch.SM90A, problem.operands, hopper_config(cluster=cluster))
+    params = {p["name"]: p for p in sm90.launch(kernel, problem, sm_count=132)["params"]}
+    assert {name: params[name]["box"][1] for name in params if name in ("tmAe", "tmBe")} == want
+    for name in want:
+        assert {k: v for k, v in params[name].items() if k not in ("name", "box")} == \
+            {k: v for k, v in params[name[:-1]].items() if k not in ("name", "box")}
+    source = render(kernel)
+    assert ("tmAe" in source) == ("tmAe" in want) and ("tmBe" in source) == ("tmBe" in want)
 
 
 def _encode_with_fake_driver(monkeypatch, spec):
@@ -232,12 +252,12 @@ def test_tma_spec_with_unaligned_stride_is_refused():
 
 def test_kernel_params_pack_tensormaps_by_value():
     entry = sm90.launch(Kernel(Arch.SM90A, ops(), hopper_config()), Problem.create(256, 256, 64), sm_count=132)
-    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "tmD": bytes(128), "B": 0x800, "C": 0, "D": 0x1000,
-              "bias": 0, "workspace": 0}
+    values = {"tmA": bytes(range(128)), "tmB": bytes(128), "tmAe": bytes(128), "tmBe": bytes(128), "tmD": bytes(128),
+              "B": 0x800, "C": 0, "D": 0x1000, "bias": 0, "workspace": 0}
     pointers, holders = tma.pack_params(entry["params"], values)
     assert len(pointers) == len(entry["params"]) == len(holders)
     assert bytes(holders[0].data) == bytes(range(128))
-    assert holders[3].value == 0x800 and holders[5].value == 0x1000 and holders[8].value == 256
+    assert holders[5].value == 0x800 and holders[7].value == 0x1000 and holders[10].value == 256
 
 
 def test_aligned_d_leaves_through_a_tma_store_map_matching_the_template_box():
@@ -245,7 +265,7 @@ def test_aligned_d_leaves_through_a_tma_store_map_matching_the_template_box():
     kernel = Kernel(Arch.SM90A, problem.operands, hopper_config())
     params = sm90.launch(kernel, problem, sm_count=132)["params"]
     tm_d = next(p for p in params if p["name"] == "tmD")
-    assert [p["name"] for p in params][:4] == ["tmA", "tmB", "tmD", "B"]
+    assert [p["name"] for p in params][:5] == ["tmA", "tmB", "tmAe", "tmD", "B"]
     assert tm_d["tensor"] == "D" and tm_d["dims"] == [3000, 1000] and tm_d["strides_bytes"] == [6000]
     assert tm_d["box"] == [32, 16] and tm_d["swizzle"] == "64B"
     tma.validate_spec(tm_d)

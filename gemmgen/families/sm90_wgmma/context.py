@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...model.tiles import Kernel
 from .config import Schedule
 from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSPOSE_TILE_ROWS, a_is_kmajor,
-                     b_is_kmajor, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
+                     b_is_kmajor, edge_boxes, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
                      tile_pack, transposed, uses_box_epilogue, uses_composed_stores, uses_store_warp,
                      uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
@@ -47,6 +47,8 @@ def context(kernel: Kernel) -> dict:
         # fp8 and tf32 operands stored MN-major reach the main loop K-major, transposed by the pack launch.
         "a_kmajor": a_is_kmajor(mainloop_operands(kernel)), "b_kmajor": b_is_kmajor(mainloop_operands(kernel)),
         "a_transposed": transposed(kernel)[0], "b_transposed": transposed(kernel)[1],
+        # The last tile row (column) loads A (B) through a second tensor map whose box ends at M (N).
+        "edge_a": edge_boxes(kernel)[0], "edge_b": edge_boxes(kernel)[1],
         "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
         "persistent": cfg.persistent,
         "pingpong": cfg.schedule is Schedule.PINGPONG,

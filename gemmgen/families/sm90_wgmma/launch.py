@@ -341,6 +341,31 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
     return tm_a, tm_b
 
 
+def edge_boxes(kernel: Kernel) -> "tuple[bool, bool]":
+    """Whether A and B have an edge map (tmAe, tmBe): the last tile row (column) reads its box through a map whose
+    box is cut to the rows left before M (N). A TMA box spends about as long on a row past the tensor's edge as on
+    a real one (docs/perf-notes.md, "Rows past the edge": 129 x 4096 x 4096 ran 1.6x the time of 192 x 4096 x 4096
+    on the same 64-row tiles). Only where the box spans the operand's tile: a K-major operand that no cluster
+    multicasts (a slice's rows are another CTA's), and not 3xTF32's three K segments (two maps each already)."""
+    cfg, ops = kernel.config, mainloop_operands(kernel)
+    if cfg.split3:
+        return False, False
+    return a_is_kmajor(ops) and cfg.cluster.n == 1, b_is_kmajor(ops) and cfg.cluster.m == 1
+
+
+def edge_tensormaps(kernel: Kernel, problem: Problem, tm_a: dict, tm_b: dict) -> "list[dict]":
+    """tmAe and tmBe (where edge_boxes says so): tmA's and tmB's tensor, the box's rows those of the last tile row
+    (column) of the GEMM problem, M - (tiles_m - 1) * BM (the tile's own extent when M is a multiple of it)."""
+    cfg = kernel.config
+    gp = gemm_problem(kernel, problem)
+    out = []
+    for flag, spec, extent, tile in zip(edge_boxes(kernel), (tm_a, tm_b), (gp.m, gp.n), (cfg.cta.m, cfg.cta.n)):
+        if flag:
+            rows = extent - (-(-extent // tile) - 1) * tile
+            out.append({**spec, "name": spec["name"] + "e", "box": [spec["box"][0], rows]})
+    return out
+
+
 def split3_tensormaps(kernel: Kernel, problem: Problem, plan: "list[dict]") -> "list[dict]":
     """3xTF32's tmA2 and tmB2: the small parts' planes in the workspace, with the big maps' boxes (K-major,
     `plan` placed). The main loop reads A's third K segment and B's second through them."""
@@ -416,7 +441,7 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     scalars = [("M", gp.m), ("N", gp.n), ("K", k), ("lda", lds.get("A", gp.lda)), ("ldb", lds.get("B", gp.ldb)),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     small = split3_tensormaps(kernel, problem, plan) if cfg.split3 and plan else []
-    params = [tm_a, tm_b] + small + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
+    params = [tm_a, tm_b] + edge_tensormaps(kernel, problem, tm_a, tm_b) + small + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
               {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
                "tensor": "A" if cfg.swap_ab else "B"},
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
@@ -495,6 +520,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["SPLIT_FACTOR", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "edge_boxes", "edge_tensormaps", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
