@@ -183,7 +183,8 @@ def test_standalone_script_launches_a_bundle_from_its_manifest(tmp_path, splits)
 @pytest.mark.gpu
 @pytest.mark.parametrize("cluster", ["1x1", "2x1"])
 def test_standalone_script_launches_an_sm90_bundle_with_its_tensor_maps(tmp_path, cluster):
-    # The sm90 ABI: tmA, tmB and (TMA-store epilogue) tmD encoded by the launcher from the manifest's specs.
+    # The sm90 ABI: tmA, tmB, the edge maps and (TMA-store epilogue) tmD encoded by the launcher from the
+    # manifest's specs.
     pytest.importorskip("torch")
     from gemmgen.model.arch import Arch
     from gemmgen.runtime.device import Device
@@ -201,7 +202,10 @@ def test_standalone_script_launches_an_sm90_bundle_with_its_tensor_maps(tmp_path
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     compiled = compile_kernel(kernel)
     manifest = make_manifest(kernel, problem, compiled)
-    assert [p["name"] for p in manifest["launches"][0]["params"]][:3] == ["tmA", "tmB", "tmD"]
+    names = [p["name"] for p in manifest["launches"][0]["params"]]
+    # Edge maps: A is K-major and unshared in both clusters; B (K-major) is multicast by the 2x1 pair.
+    expected = ["tmA", "tmB", "tmAe"] + (["tmBe"] if cluster == "1x1" else []) + ["tmD"]
+    assert names[:len(expected)] == expected
     (tmp_path / manifest["cubin"]).write_bytes(compiled.cubin)
     path = tmp_path / (manifest["name"] + ".json")
     path.write_text(json.dumps(manifest))
