@@ -228,6 +228,30 @@ def _encode_with_fake_driver(monkeypatch, spec):
     return seen[0]
 
 
+def test_the_model_charges_box_rows_past_the_edge_only_where_no_edge_map_cuts_them():
+    from gemmgen.families.sm90_wgmma import EDGE_FILL_RATE, Sm90Wgmma
+    from gemmgen.rank.predict import predict
+
+    family = Sm90Wgmma()
+    tile = hopper_config("64x128x64", "64x128x64", 6)
+    # K-major A and B, unshared: both edge boxes cut, nothing charged.
+    assert family.edge_fill_s(tile, Problem.create(129, 4096, 4096, b="col"), 132) == 0.0
+    # Column-major A (MN-major boxes, 64 wide): the last tile row covers 63 columns past M on each of 64 k-tiles;
+    # its 32 edge tiles fit on 132 CTAs at once. Measured 10.5-13 us on H100 and H200 (docs/perf-notes.md).
+    cc = Problem.create(129, 4096, 4096, a="col", b="col")
+    assert family.edge_fill_s(tile, cc, 132) == pytest.approx(63 * 128 * 64 / EDGE_FILL_RATE)
+    assert family.edge_fill_s(tile, cc, 16) == pytest.approx(2 * 63 * 128 * 64 / EDGE_FILL_RATE)  # two per CTA
+    # A split-K slice fills its own k-tiles' rows: half as many per slice, twice the units to deal out.
+    sliced = splitk_config(2, "64x128x64", "64x128x64", 6)
+    assert family.edge_fill_s(sliced, cc, 132) == pytest.approx(family.edge_fill_s(tile, cc, 132) / 2)
+    # A multicast operand is not charged (its slices were not measured apart); M a tile multiple has no edge.
+    assert family.edge_fill_s(hopper_config("64x128x64", "64x128x64", 6, cluster=(1, 2)), cc, 132) == 0.0
+    assert family.edge_fill_s(tile, Problem.create(192, 4096, 4096, a="col", b="col"), 132) == 0.0
+    # The predicted time carries it where the loads are the bound.
+    assert predict(cc, tile, H100).memory_s > predict(Problem.create(192, 4096, 4096, a="col", b="col"), tile,
+                                                      H100).memory_s
+
+
 def test_tensormap_specs_record_the_l2_promotion_and_encode_uses_it(monkeypatch):
     problem = Problem.create(3000, 3000, 3000, "bf16", "row", "row")
     kernel = Kernel(Arch.SM90A, problem.operands, hopper_config())

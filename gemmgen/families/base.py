@@ -163,6 +163,12 @@ class KernelFamily:
         family's way of reading some operands, e.g. unaligned rows read as shifted pairs, measurably costs more)."""
         return 1.0
 
+    def edge_fill_s(self, config: TileConfig, problem: Problem, ctas: int) -> float:
+        """Seconds the CTA holding the most edge tiles of `problem` (the caller's, not swapped) spends on load
+        boxes past the operands' edges, beside streaming its share, with `ctas` CTAs resident (0 by default: loads
+        predicated per element cost nothing past the edge)."""
+        return 0.0
+
     def compute_efficiency(self, config: TileConfig, problem: Problem) -> float:
         """Fraction of its main loop's rate (traits' tensor_efficiency) this kernel keeps on `problem` (1 unless a
         family's way of reading some operands, e.g. unaligned rows copied through registers, takes issue slots and

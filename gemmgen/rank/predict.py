@@ -217,7 +217,8 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     time = (max(compute, memory, power) + overheads) x the learned terms' correction (rank/terms.py; 1 by default),
     where
       compute = executed FLOP / (SMs * peak/SM * family efficiency * feed efficiency) / wave efficiency,
-      memory  = DRAM bytes after L2 reuse / min(0.9 * bandwidth, CTAs * bytes in flight / latency),
+      memory  = DRAM bytes after L2 reuse / min(0.9 * bandwidth, CTAs * bytes in flight / latency)
+                + the edge tiles' boxes past M or N (the family's edge_fill_s),
       power   = energy of the FLOPs, DRAM bytes and tile bytes / (board power limit - static draw),
     and overheads are the launch(es), the split-K reduction pass and, for non-persistent kernels,
     each wave's pipeline fill and epilogue.
@@ -230,6 +231,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # Operands packed before the main loop (rows TMA cannot read in place): the copies' traffic and launches
     # are charged as overhead, and the main loop reads rows that start on 128-byte boundaries.
     prepass = families.of(config).prepass(config, problem)
+    caller = problem
     if traits.swapped:
         # The main loop runs on D^T = B^T @ A^T: the same FLOPs and bytes, tiled the other way round (the bias,
         # counted per column below, is a handful of bytes either way).
@@ -337,6 +339,9 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     if sm_rate:
         dram_rate = min(dram_rate, min(units, gpu.sm_count) * sm_rate)
     memory_s = (dram_bytes - (partials / 2 if splits > 1 else 0)) / dram_rate
+    # The CTA with the edge tiles also fills its boxes' rows past M or N (TMA zero fill, at its own rate): on top
+    # of its share of the stream, so it shows where the loads are the bound and hides under compute.
+    memory_s += family.edge_fill_s(config, caller, active_ctas)
 
     # Fixed costs: launches, the reduction pass's read of the partials, and each tile's epilogue where
     # nothing overlaps it. Measured on the H100 (docs/perf-notes.md, ping-pong): in the cooperative

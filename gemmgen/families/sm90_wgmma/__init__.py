@@ -8,6 +8,8 @@ Templates: templates/sm90_wgmma/. Search space: search_spaces/sm90_wgmma.yaml.
 """
 from __future__ import annotations
 
+import math
+
 from ...model import paths
 from ...model.arch import Arch, DType, Gpu
 from ...model.problem import Problem, Scaling
@@ -49,8 +51,16 @@ SM_STREAM_RATE = 48e9
 # A 1x2 pair of swapped tiles whose second tile is at most half full (M up to 1.5 tiles): measured 13-35% slower than
 # one tile as wide as M (H100, docs/perf-notes.md, "Tiles as wide as the batch": M 40-64 on 64x48 pairs), while the
 # model's other terms price the two level; its loads are taken to reach this fraction of the memory rate. (A rule
-# would refuse such a pair at the M it still serves correctly.)
+# would refuse such a pair at the M it still serves correctly.) Re-measured with edge maps (H200, 2026-11-27): the
+# pair still 7-47% slower than one 64x64 tile at M 40-64, so this is not the rows past the edge.
 HALF_EMPTY_PAIR_LOAD_EFFICIENCY = 0.75
+# Bytes per second at which a CTA's TMA boxes cover rows past the tensor's edge (zero fill): measured on the H100
+# and the H200 (docs/perf-notes.md, "Rows past the edge"), the 64 x 128 tiles of 129 x 4096 x 4096 took 10.5 us
+# longer than those of 192 x 4096 x 4096 (same tiles, grid and traffic) for 63 rows x 128 B x 64 k-tiles past M,
+# and 64-wide MN-major boxes 63 columns past M cost the same per byte. The edge tile's CTA pays it beside its share
+# of the stream; compute-bound kernels hide it (3000^3 with and without B's edge map measured alike). Edge maps
+# (launch.edge_boxes) remove it for K-major operands no cluster shares.
+EDGE_FILL_RATE = 49e9
 
 
 class Sm90Wgmma(KernelFamily):
@@ -120,6 +130,29 @@ class Sm90Wgmma(KernelFamily):
         if config.swap_ab and config.cluster.n > 1 and 2 * problem.n <= 3 * config.cta.n:
             return HALF_EMPTY_PAIR_LOAD_EFFICIENCY
         return 1.0
+
+    def edge_fill_s(self, config: Sm90Config, problem: Problem, ctas: int) -> float:
+        # Per operand: the rows (MN-major: columns) its last tile row (column) covers past M (N), unless an edge map
+        # cuts that box. Its edge tiles are dealt out over the CTAs. A multicast operand's boxes are left out: not
+        # measured apart, and priced at the full rate they moved the picks of 2x1 pairs at 100x5000x3000 and
+        # 112x11952x1775 cr to tiles measured 25-30% slower (H200, docs/perf-notes.md, "Rows past the edge").
+        kernel = Kernel(self.min_arch, problem.operands, config)
+        gp = _launch.gemm_problem(kernel, problem)
+        ops = _launch.mainloop_operands(kernel)
+        cta, cl = config.cta, config.cluster
+        row_bytes = cta.k * ops.a_dtype.bytes * (3 if config.split3 else 1)   # 3xTF32: three K segments
+        # A split-K slice covers its share of the k-tiles; the edge tiles' slices are dealt out like tiles.
+        splits = _launch.splits(kernel)
+        k_tiles = math.ceil(math.ceil(gp.k / cta.k) / splits)
+        tiles_m, tiles_n = math.ceil(gp.m / cta.m), math.ceil(gp.n / cta.n)
+        seconds = 0.0
+        for cut, past, shared, edge_tiles in (
+                (_launch.edge_boxes(kernel)[0], tiles_m * cta.m - gp.m, cl.n, tiles_n),
+                (_launch.edge_boxes(kernel)[1], tiles_n * cta.n - gp.n, cl.m, tiles_m)):
+            if cut or past == 0 or shared > 1:
+                continue
+            seconds += math.ceil(edge_tiles * splits / max(1, ctas)) * past * row_bytes * k_tiles / EDGE_FILL_RATE
+        return seconds
 
     def sm_load_rate(self, config: Sm90Config, problem: Problem, warps_per_sm: float) -> float:
         return SM_STREAM_RATE
