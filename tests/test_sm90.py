@@ -228,6 +228,18 @@ def _encode_with_fake_driver(monkeypatch, spec):
     return seen[0]
 
 
+def test_the_producer_loads_no_unshared_box_that_starts_past_the_edge():
+    # A cluster's padding CTA (a pair's second tile past M) and an MN-major tile's 64-wide blocks past the edge load
+    # nothing of the operand they alone read, and expect only the bytes that come (GPU: tests/test_sm90_swap.py and
+    # tests/test_hopper_paths_gpu.py run pairs at M from 3 up, D poisoned; the cost: docs/perf-notes.md).
+    kernel = Kernel(Arch.SM90A, ops(b="col"), hopper_config("64x48x64", "64x48x64", 12, cluster=(1, 2)))
+    source = render(kernel)
+    assert "} else if (m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) < M) {" in source
+    assert "} else if (n0 + b * (B_KMAJOR ? B_BOX_ROWS : 64) < N) {" in source
+    assert "if (A_MCAST || m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) < M)" in source
+    assert "mbar_arrive_expect_tx(bar, STAGE_BYTES)" not in source
+
+
 def test_the_model_charges_box_rows_past_the_edge_only_where_no_edge_map_cuts_them():
     from gemmgen.families.sm90_wgmma import EDGE_FILL_RATE, Sm90Wgmma
     from gemmgen.rank.predict import predict

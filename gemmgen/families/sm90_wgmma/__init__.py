@@ -51,8 +51,9 @@ SM_STREAM_RATE = 48e9
 # A 1x2 pair of swapped tiles whose second tile is at most half full (M up to 1.5 tiles): measured 13-35% slower than
 # one tile as wide as M (H100, docs/perf-notes.md, "Tiles as wide as the batch": M 40-64 on 64x48 pairs), while the
 # model's other terms price the two level; its loads are taken to reach this fraction of the memory rate. (A rule
-# would refuse such a pair at the M it still serves correctly.) Re-measured with edge maps (H200, 2026-11-27): the
-# pair still 7-47% slower than one 64x64 tile at M 40-64, so this is not the rows past the edge.
+# would refuse such a pair at the M it still serves correctly.) Re-measured on the H200 (2026-11-27): with edge maps
+# 7-47% slower than one 64x64 tile at M 40-64; once a padding CTA loads nothing past the edge, 4% at M 56 and 40
+# (14.9 vs 14.3 us, 14.7 vs 14.1), but the model prices the pair ~14% faster than the tile there, so it stays.
 HALF_EMPTY_PAIR_LOAD_EFFICIENCY = 0.75
 # Bytes per second at which a CTA's TMA boxes cover rows past the tensor's edge (zero fill): measured on the H100
 # and the H200 (docs/perf-notes.md, "Rows past the edge"), the 64 x 128 tiles of 129 x 4096 x 4096 took 10.5 us
