@@ -228,15 +228,15 @@ def _encode_with_fake_driver(monkeypatch, spec):
     return seen[0]
 
 
-def test_the_producer_loads_no_unshared_box_that_starts_past_the_edge():
-    # A cluster's padding CTA (a pair's second tile past M) and an MN-major tile's 64-wide blocks past the edge load
-    # nothing of the operand they alone read, and expect only the bytes that come (GPU: tests/test_sm90_swap.py and
+def test_the_producer_loads_no_box_that_starts_past_the_edge():
+    # A cluster's padding CTA (a pair's second tile past M), a multicast slice and an MN-major tile's 64-wide blocks
+    # past the edge are not loaded, and a stage expects only the bytes that come (GPU: tests/test_sm90_swap.py and
     # tests/test_hopper_paths_gpu.py run pairs at M from 3 up, D poisoned; the cost: docs/perf-notes.md).
     kernel = Kernel(Arch.SM90A, ops(b="col"), hopper_config("64x48x64", "64x48x64", 12, cluster=(1, 2)))
     source = render(kernel)
-    assert "} else if (m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) < M) {" in source
-    assert "} else if (n0 + b * (B_KMAJOR ? B_BOX_ROWS : 64) < N) {" in source
-    assert "if (A_MCAST || m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) < M)" in source
+    assert "if (m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) >= M) continue;" in source
+    assert "if (n0 + b * (B_KMAJOR ? B_BOX_ROWS : 64) >= N) continue;" in source
+    assert "if (m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) < M)" in source
     assert "mbar_arrive_expect_tx(bar, STAGE_BYTES)" not in source
 
 
@@ -256,6 +256,10 @@ def test_the_model_charges_box_rows_past_the_edge_only_where_no_edge_map_cuts_th
     # A split-K slice fills its own k-tiles' rows: half as many per slice, twice the units to deal out.
     sliced = splitk_config(2, "64x128x64", "64x128x64", 6)
     assert family.edge_fill_s(sliced, cc, 132) == pytest.approx(family.edge_fill_s(tile, cc, 132) / 2)
+    # Every row of the last tile past M counts, also a 64-wide block wholly past it that is no longer loaded:
+    # charging only the straddling block ranked worse, 6 of 6 changed picks slower (docs/perf-notes.md).
+    wide = hopper_config("128x128x64", "64x128x64", 6)
+    assert family.edge_fill_s(wide, cc, 132) == pytest.approx(127 * 128 * 64 / EDGE_FILL_RATE)
     # A multicast operand is not charged (its slices were not measured apart); M a tile multiple has no edge.
     assert family.edge_fill_s(hopper_config("64x128x64", "64x128x64", 6, cluster=(1, 2)), cc, 132) == 0.0
     assert family.edge_fill_s(tile, Problem.create(192, 4096, 4096, a="col", b="col"), 132) == 0.0
