@@ -146,10 +146,10 @@ class Sm90Wgmma(KernelFamily):
         splits = _launch.splits(kernel)
         k_tiles = math.ceil(math.ceil(gp.k / cta.k) / splits)
         tiles_m, tiles_n = math.ceil(gp.m / cta.m), math.ceil(gp.n / cta.n)
+        cut_a, cut_b = _launch.edge_boxes(kernel)
         seconds = 0.0
-        for cut, past, shared, edge_tiles in (
-                (_launch.edge_boxes(kernel)[0], tiles_m * cta.m - gp.m, cl.n, tiles_n),
-                (_launch.edge_boxes(kernel)[1], tiles_n * cta.n - gp.n, cl.m, tiles_m)):
+        for cut, past, shared, edge_tiles in ((cut_a, tiles_m * cta.m - gp.m, cl.n, tiles_n),
+                                              (cut_b, tiles_n * cta.n - gp.n, cl.m, tiles_m)):
             if cut or past == 0 or shared > 1:
                 continue
             seconds += math.ceil(edge_tiles * splits / max(1, ctas)) * past * row_bytes * k_tiles / EDGE_FILL_RATE

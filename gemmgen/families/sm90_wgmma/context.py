@@ -4,8 +4,8 @@ from __future__ import annotations
 from ...model.tiles import Kernel
 from .config import Schedule
 from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSPOSE_TILE_ROWS, a_is_kmajor,
-                     b_is_kmajor, edge_boxes, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands, packed, splits,
-                     tile_pack, transposed, uses_box_epilogue, uses_composed_stores, uses_store_warp,
+                     b_is_kmajor, edge_boxes, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands,
+                     packed, splits, tile_pack, transposed, uses_box_epilogue, uses_composed_stores, uses_store_warp,
                      uses_tma_store)
 from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 

@@ -441,7 +441,8 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     scalars = [("M", gp.m), ("N", gp.n), ("K", k), ("lda", lds.get("A", gp.lda)), ("ldb", lds.get("B", gp.ldb)),
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     small = split3_tensormaps(kernel, problem, plan) if cfg.split3 and plan else []
-    params = [tm_a, tm_b] + edge_tensormaps(kernel, problem, tm_a, tm_b) + small + ([tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []) + [
+    store_map = [tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []
+    params = [tm_a, tm_b] + edge_tensormaps(kernel, problem, tm_a, tm_b) + small + store_map + [
               {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
                "tensor": "A" if cfg.swap_ab else "B"},
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
