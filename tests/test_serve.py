@@ -33,6 +33,27 @@ def test_a_kernel_serves_other_shapes_with_their_own_grid_and_the_same_parameter
     assert (scalars["M"], scalars["N"], scalars["K"]) == (1000, 512, 2048)
 
 
+def test_a_bundle_from_an_earlier_gemmgen_keeps_the_parameters_its_cubin_takes():
+    # sm90 kernels exported before 2026-11-27 take no edge maps: their launches at another shape must not gain them
+    # (parameters are passed by position), and a parameter this gemmgen no longer builds is refused by name.
+    base = Problem.create(4096, 4096, 4096, b="col")
+    kernel = kernel_for(base)
+    manifest = make_manifest(kernel, base)
+    names = [p["name"] for p in manifest["launches"][0]["params"]]
+    assert "tmAe" in names and "tmBe" in names
+    old = dict(manifest, launches=[dict(launch, params=[p for p in launch["params"] if p["name"] not in ("tmAe", "tmBe")])
+                                   for launch in manifest["launches"]])
+    other = problem_from_shapes(base, (1000, 2048), (2048, 520), (1000, 520))
+    served = manifest_for(old, kernel, other)
+    assert [p["name"] for p in served["launches"][0]["params"]] == [n for n in names if n not in ("tmAe", "tmBe")]
+    assert [p["name"] for p in manifest_for(manifest, kernel, other)["launches"][0]["params"]] == names
+    unknown = dict(manifest, launches=[dict(launch, params=launch["params"] + [{"name": "gone", "kind": "scalar",
+                                                                               "ctype": "int", "value": 0}])
+                                       for launch in manifest["launches"]])
+    with pytest.raises(InvalidInput, match="re-export the bundle"):
+        manifest_for(unknown, kernel, other)
+
+
 @pytest.mark.parametrize("shapes,rule", [
     (((64, 4100), (4100, 64), (64, 64)), "alignment"),          # K not a multiple of 8: TMA strides
     (((64, 64), (65, 64), (64, 64)), "A: M x K, B: K x N"),     # inconsistent shapes

@@ -72,11 +72,34 @@ def check_serves(kernel: Kernel, problem: Problem) -> None:
 
 def manifest_for(manifest: dict, kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
                  max_clusters: "int | None" = None) -> dict:
-    """`manifest` with its problem, launches and workspace for `problem` (after check_serves)."""
+    """`manifest` with its problem, launches and workspace for `problem` (after check_serves). Each launch keeps
+    the parameters its cubin was exported with (keep_exported_params)."""
     check_serves(kernel, problem)
     built = families.of(kernel.config).launches(kernel, problem, sm_count, max_clusters)
-    return dict(manifest, problem=problem.to_dict(), launches=built.launches, workspace_bytes=built.workspace_bytes,
+    launches = keep_exported_params(built.launches, manifest.get("launches") or [])
+    return dict(manifest, problem=problem.to_dict(), launches=launches, workspace_bytes=built.workspace_bytes,
                 workspace_zero=built.workspace_zero)
 
 
-__all__ = ["check_serves", "kernel_of", "manifest_for", "problem_from_shapes"]
+def keep_exported_params(launches: "list[dict]", exported: "list[dict]") -> "list[dict]":
+    """`launches` with each entry's parameters cut to those the exported launch of the same entry lists: a bundle
+    from an earlier gemmgen was compiled for the parameter list it shipped with (sm90 kernels exported before
+    2026-11-27 take no edge maps tmAe/tmBe), and parameters are passed by position. A parameter the bundle lists
+    that this gemmgen no longer builds is refused by name: the cubin needs re-exporting."""
+    by_entry = {launch.get("entry"): [p["name"] for p in launch.get("params", [])] for launch in exported}
+    out = []
+    for launch in launches:
+        names = by_entry.get(launch.get("entry"))
+        if names is None:
+            out.append(launch)
+            continue
+        params = [p for p in launch["params"] if p["name"] in names]
+        if [p["name"] for p in params] != names:
+            missing = [n for n in names if n not in {p["name"] for p in params}]
+            raise InvalidInput(f"{launch.get('entry')}: the bundle's kernel takes parameters this gemmgen no longer "
+                               "builds (re-export the bundle)", missing or names)
+        out.append(dict(launch, params=params))
+    return out
+
+
+__all__ = ["check_serves", "keep_exported_params", "kernel_of", "manifest_for", "problem_from_shapes"]
