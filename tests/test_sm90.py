@@ -234,9 +234,9 @@ def test_the_producer_loads_no_box_that_starts_past_the_edge():
     # tests/test_hopper_paths_gpu.py run pairs at M from 3 up, D poisoned; the cost: docs/perf-notes.md).
     kernel = Kernel(Arch.SM90A, ops(b="col"), hopper_config("64x48x64", "64x48x64", 12, cluster=(1, 2)))
     source = render(kernel)
-    assert "if (m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) >= M) continue;" in source
-    assert "if (n0 + b * (B_KMAJOR ? B_BOX_ROWS : 64) >= N) continue;" in source
-    assert "if (m0 + b * (A_KMAJOR ? A_BOX_ROWS : 64) < M)" in source
+    assert "if (m0 + b * A_BOX_STEP >= M) continue;" in source
+    assert "if (n0 + b * B_BOX_STEP >= N) continue;" in source
+    assert "if (m0 + b * A_BOX_STEP < M)" in source
     assert "mbar_arrive_expect_tx(bar, STAGE_BYTES)" not in source
 
 

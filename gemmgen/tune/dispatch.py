@@ -64,17 +64,12 @@ def measured_times(record_path: "Path | None") -> "dict[str, float]":
 def model_ranking(base: Problem, gpu: Gpu, arch: Arch, engines):
     """(m, n, k) -> {config tag: predicted seconds}, best first, over the configurations the rules allow at that
     shape (base's dtypes, layouts and epilogue); cached per shape. What `auto` splits buckets by."""
-    from ..families.rules import check
-    from ..rank.ranking import SearchSpace, rank_configs
-
     cache: "dict[tuple[int, int, int], dict[str, float]]" = {}
 
     def ranked_at(m: int, n: int, k: int) -> "dict[str, float]":
         key = (m, n, k)
         if key not in cache:
-            problem = replace(base, m=m, n=n, k=k)
-            space = SearchSpace(engines.enumerate(problem, gpu, arch), lambda c: check(c, gpu, arch, problem))
-            ranking = rank_configs(space.configs, problem, gpu, engines.predict, engines.tiebreak)
+            _, ranking = engines.ranked_space(replace(base, m=m, n=n, k=k), gpu, arch)
             cache[key] = {r.config.tag: r.time_s for r in ranking}
         return cache[key]
 

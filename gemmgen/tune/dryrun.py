@@ -4,13 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.arch import Arch, Gpu
-from ..families.rules import check
 from ..model.errors import CompileError
 from ..model.problem import Problem
 from .results import fingerprint
 from ..model.tiles import Kernel
 from .engines import Engines, default_engines
-from ..rank.ranking import Ranked, SearchSpace, model_top, rank_configs
+from ..rank.ranking import Ranked, model_top
 
 @dataclass(frozen=True)
 class Candidate:
@@ -40,9 +39,8 @@ def dry_run(problem: Problem, gpu: Gpu, top_k: int = 8, out: "str | None" = None
     engines = engines or default_engines(jobs)
     arch = arch or gpu.arch
     try:
-        configs = engines.enumerate(problem, gpu, arch)
-        space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
-        ranking = model_top(rank_configs(space.configs, problem, gpu, engines.predict, engines.tiebreak), max(1, top_k))
+        space, ranked = engines.ranked_space(problem, gpu, arch)
+        ranking = model_top(ranked, max(1, top_k))
         kernels = [Kernel(arch, problem.operands, r.config) for r in ranking]
         futures = [engines.compiler.submit(k) for k in kernels]
         candidates = []

@@ -70,6 +70,15 @@ class Engines:
     # another identity timed another cubin.
     identity: "Callable[[Kernel], str]" = lambda kernel: "unversioned"
 
+    def ranked_space(self, problem: Problem, gpu: Gpu, arch: Arch):
+        """The configurations the rules allow for `problem` (a SearchSpace) and the model's ranking of them, best
+        first: what a tune, a dry run and the dispatch planner each start from."""
+        from ..families.rules import check
+        from ..rank.ranking import SearchSpace, rank_configs
+
+        space = SearchSpace(self.enumerate(problem, gpu, arch), lambda c: check(c, gpu, arch, problem))
+        return space, rank_configs(space.configs, problem, gpu, self.predict, self.tiebreak)
+
     def close(self, wait: bool = False) -> None:
         """Stop the compiler; `wait`: until its processes have exited (a process about to exit itself must wait:
         a pool that served several tunes was seen to miss its stop sentinel at interpreter exit, Python 3.11,

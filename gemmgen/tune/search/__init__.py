@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 
 from ...model.arch import Arch, Gpu
-from ...families.rules import check
 from ...model.problem import Problem
 from ..results import fingerprint, now
 from ...model.tiles import Kernel
@@ -60,9 +59,7 @@ class _Search(StudyHistory, CandidateQueue, TrialLoop, FinalistRounds, Leadershi
         self.emit = on_event or (lambda kind, info: None)
         self.t0 = time.monotonic()
         self.started = now()
-        configs = engines.enumerate(problem, gpu, arch)
-        self.space = SearchSpace(configs, lambda c: check(c, gpu, arch, problem))
-        self.ranking = rank_configs(self.space.configs, problem, gpu, engines.predict, engines.tiebreak)
+        self.space, self.ranking = engines.ranked_space(problem, gpu, arch)
         self.by_tag = {r.config.tag: r for r in self.ranking}
         self.storage_url = options.storage or default_storage_url(gpu, simulated=bool(options.replay))
         self.name = study_name(gpu, problem, self.space)
