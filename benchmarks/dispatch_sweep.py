@@ -26,14 +26,23 @@ from harness import detected_gpu, run_main, write_report
 
 
 def m_values(text: str) -> "list[int]":
-    """'LO..HI:STEP' (every STEP-th M from LO, and HI), 'LO..HI' (step 1) or 'a,b,c'."""
-    if ".." in text:
-        span, _, step = text.partition(":")
-        lo, _, hi = span.partition("..")
-        lo, hi, step = int(lo), int(hi), int(step or 1)
-        values = list(range(lo, hi + 1, step))
-        return values if values[-1] == hi else values + [hi]
-    return [int(v) for v in text.split(",")]
+    """'LO..HI:STEP' (every STEP-th M from LO, and HI), 'LO..HI' (step 1) or 'a,b,c'; InvalidInput otherwise."""
+    from gemmgen.model.errors import InvalidInput
+
+    try:
+        if ".." in text:
+            span, _, step = text.partition(":")
+            lo, _, hi = span.partition("..")
+            lo, hi, step = int(lo), int(hi), int(step or 1)
+            values = list(range(lo, hi + 1, step)) if 1 <= lo <= hi and step >= 1 else []
+            values = values if not values or values[-1] == hi else values + [hi]
+        else:
+            values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise InvalidInput("--m must be LO..HI[:STEP] or a,b,c with positive integers", text)
+    return values
 
 
 def main(argv=None) -> int:
@@ -53,8 +62,8 @@ def main(argv=None) -> int:
     from gemmgen.tune.buckets import pow2_buckets
     from gemmgen.tune.dispatch import model_buckets
 
+    ms = m_values(args.m)   # a bad --m is named before the GPU is looked for
     gpu = detected_gpu()
-    ms = m_values(args.m)
     folders: "dict[str, Path]" = {}
     scratch = tempfile.TemporaryDirectory(prefix="gemmgen-sweep-")
     if args.folders:

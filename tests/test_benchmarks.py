@@ -99,3 +99,11 @@ def test_small_latency_changes_a_matched_configuration_where_the_rules_allow_and
     printed = capsys.readouterr().out
     assert "shared memory per block must fit" in printed   # 12 stages of 64x128 tiles
     assert "cluster must be" in printed
+
+
+@pytest.mark.parametrize("bad", ["abc", "0..4", "9..3", "1..8:0"])
+def test_dispatch_sweep_names_a_bad_m_range_in_one_line_before_looking_for_a_gpu(bad):
+    result = subprocess.run([sys.executable, str(BENCH / "dispatch_sweep.py"), "--m", bad], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "--m must be LO..HI[:STEP]" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
