@@ -137,6 +137,10 @@ BAD_INPUT = [
     (["intensity", "--peak-per-sm", "-1"], "--peak-per-sm must be a finite number greater than 0"),
     (["intensity", "--dtype", "e4m3"], "has no tensor-core rate for this dtype"),
     (["intensity", "--gpu", "gtx1080"], "GPU must be one of the catalogue's"),
+    # argparse (3.11-3.12) turns `--flag=--` into an empty list without calling the flag's type (CLI fuzz, CI)
+    (["intensity", "--peak-per-sm=--", "--warp=64x64x32", "--mma=64x64x32", "--gpu=h100"],
+     "--peak-per-sm needs one value"),
+    (["roofline", "16", "16", "16", "--gpu=--"], "--gpu needs one value"),
 ]
 
 

@@ -50,6 +50,16 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return action.choices[command]
 
 
+def _emptied_flag(parser: argparse.ArgumentParser, args) -> "str | None":
+    """The flag of one value that argparse (3.11-3.12) left as an empty list, given as `--flag=--`: it strips the
+    `--` and never calls the flag's type, so no check of ours saw it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreAction) and action.nargs is None and action.option_strings \
+                and getattr(args, action.dest, None) == []:
+            return action.option_strings[-1]
+    return None
+
+
 def main(argv: "list[str] | None" = None) -> int:
     parser = build_parser()
     try:
@@ -61,6 +71,10 @@ def main(argv: "list[str] | None" = None) -> int:
         print("gemmgen: error: a command is required (see gemmgen --help)", file=sys.stderr)
         return 2
     args._parser = _subparser(parser, args.command)  # for _common.given: which flags were changed
+    emptied = _emptied_flag(args._parser, args)
+    if emptied:
+        print(f"gemmgen {args.command}: error: {emptied} needs one value, but got '--'", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
