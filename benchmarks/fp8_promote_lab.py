@@ -5,8 +5,8 @@
                                                             [--stages 5] [--edits] [--out DIR]
 
 fp8 e4m3 (A row-major, B column-major, per-tensor scales). The kernels: each tile unpromoted, promoted every 1, 2
-and 4 k-tiles, and every k-tile in 2 or 4 slices (promote_slices), where the rules allow (gemmgen's own renders,
-through the public API), and with --edits variants of the promote-1 kernel made by editing its rendered source here (never switches in the templates):
+and 4 k-tiles where the rules allow (gemmgen's own renders, through the public API), and with --edits variants of
+the promote-1 kernel made by editing its rendered source here (never switches in the templates):
   - noadd: the partial sums are not added into the fp32 accumulators (wrong results; the drain alone);
   - dephase, dephase600: the second consumer warpgroup starts each tile's main loop ~0.25 (0.6) us after the
     first, so their interval ends (drains) fall apart in time (correct results; is the cost the two drains in step?).
@@ -73,9 +73,7 @@ def main(argv=None) -> int:
     variants = []
     for tile in args.tile or ["128x128"]:
         for label, knobs in (("unpromoted", {}), ("promote 1", {"promote": 1}), ("promote 2", {"promote": 2}),
-                             ("promote 4", {"promote": 4}),
-                             ("promote 1, 2 slices", {"promote": 1, "promote_slices": 2}),
-                             ("promote 1, 4 slices", {"promote": 1, "promote_slices": 4})):
+                             ("promote 4", {"promote": 4})):
             cfg = config(tile, **knobs)
             broken = check(cfg, gpu, gpu.arch, problem)
             if broken:

@@ -43,10 +43,6 @@ ELEMENT_D_RATE = 1.0e12
 # first to leave a third of the bubble; measured on the H100 (docs/perf-notes.md, "fp8 promotion intervals"):
 # -1.5% to +6% against plain promotion at the same interval, so it is priced at nearly the plain bubble.
 PROMOTE_STAGGER_BUBBLE = 0.22
-# Promotion in slices (promote_slices, promote 1): each slice's drain and adds run while the other consumer
-# warpgroup's wgmmas keep the tensor cores busy, on the larger warpgroup tiles the fast-mode winners use. First a
-# guess, before any measurement: a tenth of a k-tile per k-tile.
-PROMOTE_SLICE_BUBBLE = 0.10
 # Bytes per second one CTA's TMA loads stream from DRAM, whatever its ring holds: a grid of few CTAs cannot pull
 # HBM's rate. Measured on the H100 (docs/perf-notes.md, "Few CTAs streaming B"): 16x14336x4096 rc with 64x256
 # tiles (56 CTAs) moved its 118 MB at 47 GB/s per CTA once the launch's fixed time is taken off, where 132 CTAs of
@@ -166,8 +162,7 @@ class Sm90Wgmma(KernelFamily):
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
             return 1.0
-        bubble = (PROMOTE_SLICE_BUBBLE if config.promote_slices else
-                  PROMOTE_STAGGER_BUBBLE if config.promote_stagger else PROMOTE_BUBBLE)
+        bubble = PROMOTE_STAGGER_BUBBLE if config.promote_stagger else PROMOTE_BUBBLE
         return 1.0 / (1 + bubble / config.promote)
 
     def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:

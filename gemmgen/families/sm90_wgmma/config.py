@@ -47,11 +47,6 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
     # wgmmas keep the tensor cores busy; with the intervals in step all of them drain at once. Cooperative tiles
     # of two or three consumer warpgroups, promote >= 2.
     promote_stagger: bool = False
-    # Promotion in slices (promote 1): one set of partial-sum registers covers 1/promote_slices of the warpgroup
-    # tile, its m64 blocks first, then halves of N (wgmma m64n(WN/2)); each slice's k-tile of wgmmas is drained and
-    # added before the next slice's are issued. A tile whose two full sets do not fit the registers (128x128 or
-    # 64x256 per warpgroup: 256 per thread) then promotes every k-tile with 64 spare. 0: one full second set.
-    promote_slices: int = 0
     # fp32 inputs at fp32 accuracy (3xTF32): each operand split into a tf32 part and a tf32 remainder,
     # A' = [A_big | A_big | A_small] and B' = [B_big ; B_small ; B_big] along K by a pre-pass, so one tf32 GEMM
     # over K' = 3K sums the three products that carry fp32 accuracy (the small x small one is dropped).
@@ -59,7 +54,7 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
 
     KNOBS = {"warp_specialized": False, "persistent": False, "schedule": "cooperative", "store_warp": False,
              "swap_ab": False, "promote": 0, "promote_stagger": False,
-             "promote_slices": 0, "split3": False}
+             "split3": False}
 
     @property
     def consumers(self) -> int:
@@ -90,8 +85,6 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             parts.append(f"pr{self.promote}")
         if self.promote_stagger:
             parts.append("ps")
-        if self.promote_slices:
-            parts.append(f"sl{self.promote_slices}")
         if self.split3:
             parts.append("x3")
         return parts
@@ -106,7 +99,6 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
             **({"swap_ab": True} if self.swap_ab else {}),
             **({"promote": self.promote} if self.promote else {}),
             **({"promote_stagger": True} if self.promote_stagger else {}),
-            **({"promote_slices": self.promote_slices} if self.promote_slices else {}),
             **({"split3": True} if self.split3 else {}),
         }
 
@@ -118,7 +110,6 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
                 "swap_ab": parse_bool("swap_ab", raw["swap_ab"]),
                 "promote": parse_int("promote", raw["promote"]),
                 "promote_stagger": parse_bool("promote_stagger", raw["promote_stagger"]),
-                "promote_slices": parse_int("promote_slices", raw["promote_slices"]),
                 "split3": parse_bool("split3", raw["split3"])}
 
 

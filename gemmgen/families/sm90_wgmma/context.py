@@ -7,7 +7,7 @@ from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSP
                      b_is_kmajor, edge_boxes, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands,
                      packed, splits, tile_pack, transposed, uses_box_epilogue, uses_composed_stores, uses_store_warp,
                      uses_tma_store)
-from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes, promote_slice_n
+from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes
 
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
 
@@ -36,8 +36,6 @@ def context(kernel: Kernel) -> dict:
         "scales": has_scales(kernel),
         "scaling": kernel.operands.scaling.value,
         "promote": cfg.promote, "promote_stagger": cfg.promote_stagger,
-        # Promotion in slices: one partial-sum set of slice_n columns (an m64 block, or half of one in N).
-        "promote_slices": cfg.promote_slices, "slice_n": promote_slice_n(cfg),
         "split3": cfg.split3,
         "cd": ops.c_dtype.ptx,
         "bm": cfg.cta.m, "bn": cfg.cta.n, "bk": cfg.cta.k,

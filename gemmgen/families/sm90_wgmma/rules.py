@@ -104,9 +104,7 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              f"for {8 * elt}-bit inputs", config.promote, ",".join(map(str, intervals)))
         rule(elt != 2, "promotion into fp32 accumulators is for fp8 and tf32 inputs", f"{8 * elt}-bit",
              "fp8 or fp32")
-        acc += acc // max(1, config.promote_slices)
-    if config.promote_slices:
-        _check_promote_slices(config, rule)
+        acc *= 2
     if config.promote_stagger:
         rule(config.promote >= 2, "staggered promotion (promote_stagger) needs an interval of 2 or more k-tiles "
              "to stagger", config.promote, ">= 2")
@@ -218,28 +216,6 @@ def _b_major(operands: "Operands | None", swapped: bool) -> str:
     return f"{'row' if kmajor == swapped else 'column'}-major {'A' if swapped else 'B'}"
 
 
-def promote_slice_n(config: Sm90Config) -> int:
-    """Columns of one promotion slice: the warpgroup tile's N, or half of it when promote_slices splits N too
-    (slices beyond the m64 blocks)."""
-    blocks = config.warp.m // 64
-    return config.warp.n // max(1, config.promote_slices // blocks)
-
-
-def _check_promote_slices(config: Sm90Config, rule) -> None:
-    """promote_slices: the partial sums of one slice (an m64 block, or half of one in N) at a time."""
-    blocks = config.warp.m // 64
-    rule(config.promote == 1, "promotion in slices (promote_slices) drains each slice every k-tile: promote must "
-         "be 1", config.promote, 1)
-    rule(not config.promote_stagger, "promotion in slices (promote_slices) and staggered promotion exclude each "
-         "other", "promote_stagger", "off")
-    rule(config.promote_slices in (blocks, 2 * blocks) and config.promote_slices >= 2,
-         "promote_slices must be the warpgroup tile's m64 blocks, or twice them (each block in two halves of N), "
-         "and at least 2", config.promote_slices, f"{blocks} or {2 * blocks}" if blocks > 1 else "2")
-    # The slice's B descriptor starts at its first column inside the 64-row blocks of the stage.
-    rule(promote_slice_n(config) % 64 == 0, "a promotion slice's N must be a multiple of 64",
-         promote_slice_n(config), "a multiple of 64")
-
-
 def _check_block_scaling(config: Sm90Config, rule: Rule) -> None:
     """Block scales (DeepGEMM's: A per row and 128 of K, B per 128 x 128) multiply each k-tile's partial sums as
     the main loop promotes them into fp32, so a k-tile must be one 128-K block and every k-tile promoted; each
@@ -308,11 +284,10 @@ def epi_warp_bytes(config: Sm90Config, operands: "Operands | None" = None) -> in
 
 
 def regs_estimate(config: Sm90Config) -> int:
-    """The consumer warpgroup's accumulators (warp.m*warp.n/128) and promotion's partial sums (as many again, or
-    a promote_slices-th of them) plus ~40; the producer needs few."""
+    """The consumer warpgroup's accumulators (warp.m*warp.n/128, twice with promotion's partial sums) plus ~40;
+    the producer needs few."""
     w = config.warp
-    acc = w.m * w.n // 128
-    return acc + (acc // max(1, config.promote_slices) if config.promote else 0) + 40
+    return w.m * w.n // 128 * (2 if config.promote else 1) + 40
 
 
 def regs_allocated(config: Sm90Config, per_thread: int) -> int:
@@ -323,4 +298,4 @@ def regs_allocated(config: Sm90Config, per_thread: int) -> int:
 
 
 __all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "check", "epi_boxes",
-           "epi_warp_bytes", "promote_slice_n", "regs_allocated", "regs_estimate", "smem_bytes"]
+           "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]
