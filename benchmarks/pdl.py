@@ -13,6 +13,12 @@ verified once on fresh inputs with D poisoned, then timed as CALLS launches back
 (queued behind a hold kernel so the host's enqueueing is not timed), median of ROUNDS: the bound launch sequence with
 PDL (as shipped), the same launches without the attribute, and torch.matmul (cuBLAS) on the same tensors. Bandwidth
 is the bytes of A, B and D over the time per call (the H100 copies at 3.02 TB/s). A table is printed last.
+
+--edits also times variants of each kernel made by editing its rendered source here (never switches in the
+templates), each launched with PDL: `noprefetch` (thread 0 no longer walks to its first tile and prefetches its
+first stages into L2 before the barrier set-up), `late` (no griddepcontrol.launch_dependents at the start, so the
+next kernel is scheduled only when this one ends) and `noprefetch_late` (both). --config FILE (JSON, repeatable)
+times the given sm90_wgmma configurations instead of the model's picks.
 """
 from __future__ import annotations
 
@@ -39,7 +45,16 @@ CASES = {  # name: (M, N, K, A layout, B layout)
     "m16_up": (16, 14336, 4096, "row", "col"),
     "sq512": (512, 512, 512, "row", "col"),
     "sq1024": (1024, 1024, 1024, "row", "col"),
+    "sq2048": (2048, 2048, 2048, "row", "col"),
     "sq4096": (4096, 4096, 4096, "row", "col"),
+}
+# Source edits (--edits): name -> [(regular expression that must match once, replacement)].
+PREFETCH_BLOCK = r"\n        \{\n            Walk walk\(.*?\n        \}\n(?=        for \(int s = 0; s < STAGES)"
+START_DEPENDENTS = r"\n    allow_dependents\(\);\n"
+EDITS = {
+    "noprefetch": [(PREFETCH_BLOCK, "\n")],
+    "late": [(START_DEPENDENTS, "\n")],
+    "noprefetch_late": [(PREFETCH_BLOCK, "\n"), (START_DEPENDENTS, "\n")],
 }
 SETS = 4            # rotating input sets: 4 x 33.5 MB of B exceed the 50 MB L2
 ROUNDS, CALLS = 9, 100
@@ -65,12 +80,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=2, help="model picks of sm90_wgmma (default 2)")
     parser.add_argument("--only", nargs="*", default=None, help="case names (default: all)")
+    parser.add_argument("--edits", action="store_true", help="also the source-edited variants (see above)")
+    parser.add_argument("--config", action="append", default=None, metavar="FILE",
+                        help="an sm90_wgmma configuration (JSON) to time instead of the model's picks; repeatable")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    import json
+    import re
     import torch
 
-    from gemmgen import Kernel, Problem
-    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen import Kernel, Problem, TileConfig
+    from gemmgen.codegen.nvrtc import compile_many, compile_source, options_for
+    from gemmgen.families.rules import check
     from gemmgen.runtime.launch import LaunchSequence
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -83,8 +104,13 @@ def main(argv=None) -> int:
         if args.only and name not in args.only:
             continue
         problem = Problem.create(m, n, k, "bf16", a, b)
-        ranked = [r for r in candidates(problem, gpu, args.top) if r.config.family == "sm90_wgmma"][:args.top]
-        kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
+        if args.config:
+            configs = [TileConfig.from_dict(json.loads(Path(f).read_text())) for f in args.config]
+            configs = [c for c in configs if not check(c, gpu, gpu.arch, problem)]
+        else:
+            configs = [r.config for r in candidates(problem, gpu, args.top) if r.config.family == "sm90_wgmma"]
+            configs = configs[:args.top]
+        kernels = [Kernel(gpu.arch, problem.operands, c) for c in configs]
         sets = [(operand(torch, m, k, a, torch.bfloat16), operand(torch, k, n, b, torch.bfloat16),
                  torch.empty(m, n, device="cuda", dtype=torch.bfloat16)) for _ in range(SETS)]
         moved = sum(x.numel() * 2 for x in sets[0])
@@ -94,9 +120,9 @@ def main(argv=None) -> int:
             torch.matmul(s[0], s[1], out=s[2])
 
         best = None
-        for r, kernel, built in zip(ranked, kernels, compile_many(kernels)):
+        for config, kernel, built in zip(configs, kernels, compile_many(kernels)):
             if isinstance(built, Exception):
-                print(f"  {name} {r.config.tag}: compile failed: {str(built)[:160]}", flush=True)
+                print(f"  {name} {config.tag}: compile failed: {str(built)[:160]}", flush=True)
                 continue
             gemm = load_compiled(kernel, problem, built, "gemmgen-pdl-")
             err = harness.poisoned_error(torch, gemm, *sets[0])
@@ -106,6 +132,18 @@ def main(argv=None) -> int:
             assert any(l.programmatic for l in bound[0].launches), "the manifest marks no launch programmatic"
             runs = {"pdl": lambda i, q=bound: q[i % SETS].run(handle),
                     "plain": lambda i, q=plain: q[i % SETS].run(handle), "cublas": cublas}
+            edited_errors = {}
+            for edit in (EDITS if args.edits else ()):
+                source = built.source
+                for pattern, replacement in EDITS[edit]:
+                    source, count = re.subn(pattern, lambda _m, r=replacement: r, source, count=1, flags=re.S)
+                    if count != 1:
+                        raise SystemExit(f"pdl.py: the rendered source no longer matches the edit {edit}: {pattern}")
+                cubin, log = compile_source(built.name, source, options_for(kernel))
+                variant = load_compiled(kernel, problem, dataclasses.replace(built, cubin=cubin, source=source,
+                                                                             log=log), "gemmgen-pdl-")
+                edited_errors[edit] = harness.poisoned_error(torch, variant, *sets[0])
+                runs[edit] = lambda i, q=[variant.bind(*s) for s in sets]: q[i % SETS].run(handle)
             for run in runs.values():
                 for i in range(SETS):
                     run(i)
@@ -115,13 +153,15 @@ def main(argv=None) -> int:
                 for key, run in runs.items():
                     us[key].append(timed(torch, run, stream) * 1e6)
             us = {key: statistics.median(v) for key, v in us.items()}
-            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": r.config.tag, "rel_error": err,
+            row = {"case": name, "shape": f"{m}x{n}x{k}", "config": config.tag, "rel_error": err,
+                   "edits_us": {e: us[e] for e in edited_errors}, "edits_rel_error": edited_errors,
                    "pdl_us": us["pdl"], "plain_us": us["plain"], "cublas_us": us["cublas"],
                    "pdl_vs_cublas": us["cublas"] / us["pdl"], "plain_vs_cublas": us["cublas"] / us["plain"],
                    "pdl_GBps": moved / us["pdl"] / 1e3, "ok": err == err and err < 1e-2}
             rows.append(row)
-            print(f"  {name} {r.config.tag[:60]}: err {err:.1e}, pdl {us['pdl']:.2f} us, plain {us['plain']:.2f} us, "
-                  f"cuBLAS {us['cublas']:.2f} us", flush=True)
+            edited = "".join(f", {e} {us[e]:.2f} us (err {edited_errors[e]:.1e})" for e in edited_errors)
+            print(f"  {name} {config.tag[:60]}: err {err:.1e}, pdl {us['pdl']:.2f} us, plain {us['plain']:.2f} us, "
+                  f"cuBLAS {us['cublas']:.2f} us{edited}", flush=True)
             if row["ok"] and (best is None or row["pdl_us"] < best["pdl_us"]):
                 best = row
             gemm.close()
