@@ -14,11 +14,12 @@ verified once on fresh inputs with D poisoned, then timed as CALLS launches back
 PDL (as shipped), the same launches without the attribute, and torch.matmul (cuBLAS) on the same tensors. Bandwidth
 is the bytes of A, B and D over the time per call (the H100 copies at 3.02 TB/s). A table is printed last.
 
---edits also times variants of each kernel made by editing its rendered source here (never switches in the
-templates), each launched with PDL: `noprefetch` (thread 0 no longer walks to its first tile and prefetches its
-first stages into L2 before the barrier set-up), `late` (no griddepcontrol.launch_dependents at the start, so the
-next kernel is scheduled only when this one ends) and `noprefetch_late` (both). --config FILE (JSON, repeatable)
-times the given sm90_wgmma configurations instead of the model's picks.
+--edits also times a variant of each kernel made by editing its rendered source here (never a switch in the
+templates), launched with PDL: `late` (no griddepcontrol.launch_dependents at the start, so the next kernel is
+scheduled only when this one ends). Until 2026-11-27 the kernels also prefetched their first stages into L2 before
+the grid dependency wait; this script at commit 3cbc04c (--edits `noprefetch`, `noprefetch_late`) measured that
+prefetch costing 0.1-3.4 us a call, and it was removed (docs/perf-notes.md, "PDL's L2 prefetch"). --config FILE
+(JSON, repeatable) times the given sm90_wgmma configurations instead of the model's picks.
 """
 from __future__ import annotations
 
@@ -49,13 +50,8 @@ CASES = {  # name: (M, N, K, A layout, B layout)
     "sq4096": (4096, 4096, 4096, "row", "col"),
 }
 # Source edits (--edits): name -> [(regular expression that must match once, replacement)].
-PREFETCH_BLOCK = r"\n        \{\n            Walk walk\(.*?\n        \}\n(?=        for \(int s = 0; s < STAGES)"
 START_DEPENDENTS = r"\n    allow_dependents\(\);\n"
-EDITS = {
-    "noprefetch": [(PREFETCH_BLOCK, "\n")],
-    "late": [(START_DEPENDENTS, "\n")],
-    "noprefetch_late": [(PREFETCH_BLOCK, "\n"), (START_DEPENDENTS, "\n")],
-}
+EDITS = {"late": [(START_DEPENDENTS, "\n")]}
 SETS = 4            # rotating input sets: 4 x 33.5 MB of B exceed the 50 MB L2
 ROUNDS, CALLS = 9, 100
 HOLD_CYCLES = 6_000_000   # ~3.5 ms at 1.7 GHz: covers enqueueing CALLS launches from Python

@@ -265,8 +265,10 @@ def main(argv=None) -> int:
 
     report = {"device": torch.cuda.get_device_name(), "gpu": gpu.key, "calibration": cal, "timing_mode": args.timing,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_s": time.time() - t_start,
-              "timing": f"CUDA events, {ROUNDS} rounds x {CALLS} calls over {SETS} input sets, median of {PASSES} "
-                        "interleaved passes", "rows": rows,
+              "timing": (f"CUDA graphs of {CALLS * 2} calls over {SETS} input sets, median of {ROUNDS} replays"
+                         if args.timing == "graph" else
+                         f"CUDA events, {ROUNDS} rounds x {CALLS} calls over {SETS} input sets, median of {PASSES} "
+                         "interleaved passes"), "rows": rows,
               "summary": {"all": summary(rows), "held_out": summary([r for r in rows if r["held_out"]])}}
     print(json.dumps(report["summary"], indent=1))
     for scope, label in (("all", "suite + held-out"), ("held_out", "held-out (benchmarks/suites/heldout.yaml)")):

@@ -462,7 +462,9 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
     params += [{"name": "alpha", "ctype": "float", "kind": "scalar", "value": problem.epilogue.alpha},
                {"name": "beta", "ctype": "float", "kind": "scalar", "value": problem.epilogue.beta}]
     # programmatic: launched with PDL. The kernel reads and writes global memory only after griddepcontrol.wait,
-    # so it may start (barriers, tensor-map and L2 prefetches) while the previous kernel of the stream finishes.
+    # so it may start (barrier set-up, tensor-map prefetches) while the previous kernel of the stream finishes.
+    # (Prefetching the first stages' boxes into L2 there as well cost 0.1-3.4 us a call: docs/perf-notes.md,
+    # "PDL's L2 prefetch".)
     return {"entry": kernel.name, "grid": [grid_size(kernel, problem, sm_count, max_clusters), 1, 1],
             "block": [cfg.threads, 1, 1], "cluster": [cfg.cluster.size, 1, 1],
             "dynamic_smem": smem_bytes(cfg, ops), "programmatic": True, "params": params}
