@@ -35,6 +35,38 @@ def test_compile_writes_source_cubin_and_manifest(tmp_path, capsys):
     assert manifest["resources"]["registers"] > 0 and manifest["nvrtc_version"]
 
 
+def test_compile_writes_a_bundle_the_runtime_accepts(tmp_path):
+    """gemmgen.load checks a bundle before any launch (schema, cubin hash, architecture, launches): what compile
+    writes passes those checks, and the manifest names the source beside the cubin."""
+    from gemmgen.runtime.bundle import verify
+
+    assert main(["compile", "1024", "1024", "1024", "--gpu", "h100", "--out", str(tmp_path)]) == 0
+    manifest_path = next(tmp_path.glob("*.json"))
+    manifest = json.loads(manifest_path.read_text())
+    verify(manifest, (tmp_path / manifest["cubin"]).read_bytes())
+    assert (tmp_path / manifest["source"]).is_file() and manifest["measured"] is None
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 1024, "row", "row"), (104, 14648, 376, "row", "row"),
+                                   (16, 4096, 4096, "row", "col")])
+def test_compile_picks_what_the_dry_run_ranks_first(shape):
+    """compile, render and bench without --config take default_config: the dry run's first-ranked configuration
+    (the same model, with the GPU's calibration, and the same tie-break)."""
+    from gemmgen import Problem, lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.tune.engines import default_engines
+
+    m, n, k, a, b = shape
+    gpu = lookup_gpu("h100")
+    problem = Problem.create(m, n, k, "bf16", a, b)
+    engines = default_engines(1)
+    try:
+        _space, ranking = engines.ranked_space(problem, gpu, gpu.arch)
+    finally:
+        engines.close()
+    assert default_config(problem, gpu).tag == ranking[0].config.tag
+
+
 def test_split_k_manifest_lists_both_launches_and_the_workspace(tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("family: sm80_mma\ncta: 64x64x32\nwarp: 32x32x32\nmma: 16x8x16\nstages: 3\n"

@@ -1,7 +1,8 @@
 """`gemmgen compile M N K [--dtype] [--a] [--b] [--arch] [--config FILE] [--gpu] --out DIR`.
 
-Writes <name>.cu, <name>.cubin and <name>.json (the launch manifest) for the model's pick or the given
-configuration, and prints registers and spills.
+Writes <name>.cu, <name>.cubin and <name>.json (the launch manifest: a bundle gemmgen.load takes) for the model's
+pick, the dry run's first (the model with the GPU's calibration), or the given configuration, and prints registers
+and spills.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..runtime.manifest import make_manifest
     from ..codegen.nvrtc import compile_kernel
-    from ..tune.export import write_bundle_files
+    from ..tune.export import export_bundle
+    from ..tune.results import fingerprint
 
     kernel, problem, gpu = kernel_from_args(args)
     out = Path(args.out)
@@ -36,11 +37,10 @@ def run(args) -> int:
     except OSError as exc:
         raise InvalidInput("--out must be a folder that can be created", args.out, exc.strerror) from None
     compiled = compile_kernel(kernel, gpu, lineinfo=args.lineinfo)
-    manifest = make_manifest(kernel, problem, compiled)
-    try:
-        write_bundle_files(out, kernel.name, compiled.cubin, compiled.source, manifest)
-    except OSError as exc:
-        raise InvalidInput("--out must be a folder gemmgen can write", args.out, exc.strerror) from None
+    # A bundle like a dry run's (cubin hash, source, environment), so gemmgen.load and `gemmgen bench` take it.
+    manifest = export_bundle(out, kernel, problem, compiled, measured=None, verification=None,
+                             environment=fingerprint(gpu, None, str(compiled.nvrtc_version)),
+                             note="not measured (gemmgen compile)").manifest
     print(f"kernel     {kernel.name}")
     print(f"target     {kernel.arch.value} (NVRTC {compiled.nvrtc_version}){' [cached]' if compiled.cached else ''}")
     for entry, res in compiled.entries:

@@ -216,7 +216,8 @@ def heuristic_time(problem: Problem, config: TileConfig, gpu: Gpu, operands: "Op
 
 
 def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> TileConfig:
-    """The configuration the model ranks first for `problem` on `gpu` (for `arch`)."""
+    """The configuration the model ranks first for `problem` on `gpu` (for `arch`), with the GPU's calibration
+    where one is stored, as a tune and a dry run rank (`gemmgen compile`, `render` and `bench` without --config)."""
     arch = arch or gpu.arch
     candidates = [c for family in families_for(arch)
                   for c in enumerate_space(family, gpu, arch, problem, problem.operands)]
@@ -224,14 +225,16 @@ def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> Ti
         why = "; ".join(f"{family}: {rule}" for family, rule in excluded_families(problem, gpu, arch))
         raise InvalidInput("no configuration of the search spaces fits this problem and GPU",
                            f"{problem.label} on {gpu.key} for {arch.value}", why)
+    from .calibration import params_for
     from .predict import predict
 
+    params = params_for(gpu)[0]
     ranked = []
     for config in candidates:
         try:
             # The model ties on axes it does not price (layout, rasterization): the heuristic breaks
             # those ties, then the name, so the pick is deterministic.
-            ranked.append((predict(problem, config, gpu).time_s, heuristic_time(problem, config, gpu),
+            ranked.append((predict(problem, config, gpu, params).time_s, heuristic_time(problem, config, gpu),
                            config.tag, config))
         except UserError:
             continue  # the model may know a limit the space check does not; skip, never fail
