@@ -16,7 +16,7 @@ from ...model.arch import Arch, lookup_gpu
 from ...model.problem import Layout, Operands, Problem
 from ...model.tiles import DecompKind, Kernel, streamk_remainder
 from ..base import Launches
-from .rules import epi_boxes, smem_bytes
+from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 SWIZZLE_ROW_BYTES = 128  # one 128B-swizzle row: the TMA box's inner extent (64 16-bit or 128 fp8 elements)
@@ -41,16 +41,6 @@ def gemm_problem(kernel: Kernel, problem: Problem) -> Problem:
 def gemm_operands(kernel: Kernel) -> Operands:
     """The operands as the kernel's main loop sees them (swapped for a swapped kernel)."""
     return kernel.operands.swapped() if kernel.config.swap_ab else kernel.operands
-
-
-def a_is_kmajor(operands: Operands) -> bool:
-    """A (M x K) row-major keeps K contiguous: K-major in shared memory."""
-    return operands.a_layout is Layout.ROW
-
-
-def b_is_kmajor(operands: Operands) -> bool:
-    """B (K x N) column-major keeps K contiguous: K-major in shared memory."""
-    return operands.b_layout is Layout.COL
 
 
 # --- packing operands TMA cannot read ---------------------------------------------------------------

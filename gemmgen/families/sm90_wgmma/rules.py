@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ...model.arch import Arch, DType, Gpu, catalogue
-from ...model.problem import SCALE_BLOCK, Fp8Accum, Fp32Math, Operands, Problem, Scaling
+from ...model.problem import SCALE_BLOCK, Fp8Accum, Fp32Math, Layout, Operands, Problem, Scaling
 from ...model.tiles import DecompKind, SmemLayout
 from ..base import Rule, elt_bytes
 from .config import Schedule, Sm90Config
@@ -136,7 +136,7 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A K-major B tile
     # whose N is not a multiple of 64 (16-240 rows: the swapped kernels' activations, the batch tiles) is one box of
     # its own height; its epilogue is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
-    b_kmajor = operands is None or operands.b_layout.value == "col" or elt != 2
+    b_kmajor = operands is None or b_is_kmajor(operands) or elt != 2   # fp8 and tf32 are packed K-major
     if cta.n % 64:
         # A K-major B tile of any whole number of 8-row swizzle groups is one box of its own height, and the
         # staged epilogue writes 16- or 32-column chunks: tiles as wide as a batch's M (48-112, as cuBLAS runs).
@@ -208,12 +208,21 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     # are not is packed into the workspace first (launch.pack_plan), so no alignment rule stands here.
 
 
+def a_is_kmajor(operands: Operands) -> bool:
+    """A (M x K) row-major keeps K contiguous: K-major in shared memory."""
+    return operands.a_layout is Layout.ROW
+
+
+def b_is_kmajor(operands: Operands) -> bool:
+    """B (K x N) column-major keeps K contiguous: K-major in shared memory."""
+    return operands.b_layout is Layout.COL
+
+
 def _b_major(operands: "Operands | None", swapped: bool) -> str:
     """How the kernel's B (the problem's A when swapped; `operands` are the kernel's) reaches shared memory."""
     if operands is None:
         return "unknown"
-    kmajor = operands.b_layout.value == "col"
-    return f"{'row' if kmajor == swapped else 'column'}-major {'A' if swapped else 'B'}"
+    return f"{'row' if b_is_kmajor(operands) == swapped else 'column'}-major {'A' if swapped else 'B'}"
 
 
 def _check_block_scaling(config: Sm90Config, rule: Rule) -> None:
@@ -297,5 +306,5 @@ def regs_allocated(config: Sm90Config, per_thread: int) -> int:
     return config.threads * per_thread
 
 
-__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "check", "epi_boxes",
-           "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]
+__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check",
+           "epi_boxes", "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]
