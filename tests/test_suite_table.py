@@ -240,3 +240,81 @@ def test_a_sustained_run_is_named_as_one(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
     md, js = SuiteReport(H100, "shapes.yaml", "2026-11-26", (), False).write(("partial", "sustained"))
     assert (md.name, js.name) == ("suite-partial-sustained.md", "suite-partial-sustained.json")
+
+
+class RetimeMeasurer:
+    """A GPU stand-in for --retime: the kernel at `kernel_s` seconds per problem (M -> s), cuBLAS at `cublas_s`;
+    M in `broken` fails its measurement."""
+
+    def __init__(self, kernel_s: dict, cublas_s: float, broken=()):
+        self.kernel_s, self.cublas_s, self.broken = kernel_s, cublas_s, set(broken)
+        self.order: "list[str]" = []
+
+    def measure(self, manifest, cubin, problem):
+        self.order.append("ours")
+        if problem.m in self.broken:
+            return SimpleNamespace(ok=False, time_s=None, reason="CUDA error: illegal address")
+        return SimpleNamespace(ok=True, time_s=self.kernel_s[problem.m], reason="")
+
+    def cublas_time(self, problem, fresh=False):
+        assert fresh   # cuBLAS timed again beside each round, not remembered from another time
+        self.order.append("cublas")
+        return self.cublas_s
+
+
+def retimed_report(tmp_path, monkeypatch, measurer):
+    from gemmgen.tune.suite import Shape, report_from_results, verify_stored_winners
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    store_two_records()   # stored: 256^3 at 50 TFLOP/s, 255x256x256 at 80, cuBLAS 40 in both (1.25x, 2.00x)
+    shapes = [Shape("sq", 256, 256, 256, suite="public"), Shape("mis", 255, 256, 256, suite="hard")]
+    report = report_from_results(shapes, ["bf16"], H100, source="a, b")
+    engines = test_search.engines()
+    try:
+        return verify_stored_winners(report, shapes, ["bf16"], measurer, engines, verify=False, retime=True)
+    finally:
+        engines.close()
+
+
+def test_retime_times_each_stored_winner_beside_cublas_and_flags_one_that_fell(tmp_path, monkeypatch):
+    from gemmgen.tune.suite import RETIME_ROUNDS, retime_change, retimed_slower
+
+    flops = 2 * 256 ** 3
+    # Now: 256^3 runs at 1.25x cuBLAS as stored; 255x256x256 at 1.50x where 2.00x was stored (25% below).
+    cublas_s = flops / 40e12
+    measurer = RetimeMeasurer({256: cublas_s / 1.25, 255: cublas_s / 1.5}, cublas_s)
+    report = retimed_report(tmp_path, monkeypatch, measurer)
+    sq, mis = report.rows
+    assert sq.now_ratio == pytest.approx(1.25) and sq.now_tflops == pytest.approx(50.0)
+    assert mis.now_ratio == pytest.approx(1.5)
+    assert retime_change(sq) == "+0.0%" and retime_change(mis) == "-25.0% SLOWER"
+    assert [r.name for r in retimed_slower(report)] == ["mis"]
+    assert measurer.order == ["ours", "cublas"] * RETIME_ROUNDS * 2   # interleaved, every round
+    headers = [h for h, _ in report.columns()]
+    assert headers[-4:] == ["TFLOP/s now", "ratio now", "since stored", "note"]
+    assert "-25.0% SLOWER" in report.markdown() and "other shapes verified" not in headers
+
+
+def test_retime_reports_a_failed_measurement_in_the_note(tmp_path, monkeypatch):
+    from gemmgen.tune.suite import retimed_slower
+
+    measurer = RetimeMeasurer({256: 1e-5}, 1e-5, broken=[255])
+    report = retimed_report(tmp_path, monkeypatch, measurer)
+    sq, mis = report.rows
+    assert sq.now_ratio == pytest.approx(1.0) and mis.now_ratio is None
+    assert mis.note == "retime failed: CUDA error: illegal address"
+    assert retimed_slower(report) == [sq]   # 1.00x now against 1.25x stored
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--retime"], "--retime goes with --from-results"),
+    (["--dry-run", "--retime"], "a dry run measures nothing"),
+])
+def test_retime_without_stored_records_is_refused_in_one_line(capsys, tmp_path, argv, message):
+    from gemmgen.cli import main
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text("suite: s\nshapes:\n  - {name: sq, M: 256, N: 256, K: 256}\n")
+    assert main(["suite", str(suite), "--gpu", "h100", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

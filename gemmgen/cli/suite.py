@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--verify-winners", action="store_true",
                    help="with --from-results: build each stored winner and verify it on the GPU at two other "
                         "shapes it serves (a tuned suite always does)")
+    p.add_argument("--retime", action="store_true",
+                   help="with --from-results: build each stored winner and time it now at its own shape beside "
+                        "cuBLAS; a winner whose ratio fell by more than 5%% is flagged and the exit status is 1")
     add_worker_args(p)
     p.add_argument("--dry-run", action="store_true", help="no GPU: the model's pick per shape, compiled, unmeasured")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -69,11 +72,13 @@ def run(args) -> int:
     measuring = tuple(f for f in MEASURING_FLAGS if f != "--timeout") + ("--timeout-per-shape",)
     refuse_together(args, "--from-results", ("--dry-run", "--out", "--top-k") + measuring,
                     "a table from the stored records tunes nothing")
-    refuse_together(args, "--dry-run", measuring + ("--verify-winners",), "a dry run measures nothing")
+    refuse_together(args, "--dry-run", measuring + ("--verify-winners", "--retime"), "a dry run measures nothing")
     if args.verify_winners and not args.from_results:
         raise InvalidInput("--verify-winners goes with --from-results (a tuned suite verifies its winners anyway)",
                            "--verify-winners")
-    if args.jobs is not None and args.from_results and not args.verify_winners:
+    if args.retime and not args.from_results:
+        raise InvalidInput("--retime goes with --from-results (it times the stored winners again)", "--retime")
+    if args.jobs is not None and args.from_results and not (args.verify_winners or args.retime):
         raise InvalidInput("--from-results and --jobs cannot be used together (a table from the stored records "
                            "tunes nothing)", "--jobs")
     source = ", ".join(args.file)
@@ -85,7 +90,7 @@ def run(args) -> int:
                                                               (row.note or "-")), file=sys.stderr))
     if args.from_results:
         report = report_from_results(shapes, dtypes, resolve_gpu(args.gpu), source=source)
-        if args.verify_winners:
+        if args.verify_winners or args.retime:
             report = verify_winners(args, report, shapes, dtypes, options)
     elif args.dry_run:
         if args.gpu is None:
@@ -115,13 +120,22 @@ def run(args) -> int:
             measurer.close()
     # A run of some shapes, or timed sustained, is not the suite's usual table: written beside it, not over it.
     variants = (("partial",) if args.only else ()) + (
-        ("sustained",) if getattr(args, "timing", None) == "sustained" and not args.from_results else ())
+        ("sustained",) if getattr(args, "timing", None) == "sustained" and not args.from_results else ()) + (
+        ("retimed",) if args.retime else ())
     md, js = report.write(variants)
     cols = report.columns()
     print(table([[cell(r) for _, cell in cols] for r in report.rows], [h for h, _ in cols]))
     for line in report.geomean_lines():
         print(line[0].lower() + line[1:])
     print(f"written: {md}\n         {js}")
+    if args.retime:
+        from ..tune.suite import RETIME_DROP, retimed_slower
+
+        slower = retimed_slower(report)
+        if slower:
+            print(f"{len(slower)} stored winner(s) now more than {1 - RETIME_DROP:.0%} below their stored ratio to "
+                  f"cuBLAS: {', '.join(f'{r.name} {r.dtype}' for r in slower)}")
+            return 1
     return 0
 
 
@@ -151,14 +165,16 @@ def run_on_gpus(args, shapes, dtypes, options, source):
 
 
 def verify_winners(args, report, shapes, dtypes, options):
-    """--from-results --verify-winners: the stored winners rebuilt and verified at other shapes on this GPU."""
+    """--from-results --verify-winners / --retime: the stored winners rebuilt and, on this GPU, verified at other
+    shapes and/or timed again at their own beside cuBLAS."""
     from ..tune.search import default_engines
     from ..tune.suite import verify_stored_winners
 
     _, measurer, _ = measurer_for(args, args.gpu)
     engines = default_engines(options.jobs)
     try:
-        return verify_stored_winners(report, shapes, dtypes, measurer, engines)
+        return verify_stored_winners(report, shapes, dtypes, measurer, engines, verify=args.verify_winners,
+                                     retime=args.retime)
     finally:
         engines.close()
         measurer.close()

@@ -10,6 +10,7 @@ the other shapes' verification, and the geomean ratio per suite and dtype.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -156,6 +157,9 @@ class SuiteRow:
     suite: str = ""
     worker: str = ""  # host/gpuN that tuned it (suite --gpus)
     other_shapes: "tuple[ShapeCheck, ...]" = ()  # the winner verified at other shapes it serves
+    # --retime: the stored winner rebuilt by today's code and timed now at its own shape, beside cuBLAS now.
+    now_tflops: "float | None" = None
+    now_ratio: "float | None" = None
 
 
 def row_for(shape: Shape, dtype: str, **fields) -> SuiteRow:
@@ -216,6 +220,9 @@ class SuiteReport:
                  ("tuning time (s)", lambda r: f"{r.tuning_s:.1f}")]
         if any(r.other_shapes for r in self.rows):
             cols.append(("other shapes verified", lambda r: summary(r.other_shapes)))
+        if any(r.now_ratio is not None for r in self.rows):
+            cols += [("TFLOP/s now", lambda r: _f(r.now_tflops)), ("ratio now", lambda r: _f(r.now_ratio, "{:.2f}x")),
+                     ("since stored", lambda r: retime_change(r))]
         if any(r.worker for r in self.rows):
             cols.append(("worker", lambda r: r.worker))
         return cols + [("note", lambda r: r.note)]
@@ -223,14 +230,16 @@ class SuiteReport:
     def markdown(self) -> str:
         measured = ("Built from the stored records: each row's figures, cuBLAS's among them, come from that shape's own "
                     "tune (cuBLAS timed in the same run as it), at the date in its record; the other-shape "
-                    "verification, where shown, ran on the date above." if self.from_results else
+                    "verification and the columns marked now (the winner rebuilt by this code and timed beside "
+                    "cuBLAS), where shown, ran on the date above." if self.from_results else
                     "cuBLAS measured in the same run, same process and context.")
         head = (f"# gemmgen suite on {self.device or self.gpu.name} ({self.gpu.key}), {self.date}\n\n"
                 f"Shapes from `{self.source}`. {measured}\n")
         if self.dry_run:
             head += "\nDry run: nothing measured; the TFLOP/s column is the roofline model's prediction.\n"
         cols = self.columns()
-        numeric = {"M", "N", "K", "gemmgen TFLOP/s", "model TFLOP/s", "cuBLAS TFLOP/s", "ratio", "tuning time (s)"}
+        numeric = {"M", "N", "K", "gemmgen TFLOP/s", "model TFLOP/s", "cuBLAS TFLOP/s", "ratio", "tuning time (s)",
+                   "TFLOP/s now", "ratio now"}
         lines = ["| " + " | ".join(h for h, _ in cols) + " |",
                  "|" + "|".join("---:" if h in numeric else "---" for h, _ in cols) + "|"]
         lines += ["| " + " | ".join(cell(r) for _, cell in cols) + " |" for r in self.rows]
@@ -259,6 +268,24 @@ class SuiteReport:
         atomic_write(md, self.markdown().encode(), durable=True)
         write_json_atomic(js, self.to_dict())
         return md, js
+
+
+# --retime flags a stored winner whose ratio to cuBLAS now is below this fraction of the stored one: more than run-
+# to-run noise (about +-2% on large shapes, docs/perf-notes.md), as the PDL prefetch's 0.81x at 1024^3 was.
+RETIME_DROP = 0.95
+RETIME_ROUNDS = 5
+
+
+def retime_change(row: SuiteRow) -> str:
+    """The retimed ratio against the stored one, flagged where it fell by more than RETIME_DROP allows."""
+    if row.now_ratio is None or not row.ratio:
+        return "-"
+    change = row.now_ratio / row.ratio - 1.0
+    return f"{change:+.1%}" + (" SLOWER" if row.now_ratio < RETIME_DROP * row.ratio else "")
+
+
+def retimed_slower(report: SuiteReport) -> "list[SuiteRow]":
+    return [r for r in report.rows if r.now_ratio is not None and r.ratio and r.now_ratio < RETIME_DROP * r.ratio]
 
 
 def _f(value, fmt: str = "{:.1f}") -> str:
@@ -438,10 +465,12 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
 
 
 def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "list[str]", measurer, engines,
-                          count: int = 2) -> SuiteReport:
+                          count: int = 2, *, verify: bool = True, retime: bool = False) -> SuiteReport:
     """`report` (from the stored records) with each winner built from its record's configuration by today's code
-    and verified at `count` other shapes it serves, on the measurer's GPU. Every winner is submitted to the
-    compile pool first, so NVRTC builds them side by side while the GPU verifies the first ones."""
+    and, on the measurer's GPU, verified at `count` other shapes it serves (`verify`) and timed at its own shape
+    beside cuBLAS in RETIME_ROUNDS interleaved rounds (`retime`: a stored tune that today's code, driver or card
+    runs slower shows). Every winner is submitted to the compile pool first, so NVRTC builds them side by side
+    while the GPU works on the first ones."""
     import json
     from dataclasses import replace
 
@@ -463,7 +492,7 @@ def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "l
             builds[key] = (problem, kernel, engines.compiler.submit(kernel))
         except Exception as exc:  # noqa: BLE001 - a winner that cannot be rebuilt is a row's finding
             builds[key] = (None, None, f"{type(exc).__name__}: {exc}")
-    checked: "dict[str, tuple]" = {}
+    checked: "dict[str, dict]" = {}
     rows = []
     for row, (shape, dtype, _) in zip(report.rows, suite_jobs(shapes, dtypes)):
         key = problem_key(shape.problem(dtype))
@@ -472,16 +501,41 @@ def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "l
             continue
         if key not in checked:
             problem, kernel, build = builds[key]
+            found: dict = {}
             try:
                 if problem is None:
                     raise RuntimeError(build)
                 compiled = build.result()
                 if isinstance(compiled, Exception):
                     raise compiled
-                checked[key] = verify_other_shapes(engines.manifest(kernel, problem, compiled), compiled.cubin,
-                                                   measurer, count)
+                manifest = engines.manifest(kernel, problem, compiled)
+                if verify:
+                    found["other_shapes"] = verify_other_shapes(manifest, compiled.cubin, measurer, count)
+                if retime:
+                    found.update(_retime(manifest, compiled.cubin, problem, measurer))
             except Exception as exc:  # noqa: BLE001 - as above
-                checked[key] = (ShapeCheck(0, 0, 0, False, reason=f"could not build: {type(exc).__name__}: {exc}"
-                                           [:160]),)
-        rows.append(replace(row, other_shapes=checked[key]))
+                found["other_shapes"] = (ShapeCheck(0, 0, 0, False, reason=f"could not build: {type(exc).__name__}: "
+                                                    f"{exc}"[:160]),)
+            checked[key] = found
+        fields = dict(checked[key])
+        if "note" in fields:   # a failed retime adds to the row's own note (a view's, a duplicate's)
+            fields["note"] = "; ".join(filter(None, (row.note, fields["note"])))
+        rows.append(replace(row, **fields))
     return replace(report, rows=tuple(rows))
+
+
+def _retime(manifest: dict, cubin: bytes, problem: Problem, measurer) -> dict:
+    """The kernel and cuBLAS at the problem, in turns: {"now_tflops", "now_ratio"} from the medians (a failed
+    measurement leaves the fields out and says why in a note)."""
+    ours, cublas = [], []
+    for _ in range(RETIME_ROUNDS):
+        m = measurer.measure(manifest, cubin, problem)
+        if not m.ok:
+            return {"note": f"retime failed: {m.reason}"[:160]}
+        ours.append(m.time_s)
+        t = measurer.cublas_time(problem, fresh=True)
+        if t:
+            cublas.append(t)
+    ours_s = statistics.median(ours)
+    return {"now_tflops": problem.flops / ours_s / 1e12,
+            "now_ratio": statistics.median(cublas) / ours_s if cublas else None}
