@@ -9,10 +9,8 @@ import shutil
 import pytest
 
 import gemmgen
-from gemmgen import Arch, Kernel, Problem
-from gemmgen.model.arch import lookup_gpu
+from gemmgen import Arch, Kernel, Problem, TileConfig
 from gemmgen.model.errors import InvalidInput
-from gemmgen.rank.space import default_config
 from gemmgen.runtime.bundle import cubin_sm, runs_on
 from gemmgen.runtime.loader import read_bundle
 from gemmgen.tune.export import export_bundle
@@ -26,7 +24,11 @@ def bundle(tmp_path_factory):
         pytest.skip(f"NVRTC unavailable: {exc}")
     folder = tmp_path_factory.mktemp("bundle")
     problem = Problem.create(1000, 512, 256)
-    kernel = Kernel(Arch.SM90A, problem.operands, default_config(problem, lookup_gpu("h100")))
+    # Not persistent: its grid is fixed by the tiles, so an edited grid must be refused (a persistent grid may take
+    # any number of whole clusters).
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64",
+                                   "mma": "64x128x16", "stages": 4, "warp_specialized": True, "persistent": False})
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
     exported = export_bundle(folder, kernel, problem, compile_kernel(kernel), measured=None, verification=None,
                              environment={})
     return exported

@@ -37,7 +37,10 @@ def test_a_bundle_from_an_earlier_gemmgen_keeps_the_parameters_its_cubin_takes()
     # sm90 kernels exported before 2026-11-27 take no edge maps: their launches at another shape must not gain them
     # (parameters are passed by position), and a parameter this gemmgen no longer builds is refused by name.
     base = Problem.create(4096, 4096, 4096, b="col")
-    kernel = kernel_for(base)
+    # 1x1 clusters: neither operand is multicast, so both take an edge map.
+    kernel = kernel_for(base, TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64",
+                                                    "mma": "64x256x16", "stages": 4, "warp_specialized": True,
+                                                    "persistent": True}))
     manifest = make_manifest(kernel, base)
     names = [p["name"] for p in manifest["launches"][0]["params"]]
     assert "tmAe" in names and "tmBe" in names
