@@ -262,7 +262,7 @@ class RetimeMeasurer:
         return self.cublas_s
 
 
-def retimed_report(tmp_path, monkeypatch, measurer):
+def retimed_report(tmp_path, monkeypatch, measurer, on_row=None):
     from gemmgen.tune.suite import Shape, report_from_results, verify_stored_winners
 
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
@@ -271,7 +271,8 @@ def retimed_report(tmp_path, monkeypatch, measurer):
     report = report_from_results(shapes, ["bf16"], H100, source="a, b")
     engines = test_search.engines()
     try:
-        return verify_stored_winners(report, shapes, ["bf16"], measurer, engines, verify=False, retime=True)
+        return verify_stored_winners(report, shapes, ["bf16"], measurer, engines, verify=False, retime=True,
+                                     on_row=on_row)
     finally:
         engines.close()
 
@@ -283,7 +284,9 @@ def test_retime_times_each_stored_winner_beside_cublas_and_flags_one_that_fell(t
     # Now: 256^3 runs at 1.25x cuBLAS as stored; 255x256x256 at 1.50x where 2.00x was stored (25% below).
     cublas_s = flops / 40e12
     measurer = RetimeMeasurer({256: cublas_s / 1.25, 255: cublas_s / 1.5}, cublas_s)
-    report = retimed_report(tmp_path, monkeypatch, measurer)
+    shown = []
+    report = retimed_report(tmp_path, monkeypatch, measurer, on_row=shown.append)
+    assert [r.name for r in shown] == ["sq", "mis"] and shown[1].now_ratio == pytest.approx(1.5)   # progress
     sq, mis = report.rows
     assert sq.now_ratio == pytest.approx(1.25) and sq.now_tflops == pytest.approx(50.0)
     assert mis.now_ratio == pytest.approx(1.5)

@@ -174,10 +174,25 @@ def verify_winners(args, report, shapes, dtypes, options):
     engines = default_engines(options.jobs)
     try:
         return verify_stored_winners(report, shapes, dtypes, measurer, engines, verify=args.verify_winners,
-                                     retime=args.retime)
+                                     retime=args.retime, on_row=None if args.no_progress else _show_checked)
     finally:
         engines.close()
         measurer.close()
+
+
+def _show_checked(row) -> None:
+    """One stderr line per stored winner checked (--verify-winners, --retime): what it found."""
+    from ..tune.serve_check import summary
+    from ..tune.suite import retime_change
+
+    parts = [f"{row.name} {row.dtype}:"]
+    if row.other_shapes:
+        parts.append(f"other shapes {summary(row.other_shapes)}")
+    if row.now_ratio is not None:
+        parts.append(f"{row.now_ratio:.2f}x cuBLAS now, {row.ratio or 0:.2f}x stored ({retime_change(row)})")
+    elif row.note:
+        parts.append(row.note)
+    print(" ".join(parts), file=sys.stderr, flush=True)
 
 
 class SuiteProgress:

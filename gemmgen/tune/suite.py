@@ -465,12 +465,13 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
 
 
 def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "list[str]", measurer, engines,
-                          count: int = 2, *, verify: bool = True, retime: bool = False) -> SuiteReport:
+                          count: int = 2, *, verify: bool = True, retime: bool = False,
+                          on_row=None) -> SuiteReport:
     """`report` (from the stored records) with each winner built from its record's configuration by today's code
     and, on the measurer's GPU, verified at `count` other shapes it serves (`verify`) and timed at its own shape
     beside cuBLAS in RETIME_ROUNDS interleaved rounds (`retime`: a stored tune that today's code, driver or card
     runs slower shows). Every winner is submitted to the compile pool first, so NVRTC builds them side by side
-    while the GPU works on the first ones."""
+    while the GPU works on the first ones. `on_row(row)` is called with each row as it is done (progress)."""
     import json
     from dataclasses import replace
 
@@ -521,6 +522,8 @@ def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "l
         if "note" in fields:   # a failed retime adds to the row's own note (a view's, a duplicate's)
             fields["note"] = "; ".join(filter(None, (row.note, fields["note"])))
         rows.append(replace(row, **fields))
+        if on_row:
+            on_row(rows[-1])
     return replace(report, rows=tuple(rows))
 
 
