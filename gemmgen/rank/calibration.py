@@ -115,5 +115,13 @@ def params_for(gpu: Gpu) -> "tuple[ModelParams, Path | None]":
     return DEFAULT_PARAMS, None
 
 
-__all__ = ["CALIBRATION_FORMAT", "POWER_FIELDS", "calibration_paths", "params_for", "params_from_dict", "params_to_dict",
-           "read_calibration", "user_calibration_path"]
+def calibrated_predict(problem, config, gpu: Gpu):
+    """The model's prediction with `gpu`'s calibration where one is stored, else its defaults: what a tune, a dry
+    run and `gemmgen compile` without --config rank by."""
+    from .predict import predict
+
+    return predict(problem, config, gpu, params_for(gpu)[0])
+
+
+__all__ = ["CALIBRATION_FORMAT", "POWER_FIELDS", "calibrated_predict", "calibration_paths", "params_for",
+           "params_from_dict", "params_to_dict", "read_calibration", "user_calibration_path"]

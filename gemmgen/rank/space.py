@@ -225,21 +225,14 @@ def default_config(problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> Ti
         why = "; ".join(f"{family}: {rule}" for family, rule in excluded_families(problem, gpu, arch))
         raise InvalidInput("no configuration of the search spaces fits this problem and GPU",
                            f"{problem.label} on {gpu.key} for {arch.value}", why)
-    from .calibration import params_for
-    from .predict import predict
+    from .calibration import calibrated_predict
+    from .ranking import rank_configs
 
-    params = params_for(gpu)[0]
-    ranked = []
-    for config in candidates:
-        try:
-            # The model ties on axes it does not price (layout, rasterization): the heuristic breaks
-            # those ties, then the name, so the pick is deterministic.
-            ranked.append((predict(problem, config, gpu, params).time_s, heuristic_time(problem, config, gpu),
-                           config.tag, config))
-        except UserError:
-            continue  # the model may know a limit the space check does not; skip, never fail
+    # The model ties on axes it does not price (layout, rasterization): the heuristic breaks those ties, then the
+    # name, so the pick is deterministic; a configuration the model rejects is skipped, never fatal.
+    ranked = rank_configs(candidates, problem, gpu, calibrated_predict, heuristic_time)
     if ranked:
-        return min(ranked, key=lambda r: r[:3])[3]
+        return ranked[0].config
     return min(candidates, key=lambda c: (heuristic_time(problem, c, gpu), c.tag))
 
 

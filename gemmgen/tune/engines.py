@@ -100,10 +100,9 @@ def _enumerate_families(problem: Problem, gpu: Gpu, arch: Arch) -> "list[TileCon
 
 def _predict(problem, config, gpu):
     """The model with the GPU's calibration where one is stored (rank/calibration.py), else its defaults."""
-    from ..rank.calibration import params_for
-    from ..rank.predict import predict
+    from ..rank.calibration import calibrated_predict
 
-    return predict(problem, config, gpu, params_for(gpu)[0])
+    return calibrated_predict(problem, config, gpu)
 
 
 def _manifest(kernel, problem, compiled):
