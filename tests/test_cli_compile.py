@@ -118,3 +118,16 @@ def test_infeasible_config_file_names_the_rule(tmp_path, capsys):
     assert main(["compile", "64", "64", "64", "--gpu", "h100", "--config", str(config), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "multiple of 32" in err and err.count("\n") == 1
+
+
+def test_bench_prints_the_prediction_a_tune_makes():
+    """`gemmgen bench` shows the model's time beside the measured one: the calibrated model's, as the tuner's."""
+    from gemmgen import Problem, lookup_gpu
+    from gemmgen.cli.bench import _prediction_s
+    from gemmgen.rank.calibration import calibrated_predict
+    from gemmgen.rank.space import default_config
+
+    gpu = lookup_gpu("h100")
+    problem = Problem.create(1000, 777, 1104, "bf16", "row", "col")
+    config = default_config(problem, gpu)
+    assert _prediction_s(problem, config, gpu) == calibrated_predict(problem, config, gpu).time_s

@@ -20,12 +20,13 @@ def register(subparsers) -> None:
 
 
 def _prediction_s(problem, config, gpu) -> "float | None":
+    """The model's time for the kernel, as a tune predicts it (with the GPU's calibration where one is stored)."""
     try:
-        from ..rank.predict import predict
+        from ..rank.calibration import calibrated_predict
     except ImportError:
         return None
     try:
-        return predict(problem, config, gpu).time_s
+        return calibrated_predict(problem, config, gpu).time_s
     except Exception:  # noqa: BLE001 - a model without an answer for this config still leaves the measurement
         return None
 
