@@ -276,16 +276,20 @@ RETIME_DROP = 0.95
 RETIME_ROUNDS = 5
 
 
+def _fell(row: SuiteRow) -> bool:
+    """Retimed, and its ratio to cuBLAS now below RETIME_DROP of the stored one."""
+    return row.now_ratio is not None and bool(row.ratio) and row.now_ratio < RETIME_DROP * row.ratio
+
+
 def retime_change(row: SuiteRow) -> str:
     """The retimed ratio against the stored one, flagged where it fell by more than RETIME_DROP allows."""
     if row.now_ratio is None or not row.ratio:
         return "-"
-    change = row.now_ratio / row.ratio - 1.0
-    return f"{change:+.1%}" + (" SLOWER" if row.now_ratio < RETIME_DROP * row.ratio else "")
+    return f"{row.now_ratio / row.ratio - 1.0:+.1%}" + (" SLOWER" if _fell(row) else "")
 
 
 def retimed_slower(report: SuiteReport) -> "list[SuiteRow]":
-    return [r for r in report.rows if r.now_ratio is not None and r.ratio and r.now_ratio < RETIME_DROP * r.ratio]
+    return [r for r in report.rows if _fell(r)]
 
 
 def _f(value, fmt: str = "{:.1f}") -> str:
