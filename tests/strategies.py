@@ -75,10 +75,12 @@ def _moves(config) -> "list[st.SearchStrategy]":
 
 @st.composite
 def near_configs(draw, family: "str | None" = None):
-    """A space point of `family` (feasible or not) with one or two axes moved: near the feasible region."""
+    """A space point of `family` (feasible or not) with up to two axes moved: near the feasible region. Some draws
+    move none, so that a family whose space points break a rule at almost any single move (the sm90 widths: warp N
+    tied to CTA N, stages to shared memory) still shows its feasible side."""
     name = family or draw(st.sampled_from(family_names()))
     config = draw(st.sampled_from(all_configs(name)))
-    for _ in range(draw(st.integers(1, 2))):
+    for _ in range(draw(st.integers(0, 2))):
         config = draw(st.one_of(_moves(config)))
     return config
 

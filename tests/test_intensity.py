@@ -168,11 +168,26 @@ def test_rasterization_group_shrinks_dram_traffic_when_operands_exceed_l2(h100):
 
 def test_wave_quantization_counts_the_partial_last_wave(h100, hopper_big):
     # 133 tiles of 128x256 on 132 SMs at one CTA per SM: two waves, the second nearly empty.
+    import dataclasses
+
+    from gemmgen.model.tiles import Cluster
+
     problem = Problem.create(128 * 7, 256 * 19, 4096)
-    pred = predict(problem, hopper_big, h100)
+    pred = predict(problem, dataclasses.replace(hopper_big, cluster=Cluster(1, 1)), h100)
     assert pred.tiles == 133 and pred.ctas_per_sm == 1
     assert pred.wave_efficiency == pytest.approx(133 / 264)
     assert pred.waves == pytest.approx(133 / 132)
+
+
+def test_a_cluster_runs_whole_past_the_edge(h100, hopper_big):
+    """7 tile rows in 2x1 clusters launch 4 cluster rows: the eighth tile row's CTAs run their main loops (they
+    take part in the multicasts), so the work is 8 x 19 tiles, and that many FLOPs are executed. Measured on the
+    H100: 192x112 tiles at 513x4096x4096 (3 tile rows) 33 us in 1x1 clusters, 61 in 2x1."""
+    problem = Problem.create(128 * 7, 256 * 19, 4096)
+    pred = predict(problem, hopper_big, h100)
+    assert hopper_big.cluster.m == 2
+    assert pred.tiles == 8 * 19
+    assert pred.executed_flops == pytest.approx(2.0 * 128 * 8 * 256 * 19 * 4096)
 
 
 def test_persistent_kernels_avoid_per_wave_overhead(h100, hopper_big):

@@ -43,6 +43,11 @@ ELEMENT_D_RATE = 1.0e12
 # first to leave a third of the bubble; measured on the H100 (docs/perf-notes.md, "fp8 promotion intervals"):
 # -1.5% to +6% against plain promotion at the same interval, so it is priced at nearly the plain bubble.
 PROMOTE_STAGGER_BUBBLE = 0.22
+# Tiles of 128-256 rows whose N is not a multiple of 64 (the `widths` spaces: one K-major B box of N rows, the
+# staged epilogue) ran slower than the model's price for their MMAs and bytes: measured / predicted 1.00-1.04
+# (median per row group) against 0.96 for the 64-multiple tiles timed beside them, over 20 products on the H100
+# (docs/perf-notes.md, "Tile widths that fit the waves"). Why is not taken apart; charged as idle tensor time.
+ODD_WIDTH_EFFICIENCY = 0.94
 # Bytes per second one CTA's TMA loads stream from DRAM, whatever its ring holds: a grid of few CTAs cannot pull
 # HBM's rate. Measured on the H100 (docs/perf-notes.md, "Few CTAs streaming B"): 16x14336x4096 rc with 64x256
 # tiles (56 CTAs) moved its 118 MB at 47 GB/s per CTA once the launch's fixed time is taken off, where 132 CTAs of
@@ -159,11 +164,12 @@ class Sm90Wgmma(KernelFamily):
         return SM_STREAM_RATE
 
     def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
+        odd_width = ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and not config.swap_ab else 1.0
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
-            return 1.0
+            return odd_width
         bubble = PROMOTE_STAGGER_BUBBLE if config.promote_stagger else PROMOTE_BUBBLE
-        return 1.0 / (1 + bubble / config.promote)
+        return odd_width / (1 + bubble / config.promote)
 
     def traits(self, config: Sm90Config, gpu: Gpu) -> ModelTraits:
         pingpong = config.schedule is Schedule.PINGPONG

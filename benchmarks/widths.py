@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Tile widths that fit the waves: for each product, the model's pick from the space without the `widths` and
+`widths_256` spaces, its pick with them, and the best-ranked configurations of the first
+`--per-group` CTA tiles of each width group (128-, 192- and
+256-row tiles whose N is not a multiple of 64), all timed interleaved beside cuBLAS on one GPU.
+
+    PYTHONPATH=$PWD python3 benchmarks/widths.py --shapes benchmarks/suites/linear-tokens.yaml [--per-group 2] [--out DIR]
+
+Public APIs only: the space (rank.space), the model (rank.predict, ranking), NVRTC (codegen.nvrtc) and a bundle
+loaded with gemmgen.load. Every kernel is verified once on fresh inputs with D poisoned against an fp32 product
+before it is timed; then each contender is CUDA-graph timed (CALLS calls over rotating input sets) in PASSES
+interleaved passes, median. The ratios are to cuBLAS (torch.matmul) of the same passes.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
+
+SETS, CALLS, REPLAYS, PASSES = 3, 20, 5, 5
+
+
+def width_group(config) -> "str | None":
+    """The width group a configuration belongs to (tiles of 128+ rows whose N is not a multiple of 64), or None."""
+    if config.family != "sm90_wgmma" or config.swap_ab or config.cta.n % 64 == 0 or config.cta.m < 128:
+        return None
+    return f"w{config.cta.m}"
+
+
+def operands(torch, problem):
+    def randn(rows, cols, col_major):
+        x = torch.randn(cols, rows, device="cuda").t() if col_major else torch.randn(rows, cols, device="cuda")
+        return x.to(torch.bfloat16)
+
+    return (randn(problem.m, problem.k, problem.a_layout.value == "col"),
+            randn(problem.k, problem.n, problem.b_layout.value == "col"),
+            torch.empty(problem.m, problem.n, device="cuda", dtype=torch.bfloat16))
+
+
+def contenders(problem, gpu, params, per_group: int) -> "list[tuple[str, object]]":
+    """(label, ranked entry): the pick without widths, the pick with them, the best of `per_group` tiles a group."""
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.ranking import rank_configs
+    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+
+    space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
+    ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
+    out = [("pick without widths", next(r for r in ranked if width_group(r.config) is None)),
+           ("pick", ranked[0])]
+    for group in ("w128", "w192", "w256"):
+        tiles = {}   # the best-ranked configuration of each CTA tile in the group, the first `per_group` tiles
+        for r in ranked:
+            if width_group(r.config) == group and len(tiles) < per_group:
+                tiles.setdefault(str(r.config.cta), r)
+        out += [(group, r) for r in tiles.values()]
+    seen, unique = set(), []
+    for label, r in out:
+        if r.config.tag not in seen:
+            seen.add(r.config.tag)
+            unique.append((label, r))
+    return unique
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", required=True, help="suite YAML files (name, M, N, K, a, b)")
+    ap.add_argument("--only", default=None, help="comma-separated shape names")
+    ap.add_argument("--per-group", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import torch
+    import yaml
+
+    from gemmgen import Problem
+    from gemmgen.codegen.nvrtc import compile_many
+    from gemmgen.rank.calibration import params_for
+
+    gpu = detected_gpu()
+    params, _ = params_for(gpu)
+    only = set(args.only.split(",")) if args.only else None
+    plans = []
+    for path in args.shapes:
+        for s in yaml.safe_load(Path(path).read_text())["shapes"]:
+            if only and s["name"] not in only:
+                continue
+            problem = Problem.create(s["M"], s["N"], s["K"], "bf16", s.get("a", "row"), s.get("b", "row"))
+            plans.append((s["name"], problem, contenders(problem, gpu, params, args.per_group)))
+    kernels = [harness.kernel_for(p, r.config, gpu.arch) for _, p, cs in plans for _, r in cs]
+    print(f"compiling {len(kernels)} kernels", flush=True)
+    built = iter(compile_many(kernels, None))
+    kernels = iter(kernels)
+    rows = []
+    for name, problem, chosen in plans:
+        sets = [operands(torch, problem) for _ in range(SETS)]
+        fns = {"cuBLAS": lambda s: torch.matmul(s[0], s[1], out=s[2])}
+        meta = {}
+        for label, r in chosen:
+            kernel, compiled = next(kernels), next(built)
+            if isinstance(compiled, Exception):
+                print(f"  {r.config.tag}: compile failed", flush=True)
+                continue
+            gemm = load_compiled(kernel, problem, compiled, "gemmgen-widths-")
+            err = harness.poisoned_error(torch, gemm, *sets[0])
+            if not err < 1e-2:
+                print(f"  {r.config.tag}: wrong result ({err})", flush=True)
+                continue
+            fns[r.config.tag] = lambda s, g=gemm: g(*s)
+            meta[r.config.tag] = (label, r.time_s, err)
+        times = harness.interleaved_times(torch, fns, sets,
+                                          lambda t, fn, ss: harness.graph_timed(t, fn, ss, CALLS, REPLAYS), PASSES)
+        cublas = statistics.median(times["cuBLAS"])
+        for tag, (label, predicted, err) in meta.items():
+            us = statistics.median(times[tag]) * 1e6
+            rows.append({"shape": name, "problem": problem.label, "label": label, "config": tag,
+                         "predicted_us": predicted * 1e6, "us": us, "cublas_us": cublas * 1e6,
+                         "vs_cublas": cublas * 1e6 / us, "rel_error": err})
+            print(f"{name:12s} {label:20s} {tag.replace('sm90_wgmma_', '')[:64]:64s} {us:8.1f} us "
+                  f"(pred {predicted * 1e6:7.1f})  {cublas * 1e6 / us:5.2f}x cuBLAS", flush=True)
+        del sets
+    print("\nshape        no widths  pick   best width group (x cuBLAS, graph-timed, interleaved)")
+    for name in dict.fromkeys(r["shape"] for r in rows):
+        mine = [r for r in rows if r["shape"] == name]
+        get = {r["label"]: r["vs_cublas"] for r in mine if r["label"].startswith("pick")}
+        best = max(mine, key=lambda r: r["vs_cublas"])
+        print(f"{name:12s} {get.get('pick without widths', float('nan')):8.2f}  "
+              f"{get.get('pick', get.get('pick without widths', float('nan'))):5.2f}  "
+              f"{best['vs_cublas']:.2f} {best['config'].replace('sm90_wgmma_', '')[:60]}")
+    if args.out:
+        print("written:", write_report(args.out, "widths.json", {"gpu": gpu.key, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "widths.py")
