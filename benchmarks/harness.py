@@ -65,6 +65,21 @@ def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
     return gemmgen.load(folder)
 
 
+def layout_operands(torch, problem, dtype):
+    """A (M x K), B (K x N) in the problem's layouts (a column-major operand is a transposed view), random normal
+    values cast to `dtype`, and an uninitialised D (M x N)."""
+    m, n, k = problem.m, problem.n, problem.k
+
+    def randn(rows, cols, col_major):
+        x = torch.randn(cols, rows, device="cuda", dtype=torch.float32).t() if col_major else \
+            torch.randn(rows, cols, device="cuda", dtype=torch.float32)
+        return x.to(dtype)
+
+    a = randn(m, k, problem.a_layout.value == "col")
+    b = randn(k, n, problem.b_layout.value == "col")
+    return a, b, torch.empty(m, n, device="cuda", dtype=dtype)
+
+
 def poisoned_error(torch, gemm, a, b, d) -> float:
     """gemm(a, b, d) once with D poisoned (NaN) first: its relative error against the fp32 product of a and b in
     float64, NaN where any element is not finite (an unwritten one keeps the poison)."""
@@ -75,6 +90,21 @@ def poisoned_error(torch, gemm, a, b, d) -> float:
         return float("nan")
     ref = (a.float() @ b.float()).double()
     return float((d.double() - ref).norm() / ref.norm())
+
+
+def checked_load(torch, kernel, problem, compiled, operands, prefix: str):
+    """`compiled` loaded as a user would (load_compiled) and run once on `operands` (A, B, D) with D poisoned:
+    (the callable, its relative error), or (None, None) after a printed line where the compile failed or the
+    result is wrong (NaN included)."""
+    if isinstance(compiled, Exception):
+        print(f"  {kernel.config.tag}: compile failed", flush=True)
+        return None, None
+    gemm = load_compiled(kernel, problem, compiled, prefix)
+    err = poisoned_error(torch, gemm, *operands)
+    if not err < 1e-2:
+        print(f"  {kernel.config.tag}: wrong result ({err})", flush=True)
+        return None, None
+    return gemm, err
 
 
 def verify_shapes(torch, gemm, shapes, a_layout: str, b_layout: str, operand, rel_error, tolerance: float = 1e-2):
@@ -189,6 +219,7 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) 
     return times
 
 
-__all__ = ["ROOT", "event_time", "interleaved_times", "kernel_for", "load_compiled", "poisoned_error", "run_main", "timed",
+__all__ = ["ROOT", "checked_load", "event_time", "interleaved_times", "kernel_for", "layout_operands", "load_compiled", "poisoned_error",
+           "run_main", "timed",
            "verify_all",
            "verify_shapes", "write_report"]

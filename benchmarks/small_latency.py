@@ -21,20 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
 
 SHAPES = ("88,4360,560,cc", "104,14648,376,rr", "236,1006,872,rr", "112,11952,1775,cr", "128,128,64,rr")
 SETS, CALLS, REPLAYS = 4, 40, 7
-
-
-def operands(torch, problem):
-    def randn(rows, cols, col_major):
-        x = torch.randn(cols, rows, device="cuda").t() if col_major else torch.randn(rows, cols, device="cuda")
-        return x.to(torch.bfloat16)
-
-    return (randn(problem.m, problem.k, problem.a_layout.value == "col"),
-            randn(problem.k, problem.n, problem.b_layout.value == "col"),
-            torch.empty(problem.m, problem.n, device="cuda", dtype=torch.bfloat16))
 
 
 def kernel_us(torch, fn, sets, calls: int = 20) -> "dict[str, float]":
@@ -149,7 +139,7 @@ def main(argv=None) -> int:
     built = compile_many(kernels, None)
     rows, i = [], 0
     for problem, ranked in plans:
-        sets = [operands(torch, problem) for _ in range(SETS)]
+        sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
 
         def cublas(s):
             torch.matmul(s[0], s[1], out=s[2])
@@ -158,12 +148,8 @@ def main(argv=None) -> int:
         for r in ranked:
             kernel, compiled = kernels[i], built[i]
             i += 1
-            if isinstance(compiled, Exception):
-                continue
-            gemm = load_compiled(kernel, problem, compiled, "gemmgen-latency-")
-            err = harness.poisoned_error(torch, gemm, *sets[0])
-            if not err < 1e-2:
-                print(f"  {kernel.config.tag}: wrong result ({err})", flush=True)
+            gemm, _ = harness.checked_load(torch, kernel, problem, compiled, sets[0], "gemmgen-latency-")
+            if gemm is None:
                 continue
             entries.append((kernel.config.tag, r.time_s, lambda s, g=gemm: g(*s)))
         for name, predicted, fn in entries:

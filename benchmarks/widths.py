@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import detected_gpu, load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
 
 SETS, CALLS, REPLAYS, PASSES = 3, 20, 5, 5
 
@@ -31,16 +31,6 @@ def width_group(config) -> "str | None":
     if config.family != "sm90_wgmma" or config.swap_ab or config.cta.n % 64 == 0 or config.cta.m < 128:
         return None
     return f"w{config.cta.m}"
-
-
-def operands(torch, problem):
-    def randn(rows, cols, col_major):
-        x = torch.randn(cols, rows, device="cuda").t() if col_major else torch.randn(rows, cols, device="cuda")
-        return x.to(torch.bfloat16)
-
-    return (randn(problem.m, problem.k, problem.a_layout.value == "col"),
-            randn(problem.k, problem.n, problem.b_layout.value == "col"),
-            torch.empty(problem.m, problem.n, device="cuda", dtype=torch.bfloat16))
 
 
 def contenders(problem, gpu, params, per_group: int) -> "list[tuple[str, object]]":
@@ -97,18 +87,12 @@ def main(argv=None) -> int:
     kernels = iter(kernels)
     rows = []
     for name, problem, chosen in plans:
-        sets = [operands(torch, problem) for _ in range(SETS)]
+        sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
         fns = {"cuBLAS": lambda s: torch.matmul(s[0], s[1], out=s[2])}
         meta = {}
         for label, r in chosen:
-            kernel, compiled = next(kernels), next(built)
-            if isinstance(compiled, Exception):
-                print(f"  {r.config.tag}: compile failed", flush=True)
-                continue
-            gemm = load_compiled(kernel, problem, compiled, "gemmgen-widths-")
-            err = harness.poisoned_error(torch, gemm, *sets[0])
-            if not err < 1e-2:
-                print(f"  {r.config.tag}: wrong result ({err})", flush=True)
+            gemm, err = harness.checked_load(torch, next(kernels), problem, next(built), sets[0], "gemmgen-widths-")
+            if gemm is None:
                 continue
             fns[r.config.tag] = lambda s, g=gemm: g(*s)
             meta[r.config.tag] = (label, r.time_s, err)

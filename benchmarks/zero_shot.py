@@ -109,17 +109,8 @@ def plan(shape_files, dtypes, gpu, variants, tuned):
 
 
 def operands(torch, problem, dtype):
-    """A (M x K), B (K x N) in the problem's layouts (a column-major operand is a transposed view) and D."""
-    m, n, k = problem.m, problem.n, problem.k
-
-    def randn(rows, cols, col_major):
-        x = torch.randn(cols, rows, device="cuda", dtype=torch.float32).t() if col_major else \
-            torch.randn(rows, cols, device="cuda", dtype=torch.float32)
-        return x.to(dtype)
-
-    a = randn(m, k, problem.a_layout.value == "col")
-    b = randn(k, n, problem.b_layout.value == "col")
-    return a, b, torch.empty(m, n, device="cuda", dtype=dtype)
+    """A, B in the problem's layouts and D (harness.layout_operands)."""
+    return harness.layout_operands(torch, problem, dtype)
 
 
 def timed(torch, fn, sets) -> float:
