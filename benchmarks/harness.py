@@ -107,6 +107,65 @@ def checked_load(torch, kernel, problem, compiled, operands, prefix: str):
     return gemm, err
 
 
+def suite_problems(paths, only: "set[str] | None" = None, dtype: str = "bf16") -> "list[tuple[str, object]]":
+    """(name, Problem) of every shape of the suite YAML files at `paths` (or of those named in `only`)."""
+    import yaml
+
+    from gemmgen import Problem
+
+    out = []
+    for path in paths:
+        for s in yaml.safe_load(Path(path).read_text())["shapes"]:
+            if only is None or s["name"] in only:
+                out.append((s["name"], Problem.create(s["M"], s["N"], s["K"], dtype, s.get("a", "row"),
+                                                      s.get("b", "row"))))
+    return out
+
+
+def time_contenders(torch, gpu, plans, prefix: str, sets: int = 3, calls: int = 20, replays: int = 5,
+                    passes: int = 5) -> "list[dict]":
+    """For each (name, problem, [(label, ranked entry)]) of `plans`: every entry's kernel compiled (all at once),
+    loaded and checked with D poisoned (checked_load), then CUDA-graph timed (`calls` calls over `sets` rotating
+    bf16 input sets, median of `replays`) in `passes` interleaved passes beside cuBLAS (torch.matmul). One row per
+    kernel that ran: its label, tag, predicted and measured µs (median over the passes), cuBLAS's and the ratio."""
+    import statistics
+
+    from gemmgen.codegen.nvrtc import compile_many
+
+    kernels = [kernel_for(p, r.config, gpu.arch) for _, p, cs in plans for _, r in cs]
+    print(f"compiling {len(kernels)} kernels", flush=True)
+    built, kernels = iter(compile_many(kernels, None)), iter(kernels)
+    rows = []
+    for name, problem, chosen in plans:
+        inputs = [layout_operands(torch, problem, torch.bfloat16) for _ in range(sets)]
+        fns = {"cuBLAS": lambda s: torch.matmul(s[0], s[1], out=s[2])}
+        meta = {}
+        for label, r in chosen:
+            gemm, err = checked_load(torch, next(kernels), problem, next(built), inputs[0], prefix)
+            if gemm is not None:
+                fns[r.config.tag] = lambda s, g=gemm: g(*s)
+                meta[r.config.tag] = (label, r.time_s, err)
+        times = interleaved_times(torch, fns, inputs, lambda t, fn, ss: graph_timed(t, fn, ss, calls, replays), passes)
+        cublas = statistics.median(times["cuBLAS"])
+        for tag, (label, predicted, err) in meta.items():
+            us = statistics.median(times[tag]) * 1e6
+            rows.append({"shape": name, "problem": problem.label, "label": label, "config": tag,
+                         "predicted_us": predicted * 1e6, "us": us, "cublas_us": cublas * 1e6,
+                         "vs_cublas": cublas * 1e6 / us, "rel_error": err})
+            print(f"{name:12s} {label:20s} {tag.replace('sm90_wgmma_', '')[:64]:64s} {us:8.1f} us "
+                  f"(pred {predicted * 1e6:7.1f})  {cublas * 1e6 / us:5.2f}x cuBLAS", flush=True)
+        del inputs
+    return rows
+
+
+def by_shape(rows: "list[dict]") -> "dict[str, list[dict]]":
+    """time_contenders' rows grouped by shape name, in the order the shapes ran."""
+    out: "dict[str, list[dict]]" = {}
+    for r in rows:
+        out.setdefault(r["shape"], []).append(r)
+    return out
+
+
 def verify_shapes(torch, gemm, shapes, a_layout: str, b_layout: str, operand, rel_error, tolerance: float = 1e-2):
     """Run a loaded bf16 kernel at each (M, N, K) of `shapes` on fresh random operands in the given layouts, D
     poisoned with NaN first, against an fp32 product (the caller sets TF32 off). Returns (all within tolerance,
@@ -219,7 +278,7 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) 
     return times
 
 
-__all__ = ["ROOT", "checked_load", "event_time", "interleaved_times", "kernel_for", "layout_operands", "load_compiled", "poisoned_error",
-           "run_main", "timed",
+__all__ = ["ROOT", "by_shape", "checked_load", "event_time", "interleaved_times", "kernel_for", "layout_operands", "load_compiled",
+           "poisoned_error", "run_main", "suite_problems", "time_contenders", "timed",
            "verify_all",
            "verify_shapes", "write_report"]

@@ -7,14 +7,13 @@
     PYTHONPATH=$PWD python3 benchmarks/widths.py --shapes benchmarks/suites/linear-tokens.yaml [--per-group 2] [--out DIR]
 
 Public APIs only: the space (rank.space), the model (rank.predict, ranking), NVRTC (codegen.nvrtc) and a bundle
-loaded with gemmgen.load. Every kernel is verified once on fresh inputs with D poisoned against an fp32 product
-before it is timed; then each contender is CUDA-graph timed (CALLS calls over rotating input sets) in PASSES
-interleaved passes, median. The ratios are to cuBLAS (torch.matmul) of the same passes.
+loaded with gemmgen.load. harness.time_contenders checks every kernel once on fresh inputs with D poisoned against an
+fp32 product, then CUDA-graph times each contender (20 calls over 3 rotating input sets) in 5 interleaved passes,
+median, beside cuBLAS (torch.matmul) in the same passes.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,9 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
-
-SETS, CALLS, REPLAYS, PASSES = 3, 20, 5, 5
-
 
 def width_group(config) -> "str | None":
     """The width group a configuration belongs to (tiles of 128+ rows whose N is not a multiple of 64), or None."""
@@ -65,55 +61,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
-    import yaml
 
-    from gemmgen import Problem
-    from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.rank.calibration import params_for
 
     gpu = detected_gpu()
     params, _ = params_for(gpu)
-    only = set(args.only.split(",")) if args.only else None
-    plans = []
-    for path in args.shapes:
-        for s in yaml.safe_load(Path(path).read_text())["shapes"]:
-            if only and s["name"] not in only:
-                continue
-            problem = Problem.create(s["M"], s["N"], s["K"], "bf16", s.get("a", "row"), s.get("b", "row"))
-            plans.append((s["name"], problem, contenders(problem, gpu, params, args.per_group)))
-    kernels = [harness.kernel_for(p, r.config, gpu.arch) for _, p, cs in plans for _, r in cs]
-    print(f"compiling {len(kernels)} kernels", flush=True)
-    built = iter(compile_many(kernels, None))
-    kernels = iter(kernels)
-    rows = []
-    for name, problem, chosen in plans:
-        sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
-        fns = {"cuBLAS": lambda s: torch.matmul(s[0], s[1], out=s[2])}
-        meta = {}
-        for label, r in chosen:
-            gemm, err = harness.checked_load(torch, next(kernels), problem, next(built), sets[0], "gemmgen-widths-")
-            if gemm is None:
-                continue
-            fns[r.config.tag] = lambda s, g=gemm: g(*s)
-            meta[r.config.tag] = (label, r.time_s, err)
-        times = harness.interleaved_times(torch, fns, sets,
-                                          lambda t, fn, ss: harness.graph_timed(t, fn, ss, CALLS, REPLAYS), PASSES)
-        cublas = statistics.median(times["cuBLAS"])
-        for tag, (label, predicted, err) in meta.items():
-            us = statistics.median(times[tag]) * 1e6
-            rows.append({"shape": name, "problem": problem.label, "label": label, "config": tag,
-                         "predicted_us": predicted * 1e6, "us": us, "cublas_us": cublas * 1e6,
-                         "vs_cublas": cublas * 1e6 / us, "rel_error": err})
-            print(f"{name:12s} {label:20s} {tag.replace('sm90_wgmma_', '')[:64]:64s} {us:8.1f} us "
-                  f"(pred {predicted * 1e6:7.1f})  {cublas * 1e6 / us:5.2f}x cuBLAS", flush=True)
-        del sets
+    problems = harness.suite_problems(args.shapes, set(args.only.split(",")) if args.only else None)
+    plans = [(name, problem, contenders(problem, gpu, params, args.per_group)) for name, problem in problems]
+    rows = harness.time_contenders(torch, gpu, plans, "gemmgen-widths-")
     print("\nshape        no widths  pick   best width group (x cuBLAS, graph-timed, interleaved)")
-    for name in dict.fromkeys(r["shape"] for r in rows):
-        mine = [r for r in rows if r["shape"] == name]
-        get = {r["label"]: r["vs_cublas"] for r in mine if r["label"].startswith("pick")}
+    nan = {"vs_cublas": float("nan")}
+    for name, mine in harness.by_shape(rows).items():
+        labelled = {r["label"]: r for r in mine}
+        without = labelled.get("pick without widths", nan)
         best = max(mine, key=lambda r: r["vs_cublas"])
-        print(f"{name:12s} {get.get('pick without widths', float('nan')):8.2f}  "
-              f"{get.get('pick', get.get('pick without widths', float('nan'))):5.2f}  "
+        print(f"{name:12s} {without['vs_cublas']:8.2f}  {labelled.get('pick', without)['vs_cublas']:5.2f}  "
               f"{best['vs_cublas']:.2f} {best['config'].replace('sm90_wgmma_', '')[:60]}")
     if args.out:
         print("written:", write_report(args.out, "widths.json", {"gpu": gpu.key, "rows": rows}))
