@@ -599,3 +599,27 @@ def test_batch_tiles_for_fp8_and_tf32_match_the_fp32_reference(dtype, swapped):
         err = rel_error(D, ref)
         print(f"batch tile {dtype} {tile} {cluster} {m}x{n}x{k}: {err:.2e}")
         assert err < TOLERANCE
+
+
+# Tile widths that fit the waves (search spaces `widths`, `widths_256`): 128-, 192- and 256-row tiles whose N is a
+# multiple of 16 but not of 64, for K-major B (column-major B), with the staged epilogue; alone and in clusters.
+# Shapes that are not tile multiples (odd M, N past a partial tile, K past a partial k-tile), a second and third shape
+# through the same bundle, row- and column-major A, bias + GELU + beta; D poisoned first.
+WIDTHS = {
+    "128x144_s6": {"cta": "128x144x64", "warp": "64x144x64", "mma": "64x144x16", "stages": 6},
+    "128x208_s4_cl2x1": {"cta": "128x208x64", "warp": "64x208x64", "mma": "64x208x16", "stages": 4, "cluster": "2x1"},
+    "192x112_s4_cl2x1": {"cta": "192x112x64", "warp": "64x112x64", "mma": "64x112x16", "stages": 4, "cluster": "2x1"},
+    "256x160_s3": {"cta": "256x160x64", "warp": "128x160x64", "mma": "64x160x16", "stages": 3},
+}
+
+
+@pytest.mark.parametrize("case", sorted(WIDTHS))
+@pytest.mark.parametrize("a", ["row", "col"])
+def test_width_tiles_match_the_fp32_reference_at_shapes_that_are_not_tile_multiples(case, a):
+    config = {"family": "sm90_wgmma", "warp_specialized": True, "persistent": True, **WIDTHS[case]}
+    gemm = load(Problem.create(513, 4104, 1032, "bf16", a, "col", bias=True, activation="gelu", beta=0.5), config)
+    for mm, nn, kk in ((513, 4104, 1032), (777, 1000, 520), (8, 136, 72)):
+        D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+        err = bias_gelu_beta_error(gemm, mm, nn, kk, a, "col", D)
+        print(f"width tile {case} {a[0]}c {mm}x{nn}x{kk}: {err:.2e}")
+        assert err < TOLERANCE
