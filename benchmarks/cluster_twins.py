@@ -55,10 +55,11 @@ def main(argv=None) -> int:
 
     from gemmgen.rank.calibration import params_for
 
+    problems = harness.suite_problems(args.shapes, args.only)   # a bad file is named before the GPU is looked for
     gpu = detected_gpu()
     params, _ = params_for(gpu)
     seen, plans = set(), []
-    for name, problem in harness.suite_problems(args.shapes, set(args.only.split(",")) if args.only else None):
+    for name, problem in problems:
         if problem.label not in seen and (chosen := twins(problem, gpu, params)):
             seen.add(problem.label)
             plans.append((name, problem, chosen))

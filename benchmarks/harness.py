@@ -107,19 +107,13 @@ def checked_load(torch, kernel, problem, compiled, operands, prefix: str):
     return gemm, err
 
 
-def suite_problems(paths, only: "set[str] | None" = None, dtype: str = "bf16") -> "list[tuple[str, object]]":
-    """(name, Problem) of every shape of the suite YAML files at `paths` (or of those named in `only`)."""
-    import yaml
+def suite_problems(paths, only: "str | None" = None, dtype: str = "bf16") -> "list[tuple[str, object]]":
+    """(name, Problem) of every shape of the suite files at `paths` (or of those named in `only`, comma-separated),
+    read and checked as `gemmgen suite` reads them (a bad file or name is a SuiteFileError naming the rule)."""
+    from gemmgen.tune.suite import load_suites, select
 
-    from gemmgen import Problem
-
-    out = []
-    for path in paths:
-        for s in yaml.safe_load(Path(path).read_text())["shapes"]:
-            if only is None or s["name"] in only:
-                out.append((s["name"], Problem.create(s["M"], s["N"], s["K"], dtype, s.get("a", "row"),
-                                                      s.get("b", "row"))))
-    return out
+    shapes = select(load_suites(list(paths)), only, ", ".join(map(str, paths)))
+    return [(s.name, s.problem(dtype)) for s in shapes]
 
 
 def time_contenders(torch, gpu, plans, prefix: str, sets: int = 3, calls: int = 20, replays: int = 5,

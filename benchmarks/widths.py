@@ -64,9 +64,9 @@ def main(argv=None) -> int:
 
     from gemmgen.rank.calibration import params_for
 
+    problems = harness.suite_problems(args.shapes, args.only)   # a bad file is named before the GPU is looked for
     gpu = detected_gpu()
     params, _ = params_for(gpu)
-    problems = harness.suite_problems(args.shapes, set(args.only.split(",")) if args.only else None)
     plans = [(name, problem, contenders(problem, gpu, params, args.per_group)) for name, problem in problems]
     rows = harness.time_contenders(torch, gpu, plans, "gemmgen-widths-")
     print("\nshape        no widths  pick   best width group (x cuBLAS, graph-timed, interleaved)")
