@@ -70,7 +70,16 @@ def test_a_shape_the_kernel_cannot_serve_is_refused_naming_the_rule(shapes, rule
 
 def test_family_limits_follow_the_problem_split_k_slices_and_the_swapped_tile():
     skinny = Problem.create(16, 4096, 4096, "bf16", "row", "col")
-    swapped = [c for c in enumerate_space("sm90_wgmma", H100, problem=skinny) if c.swap_ab]
+    swapped = [c for c in enumerate_space("sm90_wgmma", H100, problem=skinny) if c.swap_ab and c.cta.n < 128]
+    wide = next(c for c in enumerate_space("sm90_wgmma", H100, problem=skinny) if c.swap_ab and c.cta.n >= 128
+                and c.cta.m >= 128)
+    # A wide swapped tile serves M up to four of its token columns; a skinny one M up to its N.
+    assert make_manifest(kernel_for(skinny, wide), skinny)["serves"]["m_max"] == 4 * wide.cta.n
+    check_serves(kernel_for(skinny, wide), problem_from_shapes(skinny, (4 * wide.cta.n - 3, 4096), (4096, 4096),
+                                                               (4 * wide.cta.n - 3, 4096)))
+    with pytest.raises(InvalidInput, match="skinny"):
+        check_serves(kernel_for(skinny, wide), problem_from_shapes(skinny, (4 * wide.cta.n + 8, 4096), (4096, 4096),
+                                                                   (4 * wide.cta.n + 8, 4096)))
     kernel = kernel_for(skinny, swapped[0])
     assert make_manifest(kernel, skinny)["serves"]["m_max"] == swapped[0].cta.n
     check_serves(kernel, problem_from_shapes(skinny, (8, 4096), (4096, 4096), (8, 4096)))

@@ -127,7 +127,10 @@ def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_w
     assert len(runs) == 1 and workspace == 0 and runs[0]["grid"] == [64, 1, 1]
     assert not any(p["name"] == "tmD" for p in runs[0]["params"])
     source = render(kernel)
-    assert "D[(size_t)(col + e) * ldd + row]" in source
+    # D's rows are 16-byte aligned: each lane writes a run of one D row in 16-byte stores, not four-element pieces.
+    assert "D + (size_t)drow * ldd + dcol" in source and "D[(size_t)(col + e) * ldd + row]" not in source
+    odd = Problem.create(16, 4095, 4096, "bf16", "row", "row")   # ldd 4095: element stores of D^T's staged rows
+    assert "D[(size_t)(col + e) * ldd + row]" in render(Kernel(Arch.SM90A, odd.operands, kernel.config))
     compiled = compile_sm90(kernel)
     counts = sass_counts(compiled.cubin)
     assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
@@ -163,14 +166,21 @@ def test_fused_swapped_split_k_sums_its_partials_transposed_in_one_launch(splits
     assert count(counts, "HGMMA") > 0 and count(counts, "UTMALDG") > 0
 
 
-def test_space_offers_swapped_tiles_to_skinny_m_only_and_the_model_ranks_one_first():
+def test_space_offers_swapped_tiles_to_skinny_m_and_a_few_token_columns_and_the_model_ranks_one_first():
     from gemmgen.rank.predict import predict
     from gemmgen.rank.space import enumerate_space
     skinny = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(16, 4096, 4096))
               if c.swap_ab]
     assert {16, 32, 64} <= {c.cta.n for c in skinny} and all(c.cta.n * c.cluster.n >= 16 for c in skinny)
-    assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096))
-                if c.swap_ab]
+    # At large M only the wide unclustered swapped tiles (the transposed product's widths) remain.
+    large = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(4096, 4096, 4096, b="col"))
+             if c.swap_ab]
+    assert not large   # M = 4096 is more than four columns of any wide swapped tile
+    tokens = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, b="col"))
+              if c.swap_ab]
+    assert tokens and all(c.cta.m >= 128 and c.cta.n >= 128 and c.cluster.size == 1 for c in tokens)
+    assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, a="col"))
+                if c.swap_ab]   # column-major A: the swapped main loop would read A^T MN-major (no widths there)
     p = Problem.create(16, 4096, 4096)
     # 4x fewer wasted wgmma rows than the 64-row tile: the model must not price the swap above it.
     assert predict(p, swap_config(), H100).time_s <= predict(p, splitk_config(4, "64x128x64", "64x128x64", 6), H100).time_s
@@ -200,6 +210,23 @@ def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     n = int(cta.split("x")[1])
     config = swap_config(cta, f"64x{n}x64", 6, abs(splits), fused=splits < 0)
     result = verify_on_gpu(problem, config, seed=5)
+    assert result.ok, result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,n,stages", [
+    (Problem.create(513, 4096, 4096, "bf16", "row", "col"), 144, 6),
+    (Problem.create(777, 1000, 520, "f16", "row", "row", alpha=0.5, beta=1.0, bias=True, activation="gelu"), 208, 4),
+    (Problem.create(300, 4104, 1032, "bf16", "row", "col", c_dtype="f32", bias=True), 160, 4),
+    (Problem.create(901, 2003, 776, "f16", "row", "col", beta=-1.0, bias=True, activation="relu"), 240, 4),
+    (Problem.create(513, 520, 264, "bf16", "row", "col", ldc=528), 144, 4),
+])
+def test_wide_swapped_tiles_verify_at_several_token_columns(problem, n, stages):
+    """Wide swapped tiles (rules.swap_m_max) at M over several tiles and not a tile multiple: the transposed
+    epilogue's 16-byte runs of D's rows (fp32 D, a view of D whose rows are wider) and its element stores (D's
+    rows not 16-byte aligned: N 2003); fresh operands, D poisoned, against the reference."""
+    config = swap_config(f"128x{n}x64", f"64x{n}x64", stages, splits=1)
+    result = verify_on_gpu(problem, config, seed=8)
     assert result.ok, result.reason
 
 

@@ -164,7 +164,9 @@ class Sm90Wgmma(KernelFamily):
         return SM_STREAM_RATE
 
     def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
-        odd_width = ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and not config.swap_ab else 1.0
+        # The wide swapped tiles are the same tiles on the transposed product; the skinny ones are not.
+        wide = not config.swap_ab or config.cta.n >= 128
+        odd_width = ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and wide else 1.0
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
             return odd_width
@@ -198,7 +200,7 @@ class Sm90Wgmma(KernelFamily):
         out = super().serves(kernel)
         cfg = kernel.config
         if cfg.swap_ab:
-            out["m_max"] = cfg.cta.n * cfg.cluster.n  # the swapped tile's N (a 1x2 pair's two) holds all of M
+            out["m_max"] = _rules.swap_m_max(cfg)  # the swapped tile's N (a 1x2 pair's two, a few wide ones)
         elif cfg.cta.m == 64 and cfg.cluster.m > 1:
             out["m_max"] = cfg.cta.m * cfg.cluster.m  # a cluster of 64-row tiles covers every row (rules)
         return out

@@ -64,6 +64,9 @@ def context(kernel: Kernel) -> dict:
         # The main loop ran on D^T = B^T @ A^T: the epilogue writes D transposed, or the reduction reads partial
         # (row, col) of D at [col][row].
         "swap_ab": cfg.swap_ab,
+        # D's rows start on 16-byte boundaries: the swapped epilogue writes each lane's run of a D row in 16-byte
+        # stores (otherwise four-element pieces, any alignment).
+        "d_vec16": ops.align_c * ops.c_dtype.bytes >= 16,
         "streamk": is_streamk(kernel),
         "tma_store": uses_tma_store(kernel),
         # D staged in the 16 x 32 boxes: TMA-stored, or (a 16-bit D whose rows are not 16-byte aligned) written by

@@ -51,9 +51,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     if config.swap_ab:
         staged_epilogue("a swapped kernel", "writes D transposed from its staged epilogue or its reduction launch")
         if problem is not None:
-            # A 1x2 cluster's two tiles of the problem's M share the weights' tile (the swapped kernel's A).
-            rule(problem.m <= cta.n * config.cluster.n, "the operand swap serves skinny products: M must fit the "
-                 "swapped tile's N (times the cluster's N)", problem.m, cta.n * config.cluster.n)
+            # A 1x2 cluster's two tiles of the problem's M share the weights' tile (the swapped kernel's A); a wide
+            # swapped tile spans a few token columns (swap_m_max).
+            rule(problem.m <= swap_m_max(config), "the operand swap serves skinny products: M must fit the "
+                 "swapped tile's N (times the cluster's N, or four of a wide swapped tile)", problem.m,
+                 swap_m_max(config))
         if operands is not None:
             operands = operands.swapped()
 
@@ -216,6 +218,21 @@ def a_is_kmajor(operands: Operands) -> bool:
 def b_is_kmajor(operands: Operands) -> bool:
     """B (K x N) column-major keeps K contiguous: K-major in shared memory."""
     return operands.b_layout is Layout.COL
+
+
+def swap_m_max(config: Sm90Config) -> int:
+    """The largest M a swapped kernel serves. Its tile's N holds M (a 1x2 pair's two N); a wide one (unclustered,
+    128+ rows of the problem's N by 128+ of its M) spans up to four tile columns of M, so that the transposed
+    product fills whole waves where M's 64-row steps cannot (513 tokens through a 4096-wide layer: 32 x 4 tiles
+    of 128 x 144 in one wave, as cuBLAS runs it). Measured on the H100 (docs/perf-notes.md, "The transposed
+    epilogue"): 2x1 pairs of such tiles lost 25-35% on one-wave grids, and at M 1432-2824 or on 80-112-wide tiles
+    they ran 10-50% slower than the model priced them, where at 300-777 tokens they ran 4-9% faster than the
+    unswapped picks."""
+    wide = config.cta.m >= 128 and config.cta.n >= 128 and config.cluster.size == 1
+    return config.cta.n * (WIDE_SWAP_COLUMNS if wide else config.cluster.n)
+
+
+WIDE_SWAP_COLUMNS = 4
 
 
 def _b_major(operands: "Operands | None", swapped: bool) -> str:
