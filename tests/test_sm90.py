@@ -179,7 +179,7 @@ def test_manifest_launch_is_persistent_and_clustered():
     one_shot = Kernel(Arch.SM90A, problem.operands, hopper_config(persistent=False))
     assert sm90.launch(one_shot, problem, sm_count=132)["grid"] == [32 * 16, 1, 1]
     names = [p["name"] for p in entry["params"]]
-    # A K-major A that the 2x1 cluster does not multicast has an edge map (tmAe); the multicast B has none.
+    # A K-major A has an edge map (tmAe); the row-major (MN-major, 64-column boxes) B has none.
     assert names == ["tmA", "tmB", "tmAe", "tmD", "B", "C", "D", "bias", "workspace", "M", "N", "K", "lda", "ldb",
                      "ldc", "ldd", "alpha", "beta"]
 
@@ -187,8 +187,9 @@ def test_manifest_launch_is_persistent_and_clustered():
 @pytest.mark.parametrize("m,n,cluster,b,want", [
     (129, 4096, (1, 1), "col", {"tmAe": 1, "tmBe": 256}),    # one row past 128 (128x256 tiles): a box of 1 row
     (4096, 1000, (1, 1), "col", {"tmAe": 128, "tmBe": 1000 - 3 * 256}),
-    (4096, 1000, (2, 1), "col", {"tmAe": 128}),              # B multicast over the pair: no edge map for it
-    (4096, 1000, (1, 2), "col", {"tmBe": 1000 - 3 * 256}),   # A multicast
+    (4096, 1000, (2, 1), "col", {"tmAe": 128, "tmBe": 1000 - 7 * 128}),   # B multicast over the pair in 128-row
+    (4096, 1000, (1, 2), "col", {"tmAe": 64, "tmBe": 1000 - 3 * 256}),    # slices: the slice holding N's edge; A's
+    (1000, 1000, (1, 2), "col", {"tmAe": 1000 - 15 * 64, "tmBe": 1000 - 3 * 256}),   # 64-row slices (M 4096: whole)
     (200, 1000, (1, 1), "row", {"tmAe": 200 - 128}),         # row-major B is MN-major: 64-wide boxes, no edge map
 ])
 def test_edge_maps_cut_the_last_tiles_box_to_the_rows_left(m, n, cluster, b, want):

@@ -332,26 +332,27 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
 
 
 def edge_boxes(kernel: Kernel) -> "tuple[bool, bool]":
-    """Whether A and B have an edge map (tmAe, tmBe): the last tile row (column) reads its box through a map whose
-    box is cut to the rows left before M (N). A TMA box spends about as long on a row past the tensor's edge as on
-    a real one (docs/perf-notes.md, "Rows past the edge": 129 x 4096 x 4096 ran 1.6x the time of 192 x 4096 x 4096
-    on the same 64-row tiles). Only where the box spans the operand's tile: a K-major operand that no cluster
-    multicasts (a slice's rows are another CTA's), and not 3xTF32's three K segments (two maps each already)."""
+    """Whether A and B have an edge map (tmAe, tmBe): the box that reaches past M (N), the last tile row's
+    (column's) or, of an operand a cluster multicasts, the slice holding the edge, loads through a map whose box is
+    cut to the rows left before it. A TMA box spends about as long on a row past the tensor's edge as on a real one
+    (docs/perf-notes.md, "Rows past the edge": 129 x 4096 x 4096 ran 1.6x the time of 192 x 4096 x 4096 on the same
+    64-row tiles). K-major operands (an MN-major box is 64 columns of the tile), not 3xTF32's three K segments
+    (two maps each already)."""
     cfg, ops = kernel.config, mainloop_operands(kernel)
     if cfg.split3:
         return False, False
-    return a_is_kmajor(ops) and cfg.cluster.n == 1, b_is_kmajor(ops) and cfg.cluster.m == 1
+    return a_is_kmajor(ops), b_is_kmajor(ops)
 
 
 def edge_tensormaps(kernel: Kernel, problem: Problem, tm_a: dict, tm_b: dict) -> "list[dict]":
-    """tmAe and tmBe (where edge_boxes says so): tmA's and tmB's tensor, the box's rows those of the last tile row
-    (column) of the GEMM problem, M - (tiles_m - 1) * BM (the tile's own extent when M is a multiple of it)."""
-    cfg = kernel.config
+    """tmAe and tmBe (where edge_boxes says so): tmA's and tmB's tensor, the box's rows those left in the box that
+    holds the GEMM problem's last row of M (N): (M - 1) % rows + 1 of tmA's box rows (a tile's, or a multicast
+    slice's; the box's own height when M is a multiple of it)."""
     gp = gemm_problem(kernel, problem)
     out = []
-    for flag, spec, extent, tile in zip(edge_boxes(kernel), (tm_a, tm_b), (gp.m, gp.n), (cfg.cta.m, cfg.cta.n)):
+    for flag, spec, extent in zip(edge_boxes(kernel), (tm_a, tm_b), (gp.m, gp.n)):
         if flag:
-            rows = extent - (-(-extent // tile) - 1) * tile
+            rows = (extent - 1) % spec["box"][1] + 1
             out.append({**spec, "name": spec["name"] + "e", "box": [spec["box"][0], rows]})
     return out
 
