@@ -164,9 +164,11 @@ class Sm90Wgmma(KernelFamily):
         return SM_STREAM_RATE
 
     def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
-        # The wide swapped tiles are the same tiles on the transposed product; the skinny ones are not.
-        wide = not config.swap_ab or config.cta.n >= 128
-        odd_width = ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and wide else 1.0
+        # Not the swapped widths (widths_swap): measured on the H100 at 0.82-0.94 of their price without it, where
+        # it kept the model off the 128x208 swapped tile at 777x4096x4096 (40 us against 47-49 for its pick) and
+        # the 128x224 one at 640x5120x5120 (54 against 56; docs/perf-notes.md, "The transposed epilogue").
+        odd_width = (ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and not config.swap_ab
+                     else 1.0)
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
             return odd_width
