@@ -125,12 +125,14 @@ def test_launch_description_covers_the_work_within_the_gpu_limits(label, problem
             assert maps[tm] == ("workspace" if tensor in sources and not in_place else tensor)
             if split3:   # the small parts' maps
                 assert maps[tm + "2"] == "workspace"
-            if tm + "e" in maps:   # the edge map reads what the main map reads, its box cut to the last tile's rows
-                edge = next(p for p in main["params"] if p["name"] == tm + "e")
-                full = next(p for p in main["params"] if p["name"] == tm)
+            if tm + "e" in maps:   # the edge map reads what the main map reads, its box cut to the rows left in
+                edge = next(p for p in main["params"] if p["name"] == tm + "e")   # the last box (a tile's, or a
+                full = next(p for p in main["params"] if p["name"] == tm)         # multicast slice's)
                 extent, tile = (gemm.m, config.cta.m) if tm == "tmA" else (gemm.n, config.cta.n)
+                rows = full["box"][1]
                 assert edge["tensor"] == full["tensor"] and edge["dims"] == full["dims"]
-                assert edge["box"] == [full["box"][0], extent - (math.ceil(extent / tile) - 1) * tile]
+                assert tile % rows == 0 and tile // rows in (1, config.cluster.size)
+                assert edge["box"] == [full["box"][0], extent - (math.ceil(extent / rows) - 1) * rows]
         packed_maps = 0 if in_place else sum(1 + (tm + "e" in maps) for tm, tensor in
                                              (("tmA", "B" if swapped else "A"), ("tmB", "A" if swapped else "B"))
                                              if tensor in sources)
