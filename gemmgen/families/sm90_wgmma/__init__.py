@@ -139,9 +139,10 @@ class Sm90Wgmma(KernelFamily):
 
     def edge_fill_s(self, config: Sm90Config, problem: Problem, ctas: int) -> float:
         # Per operand: the rows (MN-major: columns) its last tile row (column) covers past M (N), unless an edge map
-        # cuts that box. Its edge tiles are dealt out over the CTAs. A multicast operand's boxes are left out: not
-        # measured apart, and priced at the full rate they moved the picks of 2x1 pairs at 100x5000x3000 and
-        # 112x11952x1775 cr to tiles measured 25-30% slower (H200, docs/perf-notes.md, "Rows past the edge").
+        # cuts that box (K-major operands, multicast slices included since 2026-11-27). Its edge tiles are dealt out
+        # over the CTAs. An MN-major multicast operand's boxes are left out: not measured apart, and priced at the
+        # full rate they moved the picks of 2x1 pairs at 100x5000x3000 and 112x11952x1775 cr to tiles measured
+        # 25-30% slower (H200, docs/perf-notes.md, "Rows past the edge").
         kernel = Kernel(self.min_arch, problem.operands, config)
         gp = _launch.gemm_problem(kernel, problem)
         ops = _launch.mainloop_operands(kernel)
