@@ -8,7 +8,9 @@ is registered for CPU tensors (gemmgen.torch.registry.register(..., gpu="cpu")) 
 or torch.library dispatcher, plan lookup, output allocation, counters) but no product: what remains is the layer's
 own cost, which the GPU path pays on top of the launch (benchmarks/host_overhead.py and linear_bench.py
 --host-only time the launch on the GPU). torch.empty of the output alone and torch.matmul of a 1x1 product (torch's
-own per-call floor on the CPU) are printed beside it. Times are medians of 5 runs of --calls back-to-back calls.
+own per-call floor on the CPU) are printed beside it, and a training step of the layer (forward, then backward
+through its data and weight gradients, the bias gradient from the weight gradient's row sums: the three products
+registered as fakes), --calls / 4 of them. Times are medians of 5 runs of --calls back-to-back calls.
 """
 from __future__ import annotations
 
@@ -57,26 +59,34 @@ def main(argv=None) -> int:
         """What the op layer uses of a loaded bundle: a call, and bind_launch -> an object with launch(ptr,
         stream). Nothing is computed: only the layer's cost is timed."""
 
-        def __call__(self, A, B, D, C=None, bias=None):
+        def __call__(self, A, B, D, C=None, bias=None, row_sums=None):
             return D
 
-        def bind_launch(self, A, B, D, C=None, bias=None):
+        def bind_launch(self, A, B, D, C=None, bias=None, row_sums=None):
             return self
 
-        def launch(self, d_ptr, stream):
+        def launch(self, d_ptr, stream, row_sums_ptr=None):
             pass
 
-    def fake_callable(A, B, D, C=None, bias=None):
+    def fake_callable(A, B, D, C=None, bias=None, row_sums=None):
         return D
 
     kernel = FakeBundle() if args.kernel == "bundle" else fake_callable
     for a, b, bias in ((Layout.ROW, Layout.ROW, False), (Layout.ROW, Layout.COL, True)):
         register(KernelClass(DType.BF16, a, b, bias, Activation.NONE, None, n, n), kernel, gpu=CPU)
+    # The layer's weight gradient dZ^T X with its bias gradient (the row sums of dZ^T): K is the token count.
+    register(KernelClass(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, n, n, None, row_sums=True),
+             kernel, gpu=CPU)
     A = torch.randn(n, n, dtype=torch.bfloat16)
     B = torch.randn(n, n, dtype=torch.bfloat16)
     Ag = A.clone().requires_grad_()
     tiny = torch.randn(1, 1)
     layer = gemmgen.nn.Linear(n, n, dtype=torch.bfloat16)
+    dY = torch.randn(n, n, dtype=torch.bfloat16)
+
+    def step():   # a training step's layer work: forward, then the data, weight and bias gradients
+        layer.weight.grad = layer.bias.grad = Ag.grad = None
+        layer(Ag).backward(dY)
     gemmgen.reset_stats()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -92,6 +102,8 @@ def main(argv=None) -> int:
         rows += [
             ("gemmgen.mm, A requiring grad (forward only)", per_call_us(lambda: gemmgen.mm(Ag, B), args.calls)),
             ("gemmgen.nn.Linear, grad enabled (forward only)", per_call_us(lambda: layer(A), args.calls)),
+            ("gemmgen.nn.Linear, forward + backward (three products, bias gradient fused)",
+             per_call_us(step, max(1, args.calls // 4))),
         ]
     counts = gemmgen.stats()
     REGISTRY.clear()
