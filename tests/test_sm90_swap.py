@@ -134,6 +134,8 @@ def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_w
     compiled = compile_sm90(kernel)
     counts = sass_counts(compiled.cubin)
     assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+    # The staged rows are read down a column (32-bit LDS, not a row's LDS.128) and leave as 16-byte stores.
+    assert counts.get("STG.E.128", 0) >= 1 and counts.get("LDS", 0) >= 8 and counts.get("LDS.128", 0) == 0
 
 
 @pytest.mark.parametrize("cta,warp,stages", [("128x16x64", "64x16x64", 10), ("64x32x64", "64x32x64", 8)])
