@@ -102,7 +102,8 @@ def run(args) -> int:
             row[-2:-2] = [f"{pr.prepass_bytes / 1e6:.1f}", f"{pr.prepass_s * 1e6:.1f}"]
     print(table(rows, headers))
     top_pred, top = ranked[0]
-    print(f"\nbound: {top_pred.bound} (model's pick {label(top)}: {top_pred.time_s * 1e6:.1f} us, "
+    # The fastest of the listed configurations, not the search's pick over the whole space (tune --dry-run).
+    print(f"\nbound: {top_pred.bound} (fastest listed: {label(top)}: {top_pred.time_s * 1e6:.1f} us, "
           f"{top_pred.tflops:.1f} TFLOP/s, {top_pred.tflops * 1e12 / roof.peak_flops:.0%} of peak)")
     if top_pred.prepass_bytes:
         # Why there is a copy: TMA reads rows whose starts are 16-byte multiples; fp8 and tf32 wgmma read K-major
