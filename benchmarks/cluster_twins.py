@@ -30,18 +30,17 @@ def twins(problem, gpu, params) -> "list[tuple[str, object]]":
     from gemmgen.model.tiles import Cluster
     from gemmgen.rank.predict import predict
     from gemmgen.rank.ranking import rank_configs
-    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+    from gemmgen.rank.space import heuristic_time
 
-    space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
-    rank = lambda cs: rank_configs(cs, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)  # noqa: E731
-    pick = rank(space)[0]
+    pick = harness.ranked_space(problem, gpu, params)[0]
     if pick.config.cluster.size == 1:
         return []
     out = [("pick", pick)]
     for m, n in SHAPES:
         twin = dataclasses.replace(pick.config, cluster=Cluster(m, n))
         if twin != pick.config and not constraints.check(twin, gpu, gpu.arch, problem):
-            out.append((f"twin {m}x{n}", rank([twin])[0]))
+            out.append((f"twin {m}x{n}", rank_configs([twin], problem, gpu, lambda p, c, g: predict(p, c, g, params),
+                                                      heuristic_time)[0]))
     return out
 
 

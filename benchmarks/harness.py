@@ -107,6 +107,17 @@ def checked_load(torch, kernel, problem, compiled, operands, prefix: str):
     return gemm, err
 
 
+def ranked_space(problem, gpu, params) -> list:
+    """Every family's valid configurations for `problem` on `gpu`, ranked by the model with `params` (ties broken by
+    the heuristic, then the name): the dry run's ranking, through the public rank APIs."""
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.ranking import rank_configs
+    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+
+    space = [c for family in families_for(gpu.arch) for c in enumerate_space(family, gpu, problem=problem)]
+    return rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
+
+
 def suite_problems(paths, only: "str | None" = None, dtype: str = "bf16") -> "list[tuple[str, object]]":
     """(name, Problem) of every shape of the suite files at `paths` (or of those named in `only`, comma-separated),
     read and checked as `gemmgen suite` reads them (a bad file or name is a SuiteFileError naming the rule)."""
@@ -273,6 +284,6 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) 
 
 
 __all__ = ["ROOT", "by_shape", "checked_load", "event_time", "interleaved_times", "kernel_for", "layout_operands", "load_compiled",
-           "poisoned_error", "run_main", "suite_problems", "time_contenders", "timed",
+           "poisoned_error", "ranked_space", "run_main", "suite_problems", "time_contenders", "timed",
            "verify_all",
            "verify_shapes", "write_report"]

@@ -116,9 +116,6 @@ def main(argv=None) -> int:
     from gemmgen import Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.rank.calibration import params_for
-    from gemmgen.rank.predict import predict
-    from gemmgen.rank.ranking import rank_configs
-    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
 
     gpu = detected_gpu()
     params, _ = params_for(gpu)
@@ -127,8 +124,7 @@ def main(argv=None) -> int:
         m, n, k, lay = text.split(",")
         problem = Problem.create(int(m), int(n), int(k), "bf16", {"r": "row", "c": "col"}[lay[0]],
                                  {"r": "row", "c": "col"}[lay[1]])
-        space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
-        ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
+        ranked = harness.ranked_space(problem, gpu, params)
         chosen = variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]
         for text in args.match:
             matched = [r for r in ranked if text in r.config.tag and r not in chosen][:2]

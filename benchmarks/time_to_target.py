@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.harness import ROOT, load_compiled, run_main, write_report  # noqa: E402
 
 TARGET = 0.02  # within 2% of the full tune's time
@@ -289,7 +290,7 @@ def retime(torch, problem, dtype, contenders: "dict[str, object]", jobs) -> "tup
             fns[label] = lambda s, g=gemm: g(*s)
         else:
             errors[label] = f"verification failed: {err}"
-    sets = [zs.operands(torch, problem, dtype) for _ in range(zs.SETS)]
+    sets = [harness.layout_operands(torch, problem, dtype) for _ in range(zs.SETS)]
     fns["cublas"] = lambda s: torch.matmul(s[0], s[1], out=s[2])
     for fn in fns.values():
         for s in sets:

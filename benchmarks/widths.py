@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
 
+
 def width_group(config) -> "str | None":
     """The width group a configuration belongs to (tiles of 128+ rows whose N is not a multiple of 64), or None."""
     if config.family != "sm90_wgmma" or config.swap_ab or config.cta.n % 64 == 0 or config.cta.m < 128:
@@ -31,12 +32,7 @@ def width_group(config) -> "str | None":
 
 def contenders(problem, gpu, params, per_group: int) -> "list[tuple[str, object]]":
     """(label, ranked entry): the pick without widths, the pick with them, the best of `per_group` tiles a group."""
-    from gemmgen.rank.predict import predict
-    from gemmgen.rank.ranking import rank_configs
-    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
-
-    space = [c for f in families_for(gpu.arch) for c in enumerate_space(f, gpu, problem=problem)]
-    ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
+    ranked = harness.ranked_space(problem, gpu, params)
     out = [("pick without widths", next(r for r in ranked if width_group(r.config) is None)),
            ("pick", ranked[0])]
     for group in ("w128", "w192", "w256"):

@@ -74,13 +74,9 @@ def tuned_records(gpu_key: str) -> "dict[str, dict]":
 
 def model_picks(problem, gpu, params, top: int):
     """The model's top configurations for `problem` (public rank APIs; the dry run's ranking)."""
-    from gemmgen.rank.predict import predict
-    from gemmgen.rank.ranking import model_top, rank_configs
-    from gemmgen.rank.space import enumerate_space, families_for, heuristic_time
+    from gemmgen.rank.ranking import model_top
 
-    space = [c for family in families_for(gpu.arch) for c in enumerate_space(family, gpu, problem=problem)]
-    ranked = rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
-    return model_top(ranked, top)
+    return model_top(harness.ranked_space(problem, gpu, params), top)
 
 
 def plan(shape_files, dtypes, gpu, variants, tuned):
@@ -108,11 +104,6 @@ def plan(shape_files, dtypes, gpu, variants, tuned):
     return problems, kernels
 
 
-def operands(torch, problem, dtype):
-    """A, B in the problem's layouts and D (harness.layout_operands)."""
-    return harness.layout_operands(torch, problem, dtype)
-
-
 def timed(torch, fn, sets) -> float:
     """Median over ROUNDS of the mean time per call of CALLS calls (CUDA events), cycling through the input sets."""
     return harness.timed(torch, fn, sets, ROUNDS, CALLS)
@@ -120,7 +111,7 @@ def timed(torch, fn, sets) -> float:
 
 def verified(torch, gemm, problem, dtype) -> "float | str":
     """Relative error at the shape on fresh inputs with D poisoned first (NaN never passes), or why it failed."""
-    a, b, d = operands(torch, problem, dtype)
+    a, b, d = harness.layout_operands(torch, problem, dtype)
     d.fill_(float("nan"))
     try:
         gemm(a, b, d)
@@ -212,7 +203,7 @@ def main(argv=None) -> int:
                 contenders[variant] = gemm
             else:
                 row[variant]["error"] = f"verification failed: {err}"
-        sets = [operands(torch, problem, dtype) for _ in range(SETS)]
+        sets = [harness.layout_operands(torch, problem, dtype) for _ in range(SETS)]
 
         def cublas(s):
             torch.matmul(s[0], s[1], out=s[2])

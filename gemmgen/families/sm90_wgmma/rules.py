@@ -13,6 +13,7 @@ BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
 EPI_WARP_BYTES = 16 * 40 * 4  # epilogue staging per consumer warp: 16 rows x 40 fp32
 EPI_BOX_BYTES = 16 * 32 * 2   # one TMA-store box of the epilogue: 16 rows x 32 16-bit columns
 PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
+WIDE_SWAP_COLUMNS = 4   # tile columns of M a wide swapped tile serves (swap_m_max)
 
 
 def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
@@ -230,9 +231,6 @@ def swap_m_max(config: Sm90Config) -> int:
     unswapped picks."""
     wide = config.cta.m >= 128 and config.cta.n >= 128 and config.cluster.size == 1
     return config.cta.n * (WIDE_SWAP_COLUMNS if wide else config.cluster.n)
-
-
-WIDE_SWAP_COLUMNS = 4
 
 
 def _b_major(operands: "Operands | None", swapped: bool) -> str:
