@@ -139,6 +139,7 @@ def _naive(problem, fault="none", splits=1):
     Problem.create(128, 256, 64, "bf16", "row", "row"),
     Problem.create(17, 1000, 33, "f16", "col", "col", alpha=0.5, beta=-1.5, bias=True, activation="gelu"),
     Problem.create(1, 17, 4097, "bf16", "col", "row", bias=True, activation="relu"),
+    Problem.create(19, 300, 77, "bf16", "row", "col", beta=0.5, bias=True, activation="silu"),
 ])
 def test_right_kernel_verifies_and_times(gpu_bench, problem, reference):
     gpu_bench.reference = reference

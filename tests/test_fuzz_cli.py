@@ -86,7 +86,7 @@ VALUE_OF = {
     "dtype": valid("bf16", "f16", "f32", "fp8", "e5m2"),
     "dtypes": valid("bf16", "f16", "bf16,f16", "f32", "bf16,,f16"),
     "layout": valid("row", "col", "r", "t"),
-    "activation": valid("none", "relu", "gelu"),
+    "activation": valid("none", "relu", "gelu", "silu", "swish"),
     "scaling": valid("tensor", "rowcol", "rowwise"),
     "sampler": valid("tpe", "random", "grid", "cmaes"),
     "timing": valid("burst", "sustained"),

@@ -85,6 +85,7 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, A layout])
     (1, 1, 1, False, "none", 1.0, 0.0, gemv(rows=1)),
     (3, 5, 7, True, "relu", 2.0, 0.0, gemv(rows=4, k_warps=2), "col"),
     (7, 1001, 999, True, "gelu", 1.0, 0.0, gemv(rows=8, unroll=4, k_warps=8)),
+    (6, 1003, 517, True, "silu", 1.0, 0.5, gemv(rows=8, unroll=2, k_warps=2, splits=2)),
     (16, 520, 333, False, "none", 0.5, 1.5, gemv(cols=512, unroll=1, k_warps=4, splits=4)),
     (4, 50257, 768, True, "none", 1.0, 0.0, gemv(rows=4, cols=512, unroll=4, k_warps=2)),
     # fused split-K: the column block's last slice sums the partials

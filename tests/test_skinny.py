@@ -108,6 +108,7 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, B layout])
     (1, 1, 1, False, "none", 1.0, 0.0, skinny(), "col"),
     (2, 9, 13, False, "none", 1.0, 0.5, ROW_B, "row"),
     (7, 1001, 999, True, "gelu", 1.0, 0.0, skinny(k_warps=2)),
+    (11, 999, 1001, True, "silu", 1.0, 0.5, skinny(k_warps=2, splits=2)),
     (16, 4095, 4095, False, "relu", 0.5, 1.5, skinny(splits=4)),
     (13, 777, 4100, True, "none", 1.0, 0.0, skinny("16x64x64", "16x16x64", k_warps=4, splits=3)),
     (33, 520, 333, False, "none", 2.0, 0.0, skinny("64x64x128", "64x16x128", k_warps=2)),

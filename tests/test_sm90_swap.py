@@ -205,6 +205,7 @@ def test_space_offers_swapped_tiles_to_skinny_m_and_a_few_token_columns_and_the_
     (Problem.create(64, 4096, 4096, "bf16", "row", "col"), "64x64x64", -2),
     (Problem.create(45, 1001, 2003, "f16", "row", "col", beta=1.0, bias=True, activation="relu"), "128x64x64", 1),
     (Problem.create(61, 777, 1000, "bf16", "row", "row"), "64x64x64", 4),
+    (Problem.create(16, 4104, 1032, "bf16", "row", "col", beta=0.5, bias=True, activation="silu"), "64x16x64", 1),
 ])
 def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     """Fresh random operands, D poisoned, compared with the float64 / cuBLAS reference (GpuBenchmark.verify).
@@ -222,6 +223,7 @@ def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     (Problem.create(300, 4104, 1032, "bf16", "row", "col", c_dtype="f32", bias=True), 160, 4),
     (Problem.create(901, 2003, 776, "f16", "row", "col", beta=-1.0, bias=True, activation="relu"), 240, 4),
     (Problem.create(513, 520, 264, "bf16", "row", "col", ldc=528), 144, 4),
+    (Problem.create(600, 1000, 520, "f16", "row", "col", bias=True, activation="silu"), 160, 4),
 ])
 def test_wide_swapped_tiles_verify_at_several_token_columns(problem, n, stages):
     """Wide swapped tiles (rules.swap_m_max) at M over several tiles and not a tile multiple: the transposed

@@ -34,7 +34,7 @@ def store(tmp_path_factory):
     if key is None:
         pytest.skip(f"{torch.cuda.get_device_name(0)} is not in gemmgen's catalogue")
     root = tmp_path_factory.mktemp("kernels")
-    for activation in ("none", "relu", "gelu"):
+    for activation in ("none", "relu", "gelu", "silu"):
         layer = LinearLayer.create(IN, OUT, "bf16", True, activation, TOKENS)
         products = tune_linear(layer, gemmgen.lookup_gpu(key), dry_run=True, top_k=1, jobs=2, root=root,
                                roles=("forward",) if activation != "none" else ("forward", "dgrad", "wgrad"))

@@ -270,9 +270,14 @@ def test_linear_layer_products_have_the_layouts_and_dimensions_of_the_three_gemm
     assert (p["forward"].m, p["forward"].n, p["forward"].k) == (4096, 14336, 4096)
     assert (p["dgrad"].m, p["dgrad"].n, p["dgrad"].k) == (4096, 4096, 14336)
     assert (p["wgrad"].m, p["wgrad"].n, p["wgrad"].k) == (14336, 4096, 4096)
-    assert [(q.a_layout.value, q.b_layout.value) for q in p.values()] == [("row", "col"), ("row", "row"),
-                                                                           ("col", "row")]
-    assert p["forward"].epilogue.bias and p["forward"].epilogue.activation is Activation.NONE  # SiLU runs after
+    assert [(p[r].a_layout.value, p[r].b_layout.value) for r in ("forward", "dgrad", "wgrad")] == [
+        ("row", "col"), ("row", "row"), ("col", "row")]
+    assert p["forward"].epilogue.bias and p["forward"].epilogue.activation is Activation.SILU  # fused
+    # Training keeps the pre-activation for SiLU's backward: the bias-only forward, a class of its own.
+    assert p["preact"].epilogue.bias and p["preact"].epilogue.activation is Activation.NONE
+    assert (p["preact"].m, p["preact"].n, p["preact"].k) == (4096, 14336, 4096)
+    assert layer.classes()["preact"].key == "bf16_rc_bias_mT_n14336_k4096" != layer.classes()["forward"].key
+    assert "preact" not in LinearLayer.create(4096, 14336, "bf16", True, "relu", "1..4096").problems()
     assert not p["dgrad"].epilogue.bias and not p["wgrad"].epilogue.bias
     # The bias gradient comes from the weight-gradient kernel (the row sums of dZᵀ), unless asked otherwise.
     assert p["wgrad"].epilogue.row_sums and layer.classes()["wgrad"].key == "bf16_cr_rowsum_m14336_n4096_kT"
@@ -297,8 +302,10 @@ def test_tune_linear_dry_run_stores_the_three_products_where_the_registry_finds_
     assert code == 0, out
     store = tmp_path / "kernels" / "h100-sxm"
     folders = sorted(p.name for p in store.iterdir())
-    # A layer with a bias, on Hopper: the weight gradient writes the bias gradient too (the row sums of dZᵀ).
-    assert folders == ["bf16_cr_rowsum_m200_n256_kT", "bf16_rc_bias_gelu_mT_n200_k256", "bf16_rr_linear_mT_n256_k200"]
+    # A layer with a bias, on Hopper: the weight gradient writes the bias gradient too (the row sums of dZᵀ); a
+    # GELU layer's training forward (bias only, the pre-activation kept for GELU's backward) is a product of its own.
+    assert folders == ["bf16_cr_rowsum_m200_n256_kT", "bf16_rc_bias_gelu_mT_n200_k256", "bf16_rc_bias_mT_n200_k256",
+                       "bf16_rr_linear_mT_n256_k200"]
     for folder in store.iterdir():
         kernel_class, raw = read_class(folder)
         assert raw["measured"] is False and raw["layer"]["tokens"] == [64, 128]

@@ -96,7 +96,7 @@ def add_problem_args(parser: argparse.ArgumentParser, shape: bool = True, leadin
     parser.add_argument("--beta", type=float_arg("--beta"), default=0.0, help="default 0: C is not read")
     parser.add_argument("--bias", action="store_true", help="add a bias per column of D")
     parser.add_argument("--activation", default="none", type=text_arg("--activation"),
-                        help="none (default), relu or gelu")
+                        help="none (default), relu, gelu (tanh approximation) or silu")
     parser.add_argument("--row-sums", action="store_true",
                         help="also write the row sums of A (a Linear layer's bias gradient beside its weight "
                              "gradient): an (M,) output row_sums in D's dtype")

@@ -13,10 +13,12 @@ from .tune import MEASURING_FLAGS, Progress, add_search_args, measurer_for, opti
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("tune-linear", help="tune the three products of a Linear layer for gemmgen.nn.Linear",
+    p = subparsers.add_parser("tune-linear", help="tune the products of a Linear layer for gemmgen.nn.Linear",
                               description="Tune Y = act(X·Wᵀ + b) (M = tokens, N = OUT, K = IN), the data gradient "
                                           "dX = dY·W (M = tokens, N = IN, K = OUT) and the weight gradient dW = "
-                                          "dYᵀ·X (M = OUT, N = IN, K = tokens) at the top of the token range, and "
+                                          "dYᵀ·X (M = OUT, N = IN, K = tokens) at the top of the token range (for a "
+                                          "GELU or SiLU layer also the training forward X·Wᵀ + b, whose output "
+                                          "autograd keeps for the activation's backward), and "
                                           "store each winner in the per-user kernel store (<data dir>/kernels/"
                                           "<gpu>/), where gemmgen.nn.Linear and gemmgen.mm find them.")
     p.add_argument("IN", type=text_arg("IN"), help="in_features (K of the forward)")
@@ -34,7 +36,7 @@ def register(subparsers) -> None:
                         "where a family can) or separate (a reduction on torch)")
     p.add_argument("--activation", default="none", type=text_arg("--activation"),
                    help=f"{', '.join(ACTIVATIONS)} (default none; gelu is the tanh "
-                                                        "approximation; silu runs after the bias kernel)")
+                                                        "approximation)")
     add_gpu_arg(p)
     p.add_argument("--dry-run", action="store_true", help="no GPU: rank by the model, compile the top-k, store the "
                                                           "model's picks unmeasured (needs --gpu)")

@@ -21,10 +21,13 @@ from .problem import Activation, Epilogue, Layout, Problem, parse_dim
 
 CLASS_FORMAT = "gemmgen-kernel-class/1"
 CLASS_FILE = "class.json"
-# Activations a Linear layer takes. SiLU has no kernel epilogue: its forward runs the bias-only kernel and
-# applies SiLU after it.
+# Activations a Linear layer takes; every family's epilogue fuses each of them.
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
-ROLES = ("forward", "dgrad", "wgrad")
+# 'preact': the forward without its activation (bias only), which a GELU or SiLU layer runs while training so that
+# autograd keeps the pre-activation for the activation's backward (gemmgen.nn.Linear.forward); only those layers
+# have it. Inference runs 'forward', the activation fused.
+ROLES = ("forward", "preact", "dgrad", "wgrad")
+PREACT_ACTIVATIONS = ("gelu", "silu")
 # A layer's bias gradient: 'fused', written by the weight-gradient kernel beside dW (the row sums of dZᵀ, where a
 # family writes them: one launch and one read of dZ fewer); 'separate', a reduction of dZ on torch. Measured on
 # the H100 (benchmarks/row_sums.py, docs/perf-notes.md), the fused kernel against the best plain one plus torch's
@@ -33,10 +36,10 @@ BIAS_GRADS = ("fused", "separate")
 
 
 def kernel_activation(activation: str) -> Activation:
-    """The epilogue activation a kernel fuses for a layer activation (none for SiLU, which no family fuses)."""
+    """The epilogue activation a kernel fuses for a layer activation."""
     if activation not in ACTIVATIONS:
         raise InvalidInput(f"activation must be one of {', '.join(ACTIVATIONS)}", activation)
-    return Activation.NONE if activation == "silu" else Activation(activation)
+    return Activation(activation)
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,8 @@ class LinearLayer:
 
     def problems(self, tokens: "int | None" = None) -> "dict[str, Problem]":
         """The forward, data-grad and weight-grad products at `tokens` (default: the top of the range, the
-        shape where throughput matters)."""
+        shape where throughput matters), and for a GELU or SiLU layer the training forward without its activation
+        ('preact')."""
         t = self.tokens_max if tokens is None else tokens
         plain = Epilogue()
         forward = Problem(t, self.out_features, self.in_features, self.dtype, self.dtype, self.dtype,
@@ -138,11 +142,14 @@ class LinearLayer:
                         a_layout=Layout.ROW, b_layout=Layout.ROW, epilogue=plain)
         wgrad = Problem(self.out_features, self.in_features, t, self.dtype, self.dtype, self.dtype,
                         a_layout=Layout.COL, b_layout=Layout.ROW, epilogue=Epilogue(row_sums=self.fused_bias_grad))
-        return {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
+        out = {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
+        if self.activation in PREACT_ACTIVATIONS:
+            out["preact"] = replace(forward, epilogue=Epilogue(bias=self.bias))
+        return out
 
     def classes(self) -> "dict[str, KernelClass]":
         """The kernel class of each product (the token dimension free)."""
-        return {role: KernelClass.of(problem, "m" if role in ("forward", "dgrad") else "k")
+        return {role: KernelClass.of(problem, "k" if role == "wgrad" else "m")
                 for role, problem in self.problems().items()}
 
     @property
@@ -186,5 +193,5 @@ def parse_tokens(text) -> "tuple[int, int]":
     return lo, hi
 
 
-__all__ = ["ACTIVATIONS", "BIAS_GRADS", "CLASS_FILE", "CLASS_FORMAT", "KernelClass", "LinearLayer", "ROLES", "kernel_activation",
+__all__ = ["ACTIVATIONS", "BIAS_GRADS", "CLASS_FILE", "CLASS_FORMAT", "KernelClass", "LinearLayer", "PREACT_ACTIVATIONS", "ROLES", "kernel_activation",
            "parse_tokens", "read_class"]

@@ -37,6 +37,7 @@ class Activation(str, Enum):
     NONE = "none"
     RELU = "relu"
     GELU = "gelu"  # tanh approximation, as in most frameworks' fast path
+    SILU = "silu"  # x * sigmoid(x) (swish), the activation of LLaMA-style MLPs
 
     @classmethod
     def parse(cls, text: "str | Activation | None") -> "Activation":

@@ -69,7 +69,7 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
             layer = layer.without_fused_bias_grad()  # no family writes the row sums here: torch reduces dZ
     problems, classes = layer.problems(), layer.classes()
     out = []
-    for role in roles:
+    for role in (r for r in roles if r in problems):   # 'preact' only for GELU and SiLU layers
         problem, kernel_class = problems[role], classes[role]
         folder = class_folder(gpu, kernel_class, root)
         staging = folder.with_name(f".{folder.name}.{os.getpid()}")

@@ -43,6 +43,8 @@ __device__ __forceinline__ float epilogue(float acc, const T* C, const T* bias, 
     x = fmaxf(x, 0.0f);
 #elif __ACT__ == 2
     x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+#elif __ACT__ == 3
+    x = x / (1.0f + expf(-x));
 #endif
     return x;
 }
@@ -103,7 +105,7 @@ def naive_kernel_source(problem: Problem, fault: str = "none", splits: int = 1) 
         raise InvalidInput(f"naive kernel fault must be one of {FAULTS}", fault)
     if problem.a_dtype not in (DType.BF16, DType.F16):
         raise InvalidInput("the naive kernel supports bf16 and f16", problem.a_dtype.value)
-    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2}[problem.epilogue.activation]
+    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}[problem.epilogue.activation]
     subs = {"__FAULT__": str(FAULTS.index(fault)), "__IS_BF16__": str(int(problem.a_dtype is DType.BF16)),
             "__ACT__": str(act), "__A_COL__": str(int(problem.a_layout is Layout.COL)),
             "__B_COL__": str(int(problem.b_layout is Layout.COL)), "__SPLITS__": str(int(splits)),

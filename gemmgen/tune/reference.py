@@ -261,6 +261,8 @@ def _epilogue_torch(torch, acc, ops, problem: Problem):
         x = torch.relu(x)
     elif ep.activation is Activation.GELU:
         x = torch.nn.functional.gelu(x, approximate="tanh")
+    elif ep.activation is Activation.SILU:
+        x = torch.nn.functional.silu(x)
     return x
 
 
@@ -291,6 +293,8 @@ def _compare_cupy(problem: Problem, pointers: GemmPointers) -> Comparison:
         x = cp.maximum(x, 0)
     elif ep.activation is Activation.GELU:
         x = 0.5 * x * (1 + cp.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    elif ep.activation is Activation.SILU:
+        x = x / (1 + cp.exp(-x))
     out = in_view(_cupy_float(cp, pointers.d, shapes["D"], problem.c_dtype), problem, "D")
     finite = cp.isfinite(out)
     nonfinite = int(out.size - int(finite.sum()))
@@ -336,6 +340,7 @@ extern "C" __global__ void gemmgen_reference_gemm(const void* A, const void* B, 
     if (bias) x += load_elem(bias, j, kind);
     if (act == 1) x = fmaxf(x, 0.0f);
     if (act == 2) x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    if (act == 3) x = x / (1.0f + expf(-x));
     ref[(long long)i * N + j] = x;
 }
 """
@@ -344,7 +349,7 @@ extern "C" __global__ void gemmgen_reference_gemm(const void* A, const void* B, 
 def reference_kernel_params(problem: Problem, pointers: GemmPointers, ref_ptr: int) -> "list[dict]":
     """The reference kernel's parameters, in the manifest's param format."""
     kind = {DType.BF16: 0, DType.F16: 1, DType.F32: 2}[problem.a_dtype]
-    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2}[problem.epilogue.activation]
+    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}[problem.epilogue.activation]
     ep = problem.epilogue
 
     def scalar(name, ctype, value):
@@ -442,6 +447,9 @@ def epilogue_numpy(acc, problem: Problem, c=None, bias=None):
         x = np.maximum(x, 0)
     elif ep.activation is Activation.GELU:
         x = 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    elif ep.activation is Activation.SILU:
+        with np.errstate(over="ignore"):   # exp(-x) = inf for very negative x: the product is then -0
+            x = x / (1 + np.exp(-x))
     return x
 
 
