@@ -55,7 +55,7 @@ def draw(rng: random.Random) -> dict:
     if rng.random() < 0.35:
         spec["bias"] = True
     if rng.random() < 0.3:
-        spec["activation"] = rng.choice(("relu", "gelu"))
+        spec["activation"] = rng.choice(("relu", "gelu", "silu"))
     if dtype in ("bf16", "f16") and rng.random() < 0.15:
         spec["c_dtype"] = "f32"
     if dtype == "e4m3" and rng.random() < 0.5:
@@ -159,6 +159,8 @@ def check(torch, gemm, problem, m: int, views=None) -> "tuple[float, float]":
         ref = torch.relu(ref)
     elif ep.activation.value == "gelu":
         ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    elif ep.activation.value == "silu":
+        ref = torch.nn.functional.silu(ref)
     gemm(A, B, D, C=C, bias=bias, row_sums=row_sums, **scales)
     torch.cuda.synchronize()
     if ec and not bool((D_full[:, n:] == 3.0).all()):

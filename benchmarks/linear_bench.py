@@ -184,7 +184,32 @@ def bench_case(tokens: int, in_f: int, out_f: int, store: Path, profile: bool = 
             row[name]["host_profile"] = host_profile(step)
     row["forward_speedup"] = row["torch"]["forward_s"] / row["gemmgen"]["forward_s"]
     row["fwd_bwd_speedup"] = row["torch"]["fwd_bwd_s"] / row["gemmgen"]["fwd_bwd_s"]
+    row["floor_fwd_bwd_s"] = floor_step_s(ours, xg, g)
     return row
+
+
+def floor_step_s(layer, xg, g) -> float:
+    """Seconds per training step of a layer that computes nothing: a Python autograd.Function whose forward and
+    backward only allocate their outputs (as gemmgen.nn.Linear's do before launching). What autograd and one Python
+    Function cost a step on this host: no layer built that way steps faster, whatever its kernels."""
+    import torch
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            ctx.save_for_backward(x, w, b)
+            return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, b = ctx.saved_tensors
+            return torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)
+
+    def step():
+        layer.weight.grad = layer.bias.grad = xg.grad = None
+        Floor.apply(xg, layer.weight, layer.bias).backward(g)
+
+    return eager_time_s(step)
 
 
 def host_overhead(store: Path, size: int = 256) -> dict:
@@ -260,6 +285,10 @@ def main(argv=None) -> int:
         print(f"| {r['case']} | {t['forward_tflops']:.0f} | {m['forward_tflops']:.0f} | {r['forward_speedup']:.2f} | "
               f"{t['fwd_bwd_tflops']:.0f} | {m['fwd_bwd_tflops']:.0f} | {r['fwd_bwd_speedup']:.2f} | "
               f"{m['stats']['kernel_calls']} / {m['stats']['fallbacks']} | {r['rel_error_vs_fp32']:.1e} |")
+    for r in rows:
+        print(f"{r['case']}: a step of a layer that computes nothing (autograd + one Python Function): "
+              f"{r['floor_fwd_bwd_s'] * 1e6:.1f} us; torch.nn.Linear {r['torch']['fwd_bwd_s'] * 1e6:.1f}, "
+              f"gemmgen {r['gemmgen']['fwd_bwd_s'] * 1e6:.1f}")
     for r in rows:
         for name in ("torch", "gemmgen"):
             prof = r[name].get("profile")
