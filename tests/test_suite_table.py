@@ -312,6 +312,7 @@ def test_retime_reports_a_failed_measurement_in_the_note(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--retime"], "--retime goes with --from-results"),
     (["--dry-run", "--retime"], "a dry run measures nothing"),
+    (["--from-results", "--timing", "stream"], "--from-results and --timing cannot be used together"),
 ])
 def test_retime_without_stored_records_is_refused_in_one_line(capsys, tmp_path, argv, message):
     from gemmgen.cli import main

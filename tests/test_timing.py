@@ -16,11 +16,13 @@ from gemmgen.model.errors import InvalidInput  # noqa: E402
 
 
 class FakeEvent:
-    def __init__(self, clock):
-        self.clock, self.t = clock, None
+    def __init__(self, clock, device=None):
+        self.clock, self.t, self.device = clock, None, device
 
     def record(self, stream):
         self.t = self.clock.now
+        if self.device is not None:
+            self.device.after_run = False   # an event between two runs: the second waits for the first to end
 
     def elapsed_s(self, start):
         return self.t - start.t
@@ -30,12 +32,15 @@ class FakeDevice:
     """A GPU whose every run takes `run_s`; counts the hold kernels queued. `enqueue_s` is the host's time to
     launch one run: on a stream that no hold keeps busy the GPU waits that long for each run."""
 
-    def __init__(self, run_s, enqueue_s=0.0):
+    def __init__(self, run_s, enqueue_s=0.0, overlap_s=0.0):
         self.now, self.run_s, self.enqueue_s, self.holds, self.runs = 0.0, run_s, enqueue_s, 0, 0
         self.credit = 0
+        # A kernel that starts while the previous run ends (programmatic dependent launch): a run right after
+        # another run, with no event between them, takes overlap_s less.
+        self.overlap_s, self.after_run = overlap_s, False
 
     def event(self):
-        return FakeEvent(self)
+        return FakeEvent(self, self)
 
     def hold_stream(self, seconds, stream):
         # While the hold runs, the host enqueues seconds / enqueue_s runs; those then run back to back.
@@ -47,11 +52,13 @@ class FakeDevice:
 
     def run(self, i):
         self.runs += 1
+        run_s = self.run_s - (self.overlap_s if self.after_run else 0.0)
+        self.after_run = True
         if self.credit >= 1:
             self.credit -= 1
-            self.now += self.run_s
+            self.now += run_s
         else:
-            self.now += max(self.run_s, self.enqueue_s)
+            self.now += max(run_s, self.enqueue_s)
 
 
 class FakeHelpers:
@@ -62,10 +69,10 @@ class FakeHelpers:
         return dev.hold_stream(seconds, stream)
 
 
-def timed(policy, run_s, enqueue_s=0.0):
+def timed(policy, run_s, enqueue_s=0.0, overlap_s=0.0):
     bench = GpuBenchmark(policy=policy)
     bench.helpers = FakeHelpers
-    dev = FakeDevice(run_s, enqueue_s)
+    dev = FakeDevice(run_s, enqueue_s, overlap_s)
     bench._device = dev
     times = bench._timed(dev.run, 0, "timing a fake")
     return times, dev
@@ -75,6 +82,17 @@ def test_bursts_queue_their_runs_behind_hold_kernels():
     times, dev = timed(TIMINGS["burst"], 185e-6)
     assert len(times) == 541 and dev.holds == 2 + 6      # the estimate's two, then 0.1 s of 185 us in batches of 100
     assert all(t == pytest.approx(185e-6) for t in times)
+
+
+def test_stream_timing_times_runs_ten_back_to_back_so_a_programmatic_launch_overlaps_the_last_run():
+    """A 17 us kernel whose start overlaps the previous run's end by 3 us: timed one by one (burst), every run
+    takes 17 us; back to back in groups of ten (stream), a sample is the group's mean, 17 - 0.9 x 3 us."""
+    burst, _ = timed(TIMINGS["burst"], 17e-6, overlap_s=3e-6)
+    assert all(t == pytest.approx(17e-6) for t in burst)
+    stream, dev = timed(TIMINGS["stream"], 17e-6, overlap_s=3e-6)
+    assert all(t == pytest.approx(17e-6 - 0.9 * 3e-6) for t in stream)
+    assert len(stream) == 200 and dev.runs >= 2 + 2000    # 0.1 s of runs capped at 2000, one sample per ten
+    assert dev.holds == 2 + 20                            # ten groups (100 runs) behind each hold
 
 
 def test_sustained_runs_back_to_back_after_a_long_warm_up():
@@ -104,7 +122,7 @@ def test_the_policy_switch_names_its_rule_and_restores_the_constructed_policy():
     assert pickle.loads(pickle.dumps(bench)).policy == own   # a child starts from the constructed policy
     bench.set_timing(None)
     assert bench.policy is own
-    with pytest.raises(InvalidInput, match="--timing must be one of burst, sustained"):
+    with pytest.raises(InvalidInput, match="--timing must be one of burst, sustained, stream"):
         timing_policy("steady")
 
 

@@ -70,8 +70,9 @@ def run(args) -> int:
     from ..tune.suite import dry_run_suite, load_suites, parse_dtypes, report_from_results, run_suite, select
 
     measuring = tuple(f for f in MEASURING_FLAGS if f != "--timeout") + ("--timeout-per-shape",)
-    refuse_together(args, "--from-results", ("--dry-run", "--out", "--top-k") + measuring,
-                    "a table from the stored records tunes nothing")
+    # --retime times the stored winners again, as --timing says; nothing else of a tune applies.
+    refuse_together(args, "--from-results", ("--dry-run", "--out", "--top-k") + tuple(
+        f for f in measuring if not (args.retime and f == "--timing")), "a table from the stored records tunes nothing")
     refuse_together(args, "--dry-run", measuring + ("--verify-winners", "--retime"), "a dry run measures nothing")
     if args.verify_winners and not args.from_results:
         raise InvalidInput("--verify-winners goes with --from-results (a tuned suite verifies its winners anyway)",
@@ -119,8 +120,10 @@ def run(args) -> int:
             progress.close()
             measurer.close()
     # A run of some shapes, or timed sustained, is not the suite's usual table: written beside it, not over it.
+    timing = getattr(args, "timing", None)
     variants = (("partial",) if args.only else ()) + (
-        ("sustained",) if getattr(args, "timing", None) == "sustained" and not args.from_results else ()) + (
+        ("sustained",) if timing == "sustained" and not args.from_results else ()) + (
+        ("stream",) if timing == "stream" and (args.retime or not args.from_results) else ()) + (
         ("retimed",) if args.retime else ())
     md, js = report.write(variants)
     cols = report.columns()
@@ -171,6 +174,9 @@ def verify_winners(args, report, shapes, dtypes, options):
     from ..tune.suite import verify_stored_winners
 
     _, measurer, _ = measurer_for(args, args.gpu)
+    set_timing = getattr(measurer, "set_timing", None)
+    if args.retime and options.timing != "burst" and set_timing is not None:
+        set_timing(options.timing)   # --retime --timing stream: the winners and cuBLAS timed back to back
     engines = default_engines(options.jobs)
     try:
         return verify_stored_winners(report, shapes, dtypes, measurer, engines, verify=args.verify_winners,

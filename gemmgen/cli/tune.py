@@ -80,9 +80,11 @@ def add_worker_args(p) -> None:
 
 def add_timing_arg(p) -> None:
     p.add_argument("--timing", default="burst", metavar="MODE", type=text_arg("--timing"),
-                   help="how the finalists and cuBLAS are timed: burst (default; ~0.1 s each, near boost clock) "
-                        "or sustained (1 s back to back first, then 0.5 s timed: the power-limited clock of a "
-                        "training loop; ~4x longer)")
+                   help="how the finalists and cuBLAS are timed: burst (default; ~0.1 s each, near boost clock, "
+                        "each run between its own events), sustained (1 s back to back first, then 0.5 s timed: "
+                        "the power-limited clock of a training loop; ~4x longer) or stream (as burst, runs timed "
+                        "ten at a time back to back, as a CUDA graph runs them: a kernel's start may overlap the "
+                        "last one's end)")
 
 
 def options_from_args(args, **override):

@@ -341,7 +341,7 @@ def tune_row(shape: Shape, dtype: str, gpu: Gpu, measurer, options, *, engines, 
     cublas = problem.flops / result.cublas_time_s / 1e12 if result.cublas_time_s else None
     tflops = w.tflops if w else None
     checks = _check_winner(result, engines, measurer, check_shapes) if w is not None and check_shapes else ()
-    note = ("sustained timing" if options.timing == "sustained" else "") if w else "no configuration ran correctly"
+    note = (f"{options.timing} timing" if options.timing != "burst" else "") if w else "no configuration ran correctly"
     return row_for(shape, dtype, tflops=tflops, cublas_tflops=cublas, ratio=tflops / cublas if tflops and cublas
                    else None, tuning_s=result.elapsed_s, kernel=w.kernel if w else "",
                    predicted_tflops=problem.flops / w.predicted_time_s / 1e12 if w and w.predicted_time_s else None,
@@ -452,8 +452,9 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
             cublas = (record.get("cublas") or {}).get("tflops")
             pred = w.get("predicted_time_s")
             notes = ["simulated (replayed timings)"] if record.get("simulated") else []
-            if (record.get("search") or {}).get("finalist_timing") == "sustained":
-                notes.append("sustained timing")
+            timing = (record.get("search") or {}).get("finalist_timing")
+            if timing in ("sustained", "stream"):
+                notes.append(f"{timing} timing")
             note = "; ".join(notes)
             key = problem_key(shape.problem(dtype))
             if key in first_name:   # one record serves every name of the same product (llm_o is sq4096)

@@ -214,6 +214,22 @@ class GpuBenchmark:
         # A hold covers the enqueueing of at most HOLD_MAX_S / HOLD_PER_RUN_S runs: a sustained policy's huge batch
         # would leave all but the first few hundred runs host-bound (sq1024's cuBLAS read 92 TFLOP/s that way).
         batch = min(self.policy.batch, HOLD_BATCH)
+        group = max(1, self.policy.group)
+        if group > 1:
+            # Stream timing: `group` runs back to back between one pair of events, a sample per group.
+            groups = [self._event_pair(i) for i in range(-(-reps // group))]
+            per_hold = max(1, batch // group)
+            for first in range(0, len(groups), per_hold):
+                chunk = groups[first:first + per_hold]
+                self.helpers.hold_stream(dev, min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * group * len(chunk)),
+                                         stream)
+                for g, (s, e) in enumerate(chunk, start=first):
+                    s.record(stream)
+                    for j in range(group):
+                        run_one(g * group + j)
+                    e.record(stream)
+                dev.synchronize(what)
+            return [e.elapsed_s(s) / group for s, e in groups]
         for first in range(0, reps, batch):
             chunk = pairs[first:first + batch]
             self.helpers.hold_stream(dev, min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)

@@ -117,15 +117,23 @@ class TimingPolicy:
     # batches), so the timing sees the clock a long run settles at. Only kernels longer than the host's enqueue
     # time can be timed that way; shorter ones keep the holds.
     sustained: bool = False
+    # Runs between one pair of events. 1: each run timed alone. More (stream timing): runs back to back as a loop
+    # enqueues them, each sample the group's time / group: a kernel launched with programmatic dependent launch
+    # then starts while the previous run ends, which an event recorded between every two runs prevents (at
+    # 16x4096x4096, 13.8 us a call back to back against 17.0 us one by one: docs/perf-notes.md, "Decode-sized").
+    group: int = 1
 
 
 # How the tuner times its finalists and cuBLAS (`--timing`). Burst: ~0.1 s per kernel in batches behind hold
 # kernels, the card near its boost clock. Sustained: ~1 s of back-to-back runs first, then ~0.5 s timed: the
 # power- and heat-limited clock a training loop runs at (docs/perf-notes.md, "Sustained runs"), which can
-# rank kernels differently when they draw different power.
+# rank kernels differently when they draw different power. Stream: as burst, but runs timed ten at a time back
+# to back, as a CUDA graph or a loop that enqueues ahead runs them (the start of one overlaps the end of the last
+# where the kernel allows it); it matters for kernels of a few to tens of microseconds.
 TIMINGS = {
     "burst": TimingPolicy(),
     "sustained": TimingPolicy(warmup_s=1.0, measure_s=0.5, max_reps=20000, batch=20000, sustained=True),
+    "stream": TimingPolicy(min_reps=200, group=10),
 }
 # Below this a run is shorter than enqueueing it from Python, so back-to-back runs would leave the GPU idle.
 HOST_BOUND_S = 50e-6

@@ -18,7 +18,7 @@ SYSTEMIC_FAILURES = 5  # non-kernel measurement failures in a row that stop the 
 FALLBACK_AFTER = 3  # sampler proposals in a row that give nothing new before the model's next pick is queued
 # Configurations re-measured first when the study's earlier trials timed older kernel code (the best by old time).
 REMEASURE_STALE = 8
-FINALIST_TIMINGS = ("burst", "sustained")  # bench.TIMINGS' names (search imports nothing from bench)
+FINALIST_TIMINGS = ("burst", "sustained", "stream")  # bench.TIMINGS' names (search imports nothing from bench)
 
 @dataclass(frozen=True)
 class TuneOptions:
