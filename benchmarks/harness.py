@@ -65,6 +65,16 @@ def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
     return gemmgen.load(folder)
 
 
+def shape_problem(text: str, dtype: str = "bf16"):
+    """The Problem a benchmark's --shape names: 'M,N,K,LAYOUTS' with LAYOUTS two of r (row-major) and c (column-major)
+    for A and B, e.g. '16,4096,4096,rc'."""
+    from gemmgen import Problem
+
+    m, n, k, lay = text.split(",")
+    major = {"r": "row", "c": "col"}
+    return Problem.create(int(m), int(n), int(k), dtype, major[lay[0]], major[lay[1]])
+
+
 def layout_operands(torch, problem, dtype):
     """A (M x K), B (K x N) in the problem's layouts (a column-major operand is a transposed view), random normal
     values cast to `dtype`, and an uninitialised D (M x N)."""

@@ -50,7 +50,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from gemmgen import Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.rank.calibration import params_for
 
@@ -58,9 +57,7 @@ def main(argv=None) -> int:
     params, _ = params_for(gpu)
     plans = []
     for text in args.shape or SHAPES:
-        m, n, k, lay = text.split(",")
-        problem = Problem.create(int(m), int(n), int(k), "bf16", {"r": "row", "c": "col"}[lay[0]],
-                                 {"r": "row", "c": "col"}[lay[1]])
+        problem = harness.shape_problem(text)
         ranked = [r for r in harness.ranked_space(problem, gpu, params) if r.config.family == "sm90_wgmma"]
         plans.append((problem, ranked[:args.top]))
     kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]

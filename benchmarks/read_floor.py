@@ -135,19 +135,16 @@ def main(argv=None) -> int:
         print(f"rows 4096 x {row_bytes} B  {64 * splits:4d} CTAs  {w:4d} B a row a step, {u} steps in flight"
               f"  {us:6.2f} us  {rate:5.2f} TB/s", flush=True)
     del bufs
-    from gemmgen import Problem
-
     for text in PRODUCTS:
-        m, n, k, lay = text.split(",")
-        problem = Problem.create(int(m), int(n), int(k), "bf16", {"r": "row", "c": "col"}[lay[0]],
-                                 {"r": "row", "c": "col"}[lay[1]])
+        problem = harness.shape_problem(text)
+        n, k = problem.n, problem.k
         sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
 
         def cublas(s):
             torch.matmul(s[0], s[1], out=s[2])
 
         us = statistics.median(harness.graph_timed(torch, cublas, sets, 40, 7) * 1e6 for _ in range(3))
-        mb = int(n) * int(k) * 2 / 1e6
+        mb = n * k * 2 / 1e6
         rows.append({"kind": "cublas", "shape": problem.label, "graph_us": us, "b_tb_per_s": mb / us})
         print(f"cuBLAS {problem.label:24s} {us:6.2f} us  B read at {mb / us:5.2f} TB/s", flush=True)
         del sets

@@ -113,7 +113,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from gemmgen import Problem
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.rank.calibration import params_for
 
@@ -121,9 +120,7 @@ def main(argv=None) -> int:
     params, _ = params_for(gpu)
     plans = []
     for text in args.shape or SHAPES:
-        m, n, k, lay = text.split(",")
-        problem = Problem.create(int(m), int(n), int(k), "bf16", {"r": "row", "c": "col"}[lay[0]],
-                                 {"r": "row", "c": "col"}[lay[1]])
+        problem = harness.shape_problem(text)
         ranked = harness.ranked_space(problem, gpu, params)
         chosen = variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]
         for text in args.match:
