@@ -1,6 +1,13 @@
-"""The model, the calculator and rendering import neither cuda-python nor Optuna (docs/architecture.md)."""
+"""The model, the calculator and rendering import neither cuda-python nor Optuna (docs/architecture.md); torch loads
+only when its API is first used."""
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_model_calculator_and_rendering_load_without_cuda_python_or_optuna():
@@ -9,3 +16,15 @@ def test_model_calculator_and_rendering_load_without_cuda_python_or_optuna():
             "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('cuda', 'optuna')}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+
+def test_torch_api_loads_on_first_use_and_then_costs_no_module_lookup():
+    """`import gemmgen` (and `from gemmgen import *`) needs no torch; gemmgen.mm, .linear and .nn import it on first
+    use and are then bound in the module, so a call does not go through the module's __getattr__ again."""
+    pytest.importorskip("torch")
+    code = ("import sys, gemmgen; from gemmgen import *; before = 'torch' in sys.modules; "
+            "mm = gemmgen.mm; print(before, 'mm' in vars(gemmgen), gemmgen.mm is mm, gemmgen.nn.Linear.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.stdout.split() == ["False", "True", "True", "Linear"], out.stderr[-2000:]
