@@ -16,7 +16,8 @@ is the bytes of A, B and D over the time per call (the H100 copies at 3.02 TB/s)
 
 --edits also times a variant of each kernel made by editing its rendered source here (never a switch in the
 templates), launched with PDL: `late` (no griddepcontrol.launch_dependents at the start, so the next kernel is
-scheduled only when this one ends). Until 2026-11-27 the kernels also prefetched their first stages into L2 before
+scheduled only when this one ends), `early` (the call put back where a kernel does without it: the swapped tiles of
+M <= 64), `nostore`, `nomma`, `bare` (where a decode-sized product's time goes; wrong results by design). Until 2026-11-27 the kernels also prefetched their first stages into L2 before
 the grid dependency wait; this script at commit 3cbc04c (--edits `noprefetch`, `noprefetch_late`) measured that
 prefetch costing 0.1-3.4 us a call, and it was removed (docs/perf-notes.md, "PDL's L2 prefetch"). --config FILE
 (JSON, repeatable) times the given sm90_wgmma configurations instead of the model's picks.
@@ -51,7 +52,16 @@ CASES = {  # name: (M, N, K, A layout, B layout)
 }
 # Source edits (--edits): name -> [(regular expression that must match once, replacement)].
 START_DEPENDENTS = r"\n    allow_dependents\(\);\n"
-EDITS = {"late": [(START_DEPENDENTS, "\n")]}
+# Where a decode-sized product's fixed time goes (wrong results by design; timing only): `nostore`, the swapped
+# epilogue stages the tile but stores nothing of D; `nomma`, the consumers wait for each stage and release it
+# without issuing its wgmmas (the TMA stream and the ring alone); `bare`, both.
+NO_STORE = (r"if \(drow < N && dcol < M\) \{", "if (false) {")
+NO_MMA = (r"wgmma_step\(acc\[mi\], da, db, \(kt > 0 \|\| kk > 0\) \? 1 : 0\);", "(void)da; (void)db;")
+# `early`: the swapped tiles of M <= 64 let their dependents start only at the end (since 2026-11-27 13:20); this
+# puts the call back at the start, where every other kernel has it.
+LATE_DEPENDENTS = r"// Launched with PDL, the next kernel is scheduled when this one ends[^\n]*\n"
+EDITS = {"late": [(START_DEPENDENTS, "\n")], "early": [(LATE_DEPENDENTS, "allow_dependents();\n")],
+         "nostore": [NO_STORE], "nomma": [NO_MMA], "bare": [NO_STORE, NO_MMA]}
 SETS = 4            # rotating input sets: 4 x 33.5 MB of B exceed the 50 MB L2
 ROUNDS, CALLS = 9, 100
 HOLD_CYCLES = 6_000_000   # ~3.5 ms at 1.7 GHz: covers enqueueing CALLS launches from Python
@@ -130,11 +140,13 @@ def main(argv=None) -> int:
                     "plain": lambda i, q=plain: q[i % SETS].run(handle), "cublas": cublas}
             edited_errors = {}
             for edit in (EDITS if args.edits else ()):
-                source = built.source
+                source, matched = built.source, True
                 for pattern, replacement in EDITS[edit]:
                     source, count = re.subn(pattern, lambda _m, r=replacement: r, source, count=1, flags=re.S)
-                    if count != 1:
-                        raise SystemExit(f"pdl.py: the rendered source no longer matches the edit {edit}: {pattern}")
+                    matched = matched and count == 1
+                if not matched:   # e.g. `late` on a kernel that already starts its dependents late
+                    print(f"  {name} {config.tag[:60]}: edit {edit} does not apply", flush=True)
+                    continue
                 cubin, log = compile_source(built.name, source, options_for(kernel))
                 variant = load_compiled(kernel, problem, dataclasses.replace(built, cubin=cubin, source=source,
                                                                              log=log), "gemmgen-pdl-")

@@ -64,6 +64,12 @@ def context(kernel: Kernel) -> dict:
         # The main loop ran on D^T = B^T @ A^T: the epilogue writes D transposed, or the reduction reads partial
         # (row, col) of D at [col][row].
         "swap_ab": cfg.swap_ab,
+        # Programmatic dependent launch: the next kernel may be scheduled as soon as this one starts, which saved
+        # 0.4-2.8 us a call at 512^3-4096^3 and at 128x4096x4096 (and 0.6 us for M = 128 on swapped 1x2 pairs),
+        # but cost the unclustered swapped tiles of M <= 64 (decoding, 64 CTAs streaming the weights) 0.4-1.0 us
+        # a call (H100, benchmarks/pdl.py --edits, 2026-11-27 07:12, 13:13, 13:15): those let the next kernel
+        # start only when they end.
+        "early_dependents": not (cfg.swap_ab and cfg.cta.n <= 64 and cfg.cluster.size == 1),
         # D's rows start on 16-byte boundaries: the swapped epilogue writes each lane's run of a D row in 16-byte
         # stores (otherwise four-element pieces, any alignment).
         "d_vec16": ops.align_c * ops.c_dtype.bytes >= 16,
