@@ -124,3 +124,21 @@ def test_the_kernel_identity_is_the_compiled_kernels_and_follows_source_options_
     assert identity.kernel_identity(compiled.source, compiled.options, "99.9") != base
     monkeypatch.setattr(identity, "render", lambda k: compiled.source.replace("__syncthreads", "__syncthreads "))
     assert identity.identity_of(kernel) != compiled.identity
+
+
+def test_narrow_copies_of_both_operands_keep_64x64_warp_tiles_out_and_the_model_pick_spills_nothing():
+    """Both operands' rows copied in pieces under 8 bytes (4095^3, 4094^3 bf16): 64x64 warp tiles spilled 32-160 B
+    on sm_80, so the rule refuses them there and keeps them where either operand allows 8-byte pieces; the dry
+    run's pick for 4095^3 on an A100 compiles without local memory."""
+    from gemmgen.families import rules as constraints
+    from gemmgen.tune.dryrun import dry_run
+
+    a100 = lookup_gpu("a100")
+    big = Sm80Config(Shape3(128, 128, 32), Shape3(64, 64, 32), Shape3(16, 8, 16), 4)
+    for shape, refused in (((4095, 4095, 4095), True), ((4094, 4094, 4094), True), ((4096, 4096, 4095), False),
+                           ((4092, 4092, 4092), False)):
+        broken = [v.rule for v in constraints.check(big, a100, Arch.SM80, Problem.create(*shape))]
+        assert any("pieces under 8 bytes" in r for r in broken) == refused, (shape, broken)
+    pick = dry_run(Problem.create(4095, 4095, 4095), a100, top_k=1, jobs=1).pick
+    assert pick is not None and pick.ok and pick.kernel.config.warp.m * pick.kernel.config.warp.n < 64 * 64
+    assert pick.compiled.spill_bytes == 0 and pick.compiled.resources.stack_bytes == 0

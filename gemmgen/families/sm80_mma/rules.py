@@ -4,11 +4,16 @@ from __future__ import annotations
 from ...model.arch import Arch, Gpu
 from ...model.problem import Operands, Problem
 from ...model.tiles import SmemLayout
-from ..base import Rule, elt_bytes, pow2
+from ..base import REG_LIMIT, Rule, elt_bytes, pow2
 from .config import Sm80Config
 
 MMA_SHAPES = {(16, 8, 16)}  # mma.sync for 16-bit inputs
 PAD_BYTES = 16  # padding per shared-memory row in the PAD layout: one 16-byte vector, shifts rows by 4 banks
+# Registers the copies take when both operands' rows are copied in pieces under 8 bytes (each piece's address and
+# predicate): NVRTC 13.5 for sm_80 built 64x64 warp tiles (232 estimated) at 255 registers with 32-160 B spilled on
+# a1x1 and a2x2 operands (4095^3, 4094^3 bf16), at 234-254 without spills when either operand's rows allow 8-byte
+# pieces; 32x64 warp tiles built at 166 (2026-11-27, CPU).
+NARROW_COPY_REGS = 24
 
 
 def check(config: Sm80Config, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
@@ -30,11 +35,16 @@ def check(config: Sm80Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
          config.threads, "2^k")
     rule(2 <= config.stages <= 5, "pipeline stages must be 2..5 for cp.async", config.stages, "2..5")
     rule(config.cluster.size == 1, "sm80_mma runs without thread-block clusters", str(config.cluster), "1x1")
+    elt = elt_bytes(operands)
     if operands is not None:
         # The template's C, D and bias share A's element type.
         rule(operands.c_dtype is operands.a_dtype, "sm80_mma writes D in the inputs' dtype",
              operands.c_dtype.value, operands.a_dtype.value)
-    elt = elt_bytes(operands)
+        if operands.align_a * elt < 8 and operands.align_b * elt < 8:
+            regs = regs_estimate(config) + NARROW_COPY_REGS
+            rule(regs <= REG_LIMIT, "sm80_mma copying both operands' rows in pieces under 8 bytes needs registers "
+                 f"for the copies: the warp tile's estimate plus {NARROW_COPY_REGS} must be at most {REG_LIMIT}",
+                 regs, REG_LIMIT)
     loads = max(16, config.threads * 16)  # a tile wider than the CTA leaves no warps: that rule fires already
     rule((cta.m * cta.k * elt) % loads == 0,
          "A tile bytes must be a multiple of threads*16 (whole cp.async rounds)", cta.m * cta.k * elt, loads)
@@ -64,4 +74,4 @@ def regs_estimate(config: Sm80Config) -> int:
     return acc + frag_a + frag_b + 40
 
 
-__all__ = ["MMA_SHAPES", "PAD_BYTES", "check", "regs_estimate", "smem_bytes"]
+__all__ = ["MMA_SHAPES", "NARROW_COPY_REGS", "PAD_BYTES", "check", "regs_estimate", "smem_bytes"]
