@@ -93,6 +93,8 @@ def test_stream_timing_times_runs_ten_back_to_back_so_a_programmatic_launch_over
     assert all(t == pytest.approx(17e-6 - 0.9 * 3e-6) for t in stream)
     assert len(stream) == 200 and dev.runs >= 2 + 2000    # 0.1 s of runs capped at 2000, one sample per ten
     assert dev.holds == 2 + 20                            # ten groups (100 runs) behind each hold
+    long, _ = timed(TIMINGS["stream"], 8e-3)              # an 8 ms kernel: five groups of ten, 0.4 s
+    assert len(long) == 5 and all(t == pytest.approx(8e-3) for t in long)
 
 
 def test_sustained_runs_back_to_back_after_a_long_warm_up():
