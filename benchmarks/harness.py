@@ -128,6 +128,26 @@ def ranked_space(problem, gpu, params) -> list:
     return rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
 
 
+def ranked_shapes(texts) -> tuple:
+    """(the detected GPU, [(Problem, its ranked space)]) for --shape texts ('M,N,K,LAYOUTS'), each ranked by the
+    model with the GPU's calibration (ranked_space)."""
+    from gemmgen.rank.calibration import params_for
+
+    gpu = detected_gpu()
+    params, _ = params_for(gpu)
+    return gpu, [(p, ranked_space(p, gpu, params)) for p in map(shape_problem, texts)]
+
+
+def compile_plans(plans, arch) -> list:
+    """[(problem, [(ranked entry, Kernel, Compiled or the compile's exception)])] for plans [(problem, [ranked
+    entry])]: every kernel compiled in one batch (NVRTC processes side by side)."""
+    from gemmgen.codegen.nvrtc import compile_many
+
+    kernels = [kernel_for(p, r.config, arch) for p, rs in plans for r in rs]
+    built = iter(zip(kernels, compile_many(kernels, None)))
+    return [(p, [(r, *next(built)) for r in rs]) for p, rs in plans]
+
+
 def suite_problems(paths, only: "str | None" = None, dtype: str = "bf16") -> "list[tuple[str, object]]":
     """(name, Problem) of every shape of the suite files at `paths` (or of those named in `only`, comma-separated),
     read and checked as `gemmgen suite` reads them (a bad file or name is a SuiteFileError naming the rule)."""
@@ -293,7 +313,7 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) 
     return times
 
 
-__all__ = ["ROOT", "by_shape", "checked_load", "event_time", "interleaved_times", "kernel_for", "layout_operands", "load_compiled",
-           "poisoned_error", "ranked_space", "run_main", "suite_problems", "time_contenders", "timed",
+__all__ = ["ROOT", "by_shape", "checked_load", "event_time", "interleaved_times", "kernel_for", "compile_plans", "layout_operands", "load_compiled",
+           "poisoned_error", "ranked_shapes", "ranked_space", "run_main", "shape_problem", "suite_problems", "time_contenders", "timed",
            "verify_all",
            "verify_shapes", "write_report"]

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
+from benchmarks.harness import run_main, write_report  # noqa: E402
 
 SHAPES = ("1,4096,4096,rc", "8,4096,4096,rc", "16,4096,4096,rc", "16,4096,4096,rr", "1,4096,4096,rr",
           "16,14336,4096,rc", "16,4096,14336,rc", "64,4096,4096,rc", "128,8192,8192,rr", "513,4096,4096,rc",
@@ -50,25 +50,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.rank.calibration import params_for
-
-    gpu = detected_gpu()
-    params, _ = params_for(gpu)
-    plans = []
-    for text in args.shape or SHAPES:
-        problem = harness.shape_problem(text)
-        ranked = [r for r in harness.ranked_space(problem, gpu, params) if r.config.family == "sm90_wgmma"]
-        plans.append((problem, ranked[:args.top]))
-    kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]
-    built = compile_many(kernels, None)
-    rows, i = [], 0
-    for problem, ranked in plans:
+    gpu, ranked_by_shape = harness.ranked_shapes(args.shape or SHAPES)
+    plans = [(problem, [r for r in ranked if r.config.family == "sm90_wgmma"][:args.top])
+             for problem, ranked in ranked_by_shape]
+    rows = []
+    for problem, built in harness.compile_plans(plans, gpu.arch):
         sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
         contenders = {"cuBLAS": lambda s: torch.matmul(s[0], s[1], out=s[2])}
-        for r in ranked:
-            kernel, compiled = kernels[i], built[i]
-            i += 1
+        for _, kernel, compiled in built:
             for value in PROMOTIONS:
                 with promotion(value):
                     gemm, err = harness.checked_load(torch, kernel, problem, compiled, sets[0], "gemmgen-l2p-")

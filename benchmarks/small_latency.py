@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import detected_gpu, run_main, write_report  # noqa: E402
+from benchmarks.harness import run_main, write_report  # noqa: E402
 
 SHAPES = ("88,4360,560,cc", "104,14648,376,rr", "236,1006,872,rr", "112,11952,1775,cr", "128,128,64,rr")
 SETS, CALLS, REPLAYS = 4, 40, 7
@@ -113,34 +113,24 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from gemmgen.codegen.nvrtc import compile_many
-    from gemmgen.rank.calibration import params_for
-
-    gpu = detected_gpu()
-    params, _ = params_for(gpu)
+    gpu, ranked_by_shape = harness.ranked_shapes(args.shape or SHAPES)
     plans = []
-    for text in args.shape or SHAPES:
-        problem = harness.shape_problem(text)
-        ranked = harness.ranked_space(problem, gpu, params)
+    for problem, ranked in ranked_by_shape:
         chosen = variants(ranked[0], problem, gpu) if args.variants else ranked[:args.top]
         for text in args.match:
             matched = [r for r in ranked if text in r.config.tag and r not in chosen][:2]
             chosen += matched
             chosen += [v for r in matched[:1] for v in changed(r, args.change, problem, gpu) if v not in chosen]
         plans.append((problem, chosen))
-    kernels = [harness.kernel_for(p, r.config, gpu.arch) for p, rs in plans for r in rs]
-    built = compile_many(kernels, None)
-    rows, i = [], 0
-    for problem, ranked in plans:
+    rows = []
+    for problem, built in harness.compile_plans(plans, gpu.arch):
         sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
 
         def cublas(s):
             torch.matmul(s[0], s[1], out=s[2])
 
         entries = [("cuBLAS", None, cublas)]
-        for r in ranked:
-            kernel, compiled = kernels[i], built[i]
-            i += 1
+        for r, kernel, compiled in built:
             gemm, _ = harness.checked_load(torch, kernel, problem, compiled, sets[0], "gemmgen-latency-")
             if gemm is None:
                 continue

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..model.arch import DType
 from ..model.errors import InvalidInput
-from ..model.problem import Activation, Layout, Problem
+from ..model.problem import Layout, Problem
+from .reference import ACTIVATION_CODES
 
 FAULTS = ("none", "oob", "hang", "wrong", "past")
 
@@ -105,7 +106,7 @@ def naive_kernel_source(problem: Problem, fault: str = "none", splits: int = 1) 
         raise InvalidInput(f"naive kernel fault must be one of {FAULTS}", fault)
     if problem.a_dtype not in (DType.BF16, DType.F16):
         raise InvalidInput("the naive kernel supports bf16 and f16", problem.a_dtype.value)
-    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}[problem.epilogue.activation]
+    act = ACTIVATION_CODES[problem.epilogue.activation]
     subs = {"__FAULT__": str(FAULTS.index(fault)), "__IS_BF16__": str(int(problem.a_dtype is DType.BF16)),
             "__ACT__": str(act), "__A_COL__": str(int(problem.a_layout is Layout.COL)),
             "__B_COL__": str(int(problem.b_layout is Layout.COL)), "__SPLITS__": str(int(splits)),

@@ -20,6 +20,10 @@ from ..model.arch import DType
 from ..model.errors import InvalidInput
 from ..model.problem import SCALE_BLOCK, Activation, Layout, Problem, Scaling
 
+# The epilogue activation as the reference kernel's `act` parameter (and the naive kernel's __ACT__): the CUDA
+# sources test these codes, so both sides take them from here.
+ACTIVATION_CODES = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}
+
 BACKENDS = ("torch", "cupy", "kernel")
 SAMPLES = 256
 GELU_C = 0.7978845608028654  # sqrt(2/pi), the tanh approximation's constant
@@ -349,7 +353,7 @@ extern "C" __global__ void gemmgen_reference_gemm(const void* A, const void* B, 
 def reference_kernel_params(problem: Problem, pointers: GemmPointers, ref_ptr: int) -> "list[dict]":
     """The reference kernel's parameters, in the manifest's param format."""
     kind = {DType.BF16: 0, DType.F16: 1, DType.F32: 2}[problem.a_dtype]
-    act = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}[problem.epilogue.activation]
+    act = ACTIVATION_CODES[problem.epilogue.activation]
     ep = problem.epilogue
 
     def scalar(name, ctype, value):
