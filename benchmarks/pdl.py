@@ -57,7 +57,7 @@ START_DEPENDENTS = r"\n    allow_dependents\(\);\n"
 # without issuing its wgmmas (the TMA stream and the ring alone); `bare`, both.
 NO_STORE = (r"if \(drow < N && dcol < M\) \{", "if (false) {")
 NO_MMA = (r"wgmma_step\(acc\[mi\], da, db, \(kt > 0 \|\| kk > 0\) \? 1 : 0\);", "(void)da; (void)db;")
-# `early`: the swapped tiles of M <= 64 let their dependents start only at the end (since 2026-11-27 13:20); this
+# `early`: the swapped tiles of M <= 64 let their dependents start only at the end (since 2026-11-27 13:16); this
 # puts the call back at the start, where every other kernel has it.
 LATE_DEPENDENTS = r"// Launched with PDL, the next kernel is scheduled when this one ends[^\n]*\n"
 EDITS = {"late": [(START_DEPENDENTS, "\n")], "early": [(LATE_DEPENDENTS, "allow_dependents();\n")],
