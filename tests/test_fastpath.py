@@ -88,6 +88,59 @@ def test_a_bound_launch_whose_d_is_in_a_tensor_map_binds_each_new_address_once()
     assert kernel.prepared[-1] == 0x4000 and len(kernel.prepared) == 4
 
 
+class Tensor:
+    """What a bundle's call reads of a torch tensor (named Tensor, as the loader tells torch arrays by name)."""
+
+    def __init__(self, ptr, shape, dtype="bfloat16"):
+        self.ptr, self.shape, self.dtype = ptr, shape, dtype
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return (self.shape[1], 1) if len(self.shape) == 2 else (1,)
+
+    def get_device(self):
+        return 0
+
+
+def test_a_bundle_call_with_arrays_seen_before_is_one_lookup_and_other_arrays_are_checked_again(monkeypatch):
+    from gemmgen import Arch, Kernel, Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.runtime import loader
+    from gemmgen.runtime.loader import LoadedKernel
+    from gemmgen.runtime.manifest import make_manifest
+
+    problem = Problem.create(64, 256, 128, "bf16")
+    manifest = make_manifest(Kernel(Arch.SM90A, problem.operands, default_config(problem, lookup_gpu("h100"))),
+                             problem)
+    kernel = LoadedKernel(manifest, b"", "<test>")
+    prepared, runs, current = [], [], []
+    monkeypatch.setattr(loader, "_torch_stream", lambda ordinal: 7)
+    monkeypatch.setattr(loader, "describe_array", lambda x, name, stream: x)
+
+    def prepare(arrays):
+        prepared.append({name: x.ptr for name, x in arrays.items()})
+        return SimpleNamespace(run=runs.append)
+
+    kernel._prepare = prepare
+    kernel._set_current = lambda: current.append(1)
+    A, B, D = Tensor(0x1000, (64, 128)), Tensor(0x2000, (128, 256)), Tensor(0x3000, (64, 256))
+    for _ in range(3):
+        assert kernel(A, B, D) is D
+    kernel(A, B, D, stream=9)
+    assert prepared == [{"A": 0x1000, "B": 0x2000, "D": 0x3000}]   # checked and bound once
+    assert runs == [7, 7, 7, 9] and len(current) == 3                 # the context made current on every hit
+    kernel(A, B, Tensor(0x4000, (64, 256)))                          # another D: bound again
+    assert len(prepared) == 2
+    # A bias the kernel was not built with is refused, though the other arrays were bound before.
+    with pytest.raises(InvalidInput, match="bias must be None"):
+        kernel(A, B, D, bias=Tensor(0x5000, (256,)))
+    kernel._bound.clear()                                            # as a grown workspace or close() does
+    kernel(A, B, D)
+    assert len(prepared) == 3
+
 # --- the torch op layer ---------------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

@@ -120,6 +120,18 @@ def describe_array(x, what: str, stream: bool = True) -> ArrayInfo:
     return ArrayInfo(int(cai["data"][0]), shape, strides, dtype, None, _current_stream(x) if stream else 0)
 
 
+def _torch_key(A, B, D, C, bias, scale_a, scale_b, row_sums) -> tuple:
+    """The identity of a call's torch arrays (address, shape, strides, dtype; None for an operand not given):
+    the key of their bound launch sequence. AttributeError or TypeError for arrays of another library."""
+    return (A.data_ptr(), A.shape, A.stride(), A.dtype, B.data_ptr(), B.shape, B.stride(), B.dtype,
+            D.data_ptr(), D.shape, D.stride(), D.dtype,
+            None if C is None else (C.data_ptr(), C.shape, C.stride(), C.dtype),
+            None if bias is None else (bias.data_ptr(), bias.shape, bias.stride(), bias.dtype),
+            None if scale_a is None else (scale_a.data_ptr(), scale_a.shape, scale_a.stride(), scale_a.dtype),
+            None if scale_b is None else (scale_b.data_ptr(), scale_b.shape, scale_b.stride(), scale_b.dtype),
+            None if row_sums is None else (row_sums.data_ptr(), row_sums.shape, row_sums.stride(), row_sums.dtype))
+
+
 def _is_torch(x) -> bool:
     return type(x).__module__ == "torch" or type(x).__name__ == "Tensor" and hasattr(x, "data_ptr")
 
@@ -233,6 +245,7 @@ class LoadedKernel:
         self._module = None
         self._workspace = None
         self._bound: "dict[tuple, object]" = {}  # array identities -> bound launch sequence (oldest first)
+        self._set_current = None  # makes the device's context current (runtime/device.py current_setter)
         # Bumped whenever bound sequences die (a grown workspace, close()): a caller that keeps sequences of its
         # own (runtime/dispatch.py) drops them when this changes.
         self.generation = 0
@@ -247,7 +260,19 @@ class LoadedKernel:
         scale_b * A @ B ...), (M,)/(N,) per row and column (rowcol), or DeepGEMM's blocks (block:
         docs/fp8-scaling.md); None means 1. A kernel built with row sums also writes row_sums[m] = sum_k A[m, k]
         (an (M,) array of D's dtype; None skips them)."""
-        sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b, row_sums)
+        try:  # torch arrays: their identity through torch's fast accessors (nothing else has data_ptr and stride())
+            key = _torch_key(A, B, D, C, bias, scale_a, scale_b, row_sums)
+        except (AttributeError, TypeError):
+            key = None
+        else:
+            # Arrays seen before were checked when they were bound: one lookup, then the launch (the per-call
+            # path issue 20 asks to keep free of Python-level validation).
+            sequence = self._bound.get(key)
+            if sequence is not None:
+                self._set_current()  # the caller may have made another device's context current
+                sequence.run(_torch_stream(D.get_device()) if stream is None else int(stream))
+                return D
+        sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b, row_sums, key)
         sequence.run(default_stream() if stream is None else int(stream))
         return D
 
@@ -293,17 +318,19 @@ class LoadedKernel:
             given["row_sums"] = row_sums
         return given
 
-    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None, row_sums=None):
+    def _sequence(self, A, B, D, C, bias, scale_a=None, scale_b=None, row_sums=None, key=None):
         given = self._given(A, B, D, C, bias, scale_a, scale_b, row_sums)
-        # The arrays' identity (address, shape, strides, dtype, device) is the key of a bound launch sequence:
-        # a call with arrays seen before skips the checks, the parameter packing and the tensor-map encoding.
+        # The arrays' identity (address, shape, strides, dtype) is the key of a bound launch sequence: a call with
+        # arrays seen before skips the checks, the parameter packing and the tensor-map encoding. Device addresses
+        # are unique across the process (unified addressing), so no device is in the key.
         if all(_is_torch(x) for x in given.values()):
-            key = tuple((x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device()) for x in given.values())
+            if key is None:
+                key = _torch_key(A, B, D, C, bias, scale_a, scale_b, row_sums)
             sequence = self._bound.get(key)
             if sequence is None:
                 sequence = self._bind({n: describe_array(x, n, stream=False) for n, x in given.items()}, key)
             else:
-                self._device.current_setter()()  # the caller may have made another device's context current
+                self._set_current()
             return sequence, lambda: _torch_stream(D.get_device())
         infos = {name: describe_array(x, name, stream=name == "D") for name, x in given.items()}
         key = tuple((info.ptr, info.shape, info.strides, info.dtype, info.device) for info in infos.values())
@@ -311,7 +338,7 @@ class LoadedKernel:
         if sequence is None:
             sequence = self._bind(infos, key)
         else:
-            self._device.current_setter()()
+            self._set_current()
         return sequence, lambda: infos["D"].stream
 
     def _bind(self, infos: "dict[str, ArrayInfo]", key: tuple):
@@ -376,6 +403,7 @@ class LoadedKernel:
                 raise InvalidInput("the bundle's arch must run on this GPU", self.manifest["arch"],
                                    f"device {ordinal} is compute capability {device.props.cc[0]}.{device.props.cc[1]}")
             self._device = device
+            self._set_current = device.current_setter()
             self._module = self._device.load(self.cubin)
         return self._device
 
