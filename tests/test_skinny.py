@@ -71,6 +71,19 @@ def test_split_k_launches_partials_then_the_shared_reduction():
     assert manifest["serves"]["m_max"] == 16
 
 
+def test_unaligned_rows_want_32_warps_a_sm_rather_than_16():
+    # Measured on the H100 at 16 x 4096 x 4095 rc (docs/lab-data/h100-sxm/skinny-wide-20261125-1522.json): the
+    # same CTA with 2 warps along K ran 41.0 us over 4 splits (256 CTAs, 16 warps a SM) and 30.0 us over 8 (32
+    # warps a SM); shifted pairs of unaligned rows need the extra warps in flight.
+    from gemmgen.rank.predict import predict
+
+    problem = Problem.create(16, 4096, 4095, "bf16", "row", "col")
+    gpu = lookup_gpu("h100")
+    t16 = predict(problem, skinny("16x64x64", "16x16x64", k_warps=2, splits=4), gpu).time_s
+    t32 = predict(problem, skinny("16x64x64", "16x16x64", k_warps=2, splits=8), gpu).time_s
+    assert t32 < t16
+
+
 @pytest.mark.parametrize("k,dtype,b", [(4096, "bf16", "col"), (4095, "bf16", "col"), (4093, "f16", "col"),
                                        (4096, "bf16", "row"), (4095, "f16", "row")])
 def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype, b):

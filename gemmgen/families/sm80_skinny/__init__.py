@@ -32,9 +32,12 @@ EFFICIENCY_OTHER = 0.80
 # warp, up to a cap per SM. Fitted on the H100 (docs/perf-notes.md, "sm80_skinny"; 2026-11-25): the best
 # configurations, on every SM, read 33.5 MB in 19.1 us (aligned, column-major B), 29.1 (unaligned: shifted pairs
 # double the L1 requests; 16 warps per SM), 21.1 and 60.5 us (row-major B through shared memory; ~8 warps per SM),
-# less ~4 us of launch and wave; unaligned grids with a quarter of those warps ran 2.4x slower (70 us), as a
-# per-warp rate predicts. Refit when more shapes are measured.
-SM_LOAD_RATE = {("col", True): (4e9, 28e9), ("col", False): (0.65e9, 11e9),
+# less ~4 us of launch and wave; unaligned grids with a quarter of those warps ran 2.4x slower (70 us). Unaligned
+# column-major B's per-warp rate was 0.65e9 until 2026-11-27: at 16 warps a SM that reached the cap, so the model
+# priced 16 and 32 warps alike, where the same CTA ran 41.0 us on 16 warps a SM and 30.0 on 32 at 16 x 4096 x 4095
+# (0.43e9 a warp at 16); 0.5e9 ranks them as measured (benchmarks/skinny_model_fit.py: that case's pick 1.41 ->
+# 1.03 of the best, no other case moves). Refit when more shapes are measured.
+SM_LOAD_RATE = {("col", True): (4e9, 28e9), ("col", False): (0.5e9, 11e9),
                 ("row", True): (1.9e9, 16e9), ("row", False): (0.56e9, 5e9)}
 
 
