@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""A few chosen kernels and cuBLAS, each verified and then launched a few times, for Nsight Compute to profile.
+
+    PYTHONPATH=$PWD python3 benchmarks/ncu_kernels.py --shape M,N,K,LAYOUTS [--top 1] [--match TEXT]
+        [--change KNOB=VALUE ...] [--calls 3]
+    ncu --target-processes all -k regex:'gemmgen|nvjet|sm90_xmma' --clock-control none \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
+        python3 benchmarks/ncu_kernels.py ...
+
+The kernels are chosen as benchmarks/small_latency.py chooses them (the model's top few over every family, plus
+the best-ranked configurations whose tag contains each --match text, and the first of those with each --change),
+compiled, exported and loaded with gemmgen.load, verified once on fresh inputs with D poisoned. Then each, and
+cuBLAS (torch.matmul), runs --calls times on a rotating input set, separated by a synchronisation, so the profiler
+sees whole kernels in a known order; the order and each gemmgen kernel's entry name are printed first, to match the
+profiler's rows. --time instead graph-times each (harness.graph_timed, median of 3, interleaved passes) and prints a
+table, for a run without the profiler. --table CSV [ID ...] prints a profiler CSV (ncu --csv --page details) as one
+column per profiled kernel (the given IDs, or all), a row per metric: no GPU needed.
+
+--edit NAME also runs, for each clustered kernel, a variant made by editing its rendered source here (never a switch
+in the templates): `unicast`, a 2-CTA cluster whose CTAs each load the whole shared operand themselves instead of
+multicasting a slice each (the cluster, its coupled ring and remote releases kept), which tells what the multicast
+itself costs or saves.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import run_main  # noqa: E402
+from benchmarks.small_latency import changed  # noqa: E402
+
+SETS = 3
+# Source edits (--edit): name -> [(regular expression that must match once, replacement)].
+EDITS = {"unicast": [(r"if \(A_MCAST\) \{", "if (false) {"), (r"if \(B_MCAST\) \{", "if (false) {")]}
+
+
+def edited(kernel, problem, built, edit: str):
+    """`built` with EDITS[edit] applied to its source, recompiled and loaded; None where a pattern does not match."""
+    from gemmgen.codegen.nvrtc import compile_source, options_for
+
+    source = built.source
+    for pattern, replacement in EDITS[edit]:
+        source, count = re.subn(pattern, lambda _m, r=replacement: r, source, count=1)
+        if count != 1:
+            return None
+    cubin, log = compile_source(built.name, source, options_for(kernel))
+    return harness.load_compiled(kernel, problem, dataclasses.replace(built, cubin=cubin, source=source, log=log),
+                                 "gemmgen-ncu-")
+
+
+def table(path: str, ids: "list[str]") -> None:
+    """Print the profiler's CSV at `path` as a metric x kernel table (kernels `ids`, or all of them)."""
+    import csv
+
+    rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
+    col = {name: i for i, name in enumerate(rows[0])}
+    values: "dict[str, dict[str, str]]" = {}
+    names = {}
+    for row in rows[1:]:
+        if len(row) <= col["Metric Value"]:
+            continue
+        names[row[col["ID"]]] = f"{row[col['Kernel Name']][-40:]} grid {row[col['Grid Size']]}"
+        values.setdefault(row[col["ID"]], {})[row[col["Metric Name"]]] = row[col["Metric Value"]]
+    keys = [k for k in values if not ids or k in ids]
+    for k in keys:
+        print(f"{k:>4} {names[k]}")
+    for metric in dict.fromkeys(m for k in keys for m in values[k]):
+        print(f"{metric[:48]:48} " + " ".join(f"{values[k].get(metric, '-')[:12]:>12}" for k in keys))
+
+
+def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--table"]:
+        table(argv[1], argv[2:])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", required=True, metavar="M,N,K,LAYOUTS")
+    ap.add_argument("--top", type=int, default=1, help="model-ranked configurations per shape (all families)")
+    ap.add_argument("--match", action="append", default=[], metavar="TEXT",
+                    help="also the best-ranked configuration whose tag contains TEXT (repeatable)")
+    ap.add_argument("--change", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE]",
+                    help="also the first --match'ed configuration with these fields changed (repeatable)")
+    ap.add_argument("--calls", type=int, default=3, help="launches of each kernel")
+    ap.add_argument("--edit", action="append", default=[], choices=sorted(EDITS),
+                    help="also each clustered kernel with this source edit (repeatable)")
+    ap.add_argument("--time", action="store_true", help="graph-time each kernel instead (no profiler needed)")
+    args = ap.parse_args(argv)
+    import torch
+
+    gpu, ranked_by_shape = harness.ranked_shapes(args.shape)
+    plans = []
+    for problem, ranked in ranked_by_shape:
+        chosen = list(ranked[:args.top])
+        for text in args.match:
+            matched = [r for r in ranked if text in r.config.tag and r not in chosen][:1]
+            chosen += matched
+            chosen += [v for r in matched for v in changed(r, args.change, problem, gpu) if v not in chosen]
+        plans.append((problem, chosen))
+    for problem, built in harness.compile_plans(plans, gpu.arch):
+        sets = [harness.layout_operands(torch, problem, torch.bfloat16) for _ in range(SETS)]
+        entries = [("cuBLAS", lambda s: torch.matmul(s[0], s[1], out=s[2]))]
+        for _, kernel, compiled in built:
+            gemm, _ = harness.checked_load(torch, kernel, problem, compiled, sets[0], "gemmgen-ncu-")
+            if gemm is None:
+                continue
+            entries.append((f"{kernel.config.tag} (entry {kernel.name})", lambda s, g=gemm: g(*s)))
+            if kernel.config.cluster.size == 1:
+                continue
+            for edit in args.edit:
+                variant = edited(kernel, problem, compiled, edit)
+                err = variant and harness.poisoned_error(torch, variant, *sets[0])
+                if variant is None or not err < 1e-2:
+                    print(f"  {kernel.config.tag} +{edit}: {'does not apply' if variant is None else err}")
+                    continue
+                entries.append((f"{kernel.config.tag} +{edit}", lambda s, g=variant: g(*s)))
+        if args.time:
+            us = {name: [] for name, _ in entries}
+            for _ in range(3):   # interleaved passes, so clock drift touches every kernel alike
+                for name, fn in entries:
+                    us[name].append(harness.graph_timed(torch, fn, sets) * 1e6)
+            for name, _ in entries:
+                print(f"{problem.label:24} {statistics.median(us[name]):7.2f} us  {name[:110]}", flush=True)
+        else:
+            for i, (name, fn) in enumerate(entries):
+                print(f"{problem.label} #{i}: {name}", flush=True)
+                for j in range(args.calls):
+                    fn(sets[j % SETS])
+                    torch.cuda.synchronize()
+        del sets
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "ncu_kernels.py")
