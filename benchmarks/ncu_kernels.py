@@ -16,10 +16,12 @@ profiler's rows. --time instead graph-times each (harness.graph_timed, median of
 table, for a run without the profiler. --table CSV [ID ...] prints a profiler CSV (ncu --csv --page details) as one
 column per profiled kernel (the given IDs, or all), a row per metric: no GPU needed.
 
---edit NAME also runs, for each clustered kernel, a variant made by editing its rendered source here (never a switch
-in the templates): `unicast`, a 2-CTA cluster whose CTAs each load the whole shared operand themselves instead of
-multicasting a slice each (the cluster, its coupled ring and remote releases kept), which tells what the multicast
-itself costs or saves.
+--edit NAME also runs, for each kernel it applies to, a variant made by editing its rendered source here (never a
+switch in the templates): `unicast` (clustered kernels), a 2-CTA cluster whose CTAs each load the whole shared
+operand themselves instead of multicasting a slice each (the cluster, its coupled ring and remote releases kept),
+which tells what the multicast itself costs or saves; `desc_offset` (sm90 kernels), every wgmma's shared-memory
+descriptors made as one descriptor per operand plus an offset, instead of each built from its address (the k-loop
+37% shorter; measured and not kept: docs/perf-notes.md, "Descriptors by offset").
 """
 from __future__ import annotations
 
@@ -38,7 +40,18 @@ from benchmarks.small_latency import changed  # noqa: E402
 
 SETS = 3
 # Source edits (--edit): name -> [(regular expression that must match once, replacement)].
-EDITS = {"unicast": [(r"if \(A_MCAST\) \{", "if (false) {"), (r"if \(B_MCAST\) \{", "if (false) {")]}
+EDITS = {
+    "unicast": [(r"if \(A_MCAST\) \{", "if (false) {"), (r"if \(B_MCAST\) \{", "if (false) {")],
+    # Each wgmma's descriptors as a descriptor made once plus an offset in 16-byte units (the start-address field is
+    # the address over 16), instead of built from the address (~10 uniform instructions a wgmma): measured 2026-11-27,
+    # not kept (docs/perf-notes.md, "Descriptors by offset").
+    "desc_offset": [
+        (r"smem_desc\(sb \+ \(wn / 64\) \* BLOCK_BYTES \+ kk \* B_KSTEP, B_LBO\)",
+         "smem_desc(ring + A_BYTES + (wn / 64) * BLOCK_BYTES, B_LBO) + (s * (STAGE_BYTES / 16) + kk * (B_KSTEP / 16))"),
+        (r"smem_desc\(sa \+ \(wm / 64 \+ mi\) \* BLOCK_BYTES \+ kk \* A_KSTEP, A_LBO\)",
+         "smem_desc(ring + (wm / 64) * BLOCK_BYTES, A_LBO) + (s * (STAGE_BYTES / 16) + (mi * BLOCK_BYTES + kk * A_KSTEP) / 16)")],
+}
+CLUSTERED_ONLY = {"unicast"}
 
 
 def edited(kernel, problem, built, edit: str):
@@ -90,8 +103,9 @@ def main(argv=None) -> int:
                     help="also the first --match'ed configuration with these fields changed (repeatable)")
     ap.add_argument("--calls", type=int, default=3, help="launches of each kernel")
     ap.add_argument("--edit", action="append", default=[], choices=sorted(EDITS),
-                    help="also each clustered kernel with this source edit (repeatable)")
+                    help="also each kernel it applies to with this source edit (repeatable)")
     ap.add_argument("--time", action="store_true", help="graph-time each kernel instead (no profiler needed)")
+    ap.add_argument("--passes", type=int, default=3, help="--time: interleaved passes, the median is printed")
     args = ap.parse_args(argv)
     import torch
 
@@ -112,9 +126,9 @@ def main(argv=None) -> int:
             if gemm is None:
                 continue
             entries.append((f"{kernel.config.tag} (entry {kernel.name})", lambda s, g=gemm: g(*s)))
-            if kernel.config.cluster.size == 1:
-                continue
             for edit in args.edit:
+                if edit in CLUSTERED_ONLY and kernel.config.cluster.size == 1:
+                    continue
                 variant = edited(kernel, problem, compiled, edit)
                 err = variant and harness.poisoned_error(torch, variant, *sets[0])
                 if variant is None or not err < 1e-2:
@@ -123,11 +137,13 @@ def main(argv=None) -> int:
                 entries.append((f"{kernel.config.tag} +{edit}", lambda s, g=variant: g(*s)))
         if args.time:
             us = {name: [] for name, _ in entries}
-            for _ in range(3):   # interleaved passes, so clock drift touches every kernel alike
-                for name, fn in entries:
+            for i in range(args.passes):   # interleaved passes, so clock drift touches every kernel alike
+                for name, fn in entries if i % 2 == 0 else entries[::-1]:   # and no kernel always follows another
                     us[name].append(harness.graph_timed(torch, fn, sets) * 1e6)
             for name, _ in entries:
-                print(f"{problem.label:24} {statistics.median(us[name]):7.2f} us  {name[:110]}", flush=True)
+                spread = f"{min(us[name]):.1f}-{max(us[name]):.1f}"
+                print(f"{problem.label:24} {statistics.median(us[name]):8.2f} us ({spread:>15})  {name[:100]}",
+                      flush=True)
         else:
             for i, (name, fn) in enumerate(entries):
                 print(f"{problem.label} #{i}: {name}", flush=True)
