@@ -90,16 +90,27 @@ def test_tune_options_from_the_api_keep_the_same_ranges():
 
 # --- accepted inputs that could not work ---------------------------------------------------------
 
-@pytest.mark.parametrize("m, n, k, rule", [
-    ("4096000000", "64", "64", "D (M*N) must fit family"),  # the element offsets
-    ("3000000000", "1", "8", "must fit family"),  # one dimension alone (M, and so D)
-    ("50000", "50000", "64", "D (M*N) must fit family"),
+@pytest.mark.parametrize("m, n, k, gpu, rule", [
+    ("4096000000", "64", "64", "h100", "M must fit family"),  # a dimension the ABI's int cannot hold
+    ("3000000000", "1", "8", "h100", "must fit family"),  # one dimension alone (M, and so D)
+    ("50000", "50000", "64", "a100", "D (M*N) must fit family"),  # the element offsets, on 32-bit families
 ])
-def test_dimensions_beyond_32_bit_indexing_are_refused_naming_the_family_rule(capsys, tmp_path, m, n, k, rule):
-    line = refused(capsys, "compile", m, n, k, "--gpu", "h100", "--out", str(tmp_path))
+def test_dimensions_beyond_32_bit_indexing_are_refused_naming_the_family_rule(capsys, tmp_path, m, n, k, gpu,
+                                                                            rule):
+    line = refused(capsys, "compile", m, n, k, "--gpu", gpu, "--out", str(tmp_path))
     assert rule in line and "32-bit indexing" in line
     assert not list(tmp_path.iterdir())  # no manifest written
-    assert rule in refused(capsys, "tune", m, n, k, "--gpu", "h100", "--dry-run")
+    assert rule in refused(capsys, "tune", m, n, k, "--gpu", gpu, "--dry-run")
+
+
+def test_operands_past_2_31_elements_run_on_the_family_with_64_bit_offsets(capsys):
+    # 50000 x 50000 x 64: D holds 2.5e9 elements. sm90_wgmma computes offsets in 64 bits (its dimensions stay
+    # int); the sm80 families index in 32 bits and say so in the refusal above.
+    assert main(["tune", "50000", "50000", "64", "--gpu", "h100", "--dry-run", "--top-k", "1"]) == 0
+    assert "sm90_wgmma" in capsys.readouterr().out
+    # A view counts its leading dimension: 40000 rows 60000 apart reach past 2^31 though 40000 x 64 do not.
+    line = refused(capsys, "tune", "40000", "64", "64", "--lda", "60000", "--gpu", "a100", "--dry-run")
+    assert "A (M*K) must fit family" in line
 
 
 def test_the_indexing_limit_is_the_familys_own(monkeypatch, sm80_default):
@@ -109,7 +120,7 @@ def test_the_indexing_limit_is_the_familys_own(monkeypatch, sm80_default):
     wide = Problem.create(70000, 64, 40000, "bf16", "col", "row")  # A: 2.8e9 elements, lda = 70000
     broken = [v.rule for v in check(sm80_default, gpu, problem=wide)]
     assert any("A (M*K)" in r and "32-bit" in r for r in broken)
-    monkeypatch.setattr(families.get("sm80_mma"), "index_bits", 64)  # a family that says it indexes in 64 bits
+    monkeypatch.setattr(families.get("sm80_mma"), "offset_bits", 64)  # a family whose offsets are 64-bit
     assert not [r for r in (v.rule for v in check(sm80_default, gpu, problem=wide)) if "indexing" in r]
 
 

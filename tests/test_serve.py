@@ -96,11 +96,16 @@ def test_family_limits_follow_the_problem_split_k_slices_and_the_swapped_tile():
     check_serves(kernel, problem_from_shapes(skinny, (16, k_min + 7), (k_min + 7, 4096), (16, 4096)))
 
 
-def test_operands_past_32_bit_indexing_are_refused():
+def test_operands_past_the_familys_indexing_are_refused():
     base = Problem.create(4096, 4096, 4096)
     kernel = kernel_for(base)
+    # sm90_wgmma's offsets are 64-bit: A of 2.8e9 elements is served; a dimension past int is not.
+    check_serves(kernel, problem_from_shapes(base, (70000, 40000), (40000, 64), (70000, 64)))
     with pytest.raises(InvalidInput, match="32-bit"):
-        check_serves(kernel, problem_from_shapes(base, (70000, 40000), (40000, 64), (70000, 64)))
+        check_serves(kernel, problem_from_shapes(base, (2**31, 8), (8, 64), (2**31, 64)))
+    sm80 = Kernel(Arch.SM80, base.operands, default_config(base, lookup_gpu("a100")))
+    with pytest.raises(InvalidInput, match="32-bit"):
+        check_serves(sm80, problem_from_shapes(base, (70000, 40000), (40000, 64), (70000, 64)))
 
 
 # --- on the GPU ---------------------------------------------------------------------------------

@@ -80,10 +80,13 @@ class KernelFamily:
     scalings: ClassVar["frozenset[Scaling]"] = frozenset({Scaling.TENSOR})
     # The kernels can also write the row sums of A (Epilogue.row_sums, a Linear layer's bias gradient).
     row_sums: ClassVar[bool] = False
-    # The width of the signed integers the kernel indexes with (its ABI passes M, N, K and the leading
-    # dimensions as `int`): every dimension, leading dimension and element offset must fit (families/rules.py).
-    # A family whose templates compute offsets in 64 bits says 64 here.
+    # The width of the signed integers the kernel's ABI passes M, N, K and the leading dimensions in (`int`):
+    # every dimension and leading dimension must fit (families/rules.py).
     index_bits: ClassVar[int] = 32
+    # The width of the element offsets its templates compute (row * ld + col): every operand's element count
+    # must fit. A family whose templates compute them in 64 bits (size_t) says 64, and serves operands of more
+    # than 2^31 elements (an LM head's logits at many tokens) while its dimensions stay within index_bits.
+    offset_bits: ClassVar[int] = 32
     # Templates: `template` (the kernel's entry file) relative to `template_root`; search space file.
     template_root: ClassVar[Path] = Path()
     template: ClassVar[str] = ""
@@ -187,8 +190,8 @@ class KernelFamily:
     def serves(self, kernel: Kernel) -> dict:
         """The shapes one compiled kernel serves, for the manifest (the loader checks each call exactly with
         families.rules.check): packed operands whose leading dimensions keep the kernel's alignment (or views
-        whose leading dimensions, in elements, are multiples of `leading_multiple_of`), offsets within 32-bit
-        indexing, and the family's problem-dependent limits."""
+        whose leading dimensions, in elements, are multiples of `leading_multiple_of`), element offsets within the
+        family's offset_bits, and the family's problem-dependent limits."""
         ops, cfg = kernel.operands, kernel.config
         multiple = {"M": 1, "N": 1, "K": 1}
         for axis, align in ((("K" if ops.a_layout.value == "row" else "M"), ops.align_a),
@@ -196,7 +199,7 @@ class KernelFamily:
             multiple[axis] = math.lcm(multiple[axis], align)
         out = {"multiple_of": multiple, "leading_multiple_of": {"lda": ops.align_a, "ldb": ops.align_b,
                                                                 "ldc": ops.align_c},
-               "max_operand_elements": 2 ** (self.index_bits - 1) - 1}
+               "max_operand_elements": 2 ** (self.offset_bits - 1) - 1}
         if cfg.decomposition.kind is DecompKind.SPLIT_K:
             out["k_min"] = (cfg.decomposition.splits - 1) * cfg.cta.k + 1  # every slice gets a K tile
         return out

@@ -128,17 +128,28 @@ def mixed_text(pairs) -> str:
 
 
 def _check_indexing(family, problem: Problem, rule) -> None:
-    """Every dimension, leading dimension and element offset must fit the family's index integers: beyond them
-    the kernel's `int` arguments and offsets wrap, and it reads and writes outside the operands."""
+    """Every dimension and leading dimension must fit the family's index integers (index_bits) and every element
+    offset its offset integers (offset_bits): beyond them the kernel's `int` arguments or offsets wrap, and it
+    reads and writes outside the operands."""
     bits = family.index_bits
     limit = 2 ** (bits - 1) - 1
     what = f"must fit family {family.name}'s {bits}-bit indexing"
     for name, value in (("M", problem.m), ("N", problem.n), ("K", problem.k), ("lda", problem.lda),
                         ("ldb", problem.ldb), ("ldc", problem.ldc)):
         rule(value <= limit, f"{name} {what}", value, limit)
-    for name, elements in (("A (M*K)", problem.m * problem.k), ("B (K*N)", problem.k * problem.n),
-                           ("D (M*N)", problem.m * problem.n)):
+    bits = family.offset_bits
+    limit = 2 ** (bits - 1) - 1
+    what = f"must fit family {family.name}'s {bits}-bit indexing"
+    # A view's last row starts (rows - 1) * ld elements in: with ld above the width, that is past rows * width.
+    for name, elements in (("A (M*K)", _extent(problem.m, problem.k, problem.lda, problem.a_layout.value)),
+                           ("B (K*N)", _extent(problem.k, problem.n, problem.ldb, problem.b_layout.value)),
+                           ("D (M*N)", _extent(problem.m, problem.n, problem.ldc, "row"))):
         rule(elements <= limit, f"the element offsets of {name} {what}", elements, limit)
+
+
+def _extent(rows: int, cols: int, ld: int, layout: str) -> int:
+    """Elements from a (rows x cols) operand's first to one past its last, with leading dimension ld."""
+    return (rows - 1) * ld + cols if layout == "row" else (cols - 1) * ld + rows
 
 
 def validate(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Problem | None" = None,

@@ -89,6 +89,11 @@ class Sm90Wgmma(KernelFamily):
     # Row sums of A (a Linear layer's bias gradient beside its weight gradient): two producer warps sum the A
     # tiles as they pass through shared memory (rules.py says which configurations).
     row_sums = True
+    # Every element offset in templates/sm90_wgmma is computed in size_t (row * ld + col, the pack pass, split-K's
+    # planes and reduction, the row sums) and TMA takes 64-bit strides, so operands may exceed 2^31 elements
+    # (tests/test_large_operands.py verifies such products on the GPU); M, N, K and the leading dimensions stay
+    # `int` in the ABI.
+    offset_bits = 64
     template_root = paths.TEMPLATES
     template = "sm90_wgmma/kernel.cu.j2"
     rules = _rules
