@@ -84,6 +84,29 @@ def test_unaligned_rows_want_32_warps_a_sm_rather_than_16():
     assert t32 < t16
 
 
+def test_k_split_warps_fit_two_ctas_a_sm_as_compiled():
+    # 16x64x64 with 16x16 warps compiled to 64 registers at 2 and 4 warps along K (ptxas, sm_90a): 512 threads
+    # x 64 leave room for two CTAs a SM, which the model must see (it priced 4 warps along K at one CTA).
+    from gemmgen.families.rules import ctas_per_sm
+
+    gpu = lookup_gpu("h100")
+    config = skinny("16x64x64", "16x16x64", k_warps=4, splits=4)
+    assert FAMILY.regs_estimate(config) <= 64 and ctas_per_sm(config, gpu) == 2
+    assert FAMILY.regs_estimate(skinny("16x64x64", "16x16x64")) > 64   # one warp along K: 79 compiled
+
+
+def test_a_tile_taller_than_the_rows_of_d_is_priced_slower():
+    # Taller tiles load A for every m16 block; they lost in every stored skinny case (16 x 65536 x 4096: a 64-row
+    # tile 321 us against 191 for a 16-row one).
+    from gemmgen.rank.predict import predict
+
+    problem = Problem.create(16, 65536, 4096, "bf16", "row", "col")
+    gpu = lookup_gpu("h100")
+    tall = predict(problem, skinny("64x64x64", "64x16x64"), gpu).time_s
+    fitting = predict(problem, skinny("16x64x64", "16x16x64", k_warps=4), gpu).time_s
+    assert tall > 1.2 * fitting
+
+
 @pytest.mark.parametrize("k,dtype,b", [(4096, "bf16", "col"), (4095, "bf16", "col"), (4093, "f16", "col"),
                                        (4096, "bf16", "row"), (4095, "f16", "row")])
 def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype, b):

@@ -63,7 +63,11 @@ def regs_estimate(config: SkinnyConfig) -> int:
     loads = config.stages * steps * ((config.warp.n // 8) * 4 + (config.cta.m // 16) * 8)
     # 64-column warps (row-major B's) add staging addresses and fragment temporaries per K step: 16x128x128 with
     # 16x64 warps (4 steps) was estimated at 232 and spilled 152 bytes; 16x128x64 at 2 stages (2 steps) fit in 254.
-    return accumulators(config) + loads + 40 + (8 * steps if config.warp.n == 64 else 0)
+    # Warps that split K along with narrow warp tiles (n <= 32: column-major B only) compiled 14-18 fewer than
+    # the 40 (16x64x64 with 16x16 warps: 64 registers at 2 and 4 warps along K, 79 at 1; ptxas on sm_90a, 2026-11-
+    # 27): at 512 threads that is 2 CTAs a SM, not 1, and the model priced those grids at half their warps.
+    overhead = 24 if config.k_warps > 1 and config.warp.n <= 32 else 40
+    return accumulators(config) + loads + overhead + (8 * steps if config.warp.n == 64 else 0)
 
 
 __all__ = ["K_STEP", "MAX_ROWS", "MMA_SHAPES", "accumulators", "check", "regs_estimate", "smem_bytes"]
