@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
-from .loader import LoadedKernel, _torch_stream, read_bundle
+from .loader import LoadedKernel, _torch_key, _torch_stream, read_bundle
 from .serve import check_serves, kernel_of
 
 DISPATCH_FORMAT = "gemmgen-dispatch/1"
@@ -185,10 +185,7 @@ class DispatchKernel:
             return self.kernel_for(shape_a[0], shape_b[1], shape_a[1])(A, B, D, C=C, bias=bias, stream=stream,
                                                                        row_sums=row_sums)
         try:  # torch: the arrays' identity from its fast accessors (nothing else has data_ptr and stride())
-            key = (A.data_ptr(), A.shape, A.stride(), A.dtype, B.data_ptr(), B.shape, B.stride(), B.dtype,
-                   D.data_ptr(), D.shape, D.stride(), D.dtype,
-                   None if C is None else (C.data_ptr(), C.shape, C.stride(), C.dtype),
-                   None if bias is None else (bias.data_ptr(), bias.shape, bias.stride(), bias.dtype))
+            key = _torch_key(A, B, D, C, bias, None, None, None)
         except (AttributeError, TypeError):
             return self._call_any(A, B, D, C, bias, stream)
         # Device addresses are unique across the process (unified addressing), so no device is in the key.
