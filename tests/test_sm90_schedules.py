@@ -449,3 +449,23 @@ def test_fused_split_k_gives_the_separate_reductions_bits_and_leaves_its_counter
     ref = av @ bv
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_ping_pong_on_an_m_major_a_is_charged_and_the_model_leaves_it_at_7408x1256x1032_cc():
+    # Measured on the H100 (2026-11-27): ping-pong tiles ran 1.35-1.46x their price with a column-major A, the
+    # cooperative ones at 0.88-0.98x; at 7408x1256x1032 cc the model's ping-pong pick ran 56.4 us where a cooperative
+    # 128x144 2x1 tile ran 43.8 (docs/perf-notes.md, "Ping-pong on an M-major A").
+    from dataclasses import replace
+
+    from gemmgen.families.sm90_wgmma import FAMILY, PINGPONG_MN_A_EFFICIENCY
+    from gemmgen.families.sm90_wgmma.config import Schedule
+    from gemmgen.rank.space import default_config
+    from sm90_helpers import H100, hopper_config
+
+    pp = replace(hopper_config("128x128x64", "128x128x64", stages=6), schedule=Schedule.PINGPONG)
+    cc, rc = Problem.create(7408, 1256, 1032, "bf16", "col", "col"), Problem.create(7408, 1256, 1032, "bf16", "row", "col")
+    assert FAMILY.compute_efficiency(pp, cc) == PINGPONG_MN_A_EFFICIENCY < 1.0
+    assert FAMILY.compute_efficiency(pp, rc) == 1.0
+    assert FAMILY.compute_efficiency(replace(pp, schedule=Schedule.COOPERATIVE), cc) == 1.0
+    assert FAMILY.compute_efficiency(pp, Problem.create(7408, 1256, 1032, "e4m3", "col", "col")) == 1.0  # packed
+    assert default_config(cc, H100).schedule is not Schedule.PINGPONG

@@ -12,7 +12,7 @@ import math
 
 from ...model import paths
 from ...model.arch import Arch, DType, Gpu
-from ...model.problem import Problem, Scaling
+from ...model.problem import Layout, Problem, Scaling
 from ...model.tiles import DecompKind, Kernel
 from .. import register
 from ..base import KernelFamily, Launches, ModelTraits, Prepass
@@ -48,6 +48,12 @@ PROMOTE_STAGGER_BUBBLE = 0.22
 # (median per row group) against 0.96 for the 64-multiple tiles timed beside them, over 20 products on the H100
 # (docs/perf-notes.md, "Tile widths that fit the waves"). Why is not taken apart; charged as idle tensor time.
 ODD_WIDTH_EFFICIENCY = 0.94
+# Ping-pong kernels reading A M-major (a column-major 16-bit A, wgmma's transposed A) ran 1.35-1.46x their price
+# where the cooperative kernels timed beside them ran at 0.88-0.98x (the model's 14 best at 7408x1256x1032 cc and
+# 1336x2784x1440 cr), and 1.07x against 0.98x at 3581x13704x576 cc (9 k-tiles), H100, 2026-11-27; with A K-major
+# the two schedules' errors differed by 3-5%. Why is not taken apart; charged as idle tensor time. 0.8 moves the
+# first product off a ping-pong tile 29% slower and keeps the third on its faster one (0.72 did not).
+PINGPONG_MN_A_EFFICIENCY = 0.8
 # Bytes per second one CTA's TMA loads stream from DRAM, whatever its ring holds: a grid of few CTAs cannot pull
 # HBM's rate. Measured on the H100 (docs/perf-notes.md, "Few CTAs streaming B"): 16x14336x4096 rc with 64x256
 # tiles (56 CTAs) moved its 118 MB at 47 GB/s per CTA once the launch's fixed time is taken off, where 132 CTAs of
@@ -175,6 +181,8 @@ class Sm90Wgmma(KernelFamily):
         # the 128x224 one at 640x5120x5120 (54 against 56; docs/perf-notes.md, "The transposed epilogue").
         odd_width = (ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and not config.swap_ab
                      else 1.0)
+        if (config.schedule is Schedule.PINGPONG and problem.a_layout is Layout.COL and problem.a_dtype.bytes == 2):
+            odd_width *= PINGPONG_MN_A_EFFICIENCY   # (fp8 and tf32 A are packed K-major first)
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
             return odd_width
