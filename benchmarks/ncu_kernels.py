@@ -12,8 +12,8 @@ the best-ranked configurations whose tag contains each --match text, and the fir
 compiled, exported and loaded with gemmgen.load, verified once on fresh inputs with D poisoned. Then each, and
 cuBLAS (torch.matmul), runs --calls times on a rotating input set, separated by a synchronisation, so the profiler
 sees whole kernels in a known order; the order and each gemmgen kernel's entry name are printed first, to match the
-profiler's rows. --time instead graph-times each (harness.graph_timed, median of 3, interleaved passes) and prints a
-table, for a run without the profiler. --table CSV [ID ...] prints a profiler CSV (ncu --csv --page details) as one
+profiler's rows. --time instead graph-times each (harness.graph_timed; the median of --passes interleaved passes, in
+alternating order) and prints a table, for a run without the profiler. --table CSV [ID ...] prints a profiler CSV (ncu --csv --page details) as one
 column per profiled kernel (the given IDs, or all), a row per metric: no GPU needed.
 
 --edit NAME also runs, for each kernel it applies to, a variant made by editing its rendered source here (never a
