@@ -299,16 +299,19 @@ def timed(torch, fn, sets, rounds: int, calls: int) -> float:
     return statistics.median(event_time(torch, fn, sets, calls) for _ in range(rounds))
 
 
-def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3) -> "dict[object, list[float]]":
+def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3,
+                      alternate: bool = False) -> "dict[object, list[float]]":
     """Each contender called once on every input set (warm-up), then `passes` passes over all of them in turn, each
-    timed by time_one(torch, fn, sets): per contender, its seconds per call in each pass."""
+    timed by time_one(torch, fn, sets): per contender, its seconds per call in each pass. `alternate` runs every other
+    pass in reverse order, so no contender always follows the same one (a power-limited card's clock carries over)."""
     for fn in contenders.values():
         for s in sets:
             fn(s)
     torch.cuda.synchronize()
     times = {key: [] for key in contenders}
-    for _ in range(passes):
-        for key, fn in contenders.items():
+    order = list(contenders.items())
+    for i in range(passes):
+        for key, fn in order if not (alternate and i % 2) else order[::-1]:
             times[key].append(time_one(torch, fn, sets))
     return times
 

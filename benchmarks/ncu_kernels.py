@@ -136,14 +136,13 @@ def main(argv=None) -> int:
                     continue
                 entries.append((f"{kernel.config.tag} +{edit}", lambda s, g=variant: g(*s)))
         if args.time:
-            us = {name: [] for name, _ in entries}
-            for i in range(args.passes):   # interleaved passes, so clock drift touches every kernel alike
-                for name, fn in entries if i % 2 == 0 else entries[::-1]:   # and no kernel always follows another
-                    us[name].append(harness.graph_timed(torch, fn, sets) * 1e6)
+            # Interleaved passes, so clock drift touches every kernel alike, in alternating order.
+            seconds = harness.interleaved_times(torch, dict(entries), sets, harness.graph_timed, args.passes,
+                                                alternate=True)
             for name, _ in entries:
-                spread = f"{min(us[name]):.1f}-{max(us[name]):.1f}"
-                print(f"{problem.label:24} {statistics.median(us[name]):8.2f} us ({spread:>15})  {name[:100]}",
-                      flush=True)
+                us = [t * 1e6 for t in seconds[name]]
+                print(f"{problem.label:24} {statistics.median(us):8.2f} us ({f'{min(us):.1f}-{max(us):.1f}':>15})  "
+                      f"{name[:100]}", flush=True)
         else:
             for i, (name, fn) in enumerate(entries):
                 print(f"{problem.label} #{i}: {name}", flush=True)
