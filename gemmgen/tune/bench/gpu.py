@@ -199,8 +199,8 @@ class GpuBenchmark:
         warmup, reps = plan_runs(estimate, self.policy)
         for i in range(warmup):
             run_one(i)
-        pairs = [self._event_pair(i) for i in range(reps)]
         if self.policy.sustained and estimate >= HOST_BOUND_S:
+            pairs = [self._event_pair(i) for i in range(reps)]
             # The warm-up left the queue deep: the GPU never waits for the host, and no hold lets it idle.
             for i, (s, e) in enumerate(pairs):
                 s.record(stream)
@@ -214,31 +214,21 @@ class GpuBenchmark:
         # A hold covers the enqueueing of at most HOLD_MAX_S / HOLD_PER_RUN_S runs: a sustained policy's huge batch
         # would leave all but the first few hundred runs host-bound (sq1024's cuBLAS read 92 TFLOP/s that way).
         batch = min(self.policy.batch, HOLD_BATCH)
+        # `group` runs back to back between one pair of events, a sample per group (1: each run timed alone; more:
+        # stream timing).
         group = max(1, self.policy.group)
-        if group > 1:
-            # Stream timing: `group` runs back to back between one pair of events, a sample per group.
-            groups = [self._event_pair(i) for i in range(-(-reps // group))]
-            per_hold = max(1, batch // group)
-            for first in range(0, len(groups), per_hold):
-                chunk = groups[first:first + per_hold]
-                self.helpers.hold_stream(dev, min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * group * len(chunk)),
-                                         stream)
-                for g, (s, e) in enumerate(chunk, start=first):
-                    s.record(stream)
-                    for j in range(group):
-                        run_one(g * group + j)
-                    e.record(stream)
-                dev.synchronize(what)
-            return [e.elapsed_s(s) / group for s, e in groups]
-        for first in range(0, reps, batch):
-            chunk = pairs[first:first + batch]
-            self.helpers.hold_stream(dev, min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * len(chunk)), stream)
-            for i, (s, e) in enumerate(chunk, start=first):
+        groups = [self._event_pair(i) for i in range(-(-reps // group))]
+        per_hold = max(1, batch // group)
+        for first in range(0, len(groups), per_hold):
+            chunk = groups[first:first + per_hold]
+            self.helpers.hold_stream(dev, min(HOLD_MAX_S, HOLD_BASE_S + HOLD_PER_RUN_S * group * len(chunk)), stream)
+            for g, (s, e) in enumerate(chunk, start=first):
                 s.record(stream)
-                run_one(i)
+                for j in range(group):
+                    run_one(g * group + j)
                 e.record(stream)
             dev.synchronize(what)
-        return [e.elapsed_s(s) for s, e in pairs]
+        return [e.elapsed_s(s) / group for s, e in groups]
 
     def _event_pair(self, index: int):
         while len(self._events) <= index:
