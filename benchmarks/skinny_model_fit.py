@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     from gemmgen.rank.predict import predict
 
     gpu = lookup_gpu("h100")
+    picks, rhos = [], []   # the model's pick over the measured best, and the rank correlation, per case
     for path in sorted((ROOT / "docs/lab-data/h100-sxm").glob("skinny-*2026*.json")):
         if "events" in path.name:   # timed with host time included: not comparable
             continue
@@ -59,6 +60,8 @@ def main(argv=None) -> int:
             predicted = np.array([s[1] for s in scored])
             rho = np.corrcoef(ranks(measured), ranks(predicted))[0, 1]
             pick = scored[int(np.argmin(predicted))][0]
+            picks.append(pick / measured.min())
+            rhos.append(rho)
             print(f"{path.name[:30]:30} {case:12} n={len(scored):3} spearman={rho:5.2f} model's pick {pick:6.1f} us, "
                   f"best {measured.min():6.1f} us")
             if case in args.detail:
@@ -66,6 +69,9 @@ def main(argv=None) -> int:
                     print(f"  {label}:")
                     for s in sorted(scored, key=lambda s: s[key])[:4]:
                         print(f"    measured {s[0]:6.1f} us, predicted {s[1]:6.1f} us  {s[2]}")
+    if picks:
+        print(f"geomean of the model's pick over the best, {len(picks)} cases: "
+              f"{float(np.exp(np.mean(np.log(picks)))):.3f}; mean spearman {float(np.mean(rhos)):.2f}")
     return 0
 
 
