@@ -46,10 +46,10 @@ EDITS = {
     # the address over 16), instead of built from the address (~10 uniform instructions a wgmma): measured 2026-11-27,
     # not kept (docs/perf-notes.md, "Descriptors by offset").
     "desc_offset": [
-        (r"smem_desc\(sb \+ \(wn / 64\) \* BLOCK_BYTES \+ kk \* B_KSTEP, B_LBO\)",
-         "smem_desc(ring + A_BYTES + (wn / 64) * BLOCK_BYTES, B_LBO) + (s * (STAGE_BYTES / 16) + kk * (B_KSTEP / 16))"),
-        (r"smem_desc\(sa \+ \(wm / 64 \+ mi\) \* BLOCK_BYTES \+ kk \* A_KSTEP, A_LBO\)",
-         "smem_desc(ring + (wm / 64) * BLOCK_BYTES, A_LBO) + (s * (STAGE_BYTES / 16) + (mi * BLOCK_BYTES + kk * A_KSTEP) / 16)")],
+        (r"smem_desc\(sb \+ wn \* 128 \+ kk \* B_KSTEP, B_LBO, B_SBO, B_MODE\)",
+         "smem_desc(ring + A_BYTES + wn * 128, B_LBO, B_SBO, B_MODE) + (s * (STAGE_BYTES / 16) + kk * (B_KSTEP / 16))"),
+        (r"smem_desc\(sa \+ \(wm \+ 64 \* mi\) \* 128 \+ kk \* A_KSTEP, A_LBO, A_SBO, A_MODE\)",
+         "smem_desc(ring + wm * 128, A_LBO, A_SBO, A_MODE) + (s * (STAGE_BYTES / 16) + (mi * BLOCK_BYTES + kk * A_KSTEP) / 16)")],
 }
 CLUSTERED_ONLY = {"unicast"}
 

@@ -82,7 +82,6 @@ def test_swapped_manifest_maps_b_through_tma_a_and_runs_in_the_transposed_frame(
     # a 2x1 pair shares the activations' tile, so it holds no more of M than one tile (a 1x2 pair holds two)
     ({"cluster": True}, Problem.create(24, 4096, 4096), "the operand swap serves skinny products"),
     ({}, Problem.create(64, 4096, 4096), "the operand swap serves skinny products"),
-    ({}, Problem.create(16, 4096, 4096, a="col"), "sm90 tiles whose N is not a multiple of 64 need B K-major"),
 ])
 def test_swap_rejects_what_the_template_does_not_implement(changes, problem, rule):
     from dataclasses import replace
@@ -136,6 +135,41 @@ def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_w
     assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
     # The staged rows are read down a column (32-bit LDS, not a row's LDS.128) and leave as 16-byte stores.
     assert counts.get("STG.E.128", 0) >= 1 and counts.get("LDS", 0) >= 8 and counts.get("LDS.128", 0) == 0
+
+
+@pytest.mark.parametrize("problem,cta,swap,box,swizzle", [
+    (Problem.create(14, 1105, 272, "bf16", "col", "col"), "64x16x64", True, [16, 64], "32B"),
+    (Problem.create(29, 333, 4104, "f16", "col", "row"), "64x32x64", True, [32, 64], "64B"),
+    (Problem.create(513, 4096, 4096, "bf16", "col", "col"), "128x144x64", True, [16, 64], "32B"),
+    (Problem.create(1432, 1680, 1000, "bf16", "row", "row"), "128x160x64", False, [32, 64], "64B"),
+    (Problem.create(4096, 48, 4096, "bf16", "col", "row"), "128x48x64", False, [16, 64], "32B"),
+])
+def test_mn_major_b_of_any_width_is_read_in_narrow_swizzled_blocks(problem, cta, swap, box, swizzle):
+    """A row-major B (or, swapped, a column-major A) whose tile is not whole 64-column blocks: TMA boxes of 16 or
+    32 columns under the 32B or 64B swizzle, descriptors of the same mode, and wgmma reading it transposed."""
+    from dataclasses import replace
+    n = int(cta.split("x")[1])
+    config = replace(swap_config(cta, f"64x{n}x64", 4, splits=1), swap_ab=swap)
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    runs, _, _ = sm90.manifest_launches(kernel, problem, sm_count=132)
+    tm_b = next(p for p in runs[-1]["params"] if p["name"] == "tmB")
+    assert (tm_b["box"], tm_b["swizzle"]) == (box, swizzle)
+    source = render(kernel)
+    assert f"B_SWZ = {box[0] * 2};" in source and "A_SWZ = 128," in source
+    compiled = compile_sm90(kernel)
+    from gemmgen.codegen.sass import dump_sass
+    counts = sass_counts(compiled.cubin)
+    assert f"HGMMA.64x{n}x16.F32" in dump_sass(compiled.cubin) and count(counts, "UTMALDG") > 0
+    assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
+
+
+def test_a_multicast_b_tile_keeps_whole_64_column_blocks():
+    """A 2x1 pair multicasts B's tile in slices of whole blocks: an MN-major B of a narrow width is refused by name."""
+    from dataclasses import replace
+    config = replace(swap_config("128x48x64", "64x48x64", 6, splits=1), swap_ab=False, cluster=Cluster(2, 1))
+    violations = constraints.check(config, H100, Arch.SM90A, Problem.create(4096, 48, 4096, "bf16", "row", "row"))
+    assert any("64-wide slices per CTA" in v.rule for v in violations), [v.rule for v in violations]
 
 
 @pytest.mark.parametrize("cta,warp,stages", [("128x16x64", "64x16x64", 10), ("64x32x64", "64x32x64", 8)])
@@ -197,8 +231,9 @@ def test_space_offers_swapped_tiles_to_skinny_m_and_a_few_token_columns_and_the_
     tokens = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, b="col"))
               if c.swap_ab]
     assert tokens and all(c.cta.m >= 128 and c.cta.n >= 128 and c.cluster.size == 1 for c in tokens)
-    assert not [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, a="col"))
-                if c.swap_ab]   # column-major A: the swapped main loop would read A^T MN-major (no widths there)
+    # Column-major A: the swapped main loop reads A^T MN-major, in 16- or 32-column blocks (rules.mn_swizzle_bytes).
+    assert [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, a="col"))
+            if c.swap_ab]
     p = Problem.create(16, 4096, 4096)
     # 4x fewer wasted wgmma rows than the 64-row tile: the model must not price the swap above it.
     assert predict(p, swap_config(), H100).time_s <= predict(p, splitk_config(4, "64x128x64", "64x128x64", 6), H100).time_s
@@ -229,6 +264,42 @@ def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     n = int(cta.split("x")[1])
     config = swap_config(cta, f"64x{n}x64", 6, abs(splits), fused=splits < 0)
     result = verify_on_gpu(problem, config, seed=5)
+    assert result.ok, result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,cta,splits,swap,cluster", [
+    # swapped: A column-major, read as the main loop's MN-major B in 16- (32B swizzle) or 32-column (64B) blocks
+    (Problem.create(14, 1105, 272, "bf16", "col", "col"), "64x16", 1, True, "1x1"),      # lda 14: A packed
+    (Problem.create(16, 11752, 510, "bf16", "col", "row"), "64x16", 1, True, "1x1"),
+    (Problem.create(7, 1000, 1000, "f16", "col", "col", alpha=2.0, beta=0.5, bias=True, activation="relu"),
+     "128x16", 4, True, "1x1"),
+    (Problem.create(29, 333, 4104, "bf16", "col", "row", bias=True), "64x32", 1, True, "1x1"),
+    (Problem.create(45, 1001, 2003, "f16", "col", "col", beta=1.0, bias=True, activation="gelu"), "128x48", 1, True,
+     "1x1"),
+    (Problem.create(94, 1306, 566, "bf16", "col", "col"), "64x48", 1, True, "1x2"),
+    (Problem.create(11, 1001, 3001, "f16", "col", "row", alpha=0.5, beta=1.0, bias=True), "64x16", -4, True, "1x1"),
+    (Problem.create(513, 4096, 4096, "bf16", "col", "col"), "128x144", 1, True, "1x1"),
+    (Problem.create(600, 1000, 520, "f16", "col", "row", bias=True, activation="silu"), "128x160", 1, True, "1x1"),
+    # unswapped: B row-major
+    (Problem.create(1432, 1680, 1000, "bf16", "row", "row"), "128x144", 1, False, "1x1"),
+    (Problem.create(200, 5000, 3000, "bf16", "row", "row", c_dtype="f32", bias=True), "128x80", 1, False, "1x1"),
+    (Problem.create(300, 3000, 2048, "bf16", "col", "row"), "128x80", 1, False, "1x2"),
+    (Problem.create(1000, 30, 2000, "f16", "col", "row", beta=1.0, bias=True), "128x32", 2, False, "1x1"),
+    (Problem.create(4096, 16, 4096, "bf16", "row", "row"), "64x16", 1, False, "1x1"),
+    (Problem.create(777, 1000, 520, "f16", "row", "row", alpha=0.5, beta=1.0, bias=True, activation="gelu"),
+     "192x112", 1, False, "1x1"),
+    (Problem.create(999, 1000, 1000, "bf16", "row", "row", beta=1.0), "128x240", 1, False, "1x1"),
+])
+def test_mn_major_b_in_narrow_swizzled_blocks_verifies(problem, cta, splits, swap, cluster):
+    """Tiles whose B is MN-major and not whole 64-column blocks (rules.mn_swizzle_bytes), swapped and not, at shapes
+    that are not tile multiples: fresh operands, D poisoned, against the reference. Negative splits: fused."""
+    from dataclasses import replace
+    n = int(cta.split("x")[1])
+    stages = 6 if n <= 144 and not cta.startswith("192") else 4   # what the shared memory holds
+    config = swap_config(f"{cta}x64", f"64x{n}x64", stages, abs(splits), fused=splits < 0)
+    config = replace(config, swap_ab=swap, cluster=Cluster(*map(int, cluster.split("x"))))
+    result = verify_on_gpu(problem, config, seed=11)
     assert result.ok, result.reason
 
 

@@ -16,7 +16,7 @@ from ...model.arch import Arch, lookup_gpu
 from ...model.problem import Layout, Operands, Problem
 from ...model.tiles import DecompKind, Kernel, streamk_remainder
 from ..base import Launches
-from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, smem_bytes
+from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, mn_swizzle_bytes, smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 SWIZZLE_ROW_BYTES = 128  # one 128B-swizzle row: the TMA box's inner extent (64 16-bit or 128 fp8 elements)
@@ -223,9 +223,14 @@ def has_scales(kernel: Kernel) -> bool:
 
 
 
-def _box_rows(tile_rows: int, kmajor: bool, split: int) -> int:
-    """Outer box extent: a K-major box spans the operand's tile (or its slice of a multicast); MN-major 64."""
-    return tile_rows // split if kmajor else 64
+def _box(tile_rows: int, kmajor: bool, split: int, elt: int) -> "tuple[list[int], str]":
+    """An operand's TMA box (inner, outer) and swizzle. K-major: one 128-byte row of K by the operand's tile rows
+    (or its slice of a multicast), 128B swizzle. MN-major: one block of the tile's columns (64, or 32 / 16 for the
+    widths whose tile is not whole 64-column blocks: rules.mn_swizzle_bytes) by 64 rows of K."""
+    if kmajor:
+        return [SWIZZLE_ROW_BYTES // elt, tile_rows // split], "128B"
+    span = mn_swizzle_bytes(tile_rows, elt)
+    return [span // elt, 64], f"{span}B"
 
 
 def uses_tma_store(kernel: Kernel) -> bool:
@@ -312,16 +317,16 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
     a_k, b_k = a_is_kmajor(ops), b_is_kmajor(ops)
     a_split = cfg.cluster.size if cfg.cluster.n > 1 else 1   # 1x2 clusters multicast A
     b_split = cfg.cluster.size if cfg.cluster.m > 1 else 1   # 2x1 clusters multicast B
+    a_box, a_swizzle = _box(cfg.cta.m, a_k, a_split, elt)
+    b_box, b_swizzle = _box(cfg.cta.n, b_k, b_split, elt)
     tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": a_name, "dtype": ops.a_dtype.value,
             "dims": [problem.k, problem.m] if a_k else [problem.m, problem.k],
             "strides_bytes": [problem.lda * elt],
-            "box": [SWIZZLE_ROW_BYTES // elt, _box_rows(cfg.cta.m, a_k, a_split)], "swizzle": "128B",
-            "l2_promotion": L2_PROMOTION}
+            "box": a_box, "swizzle": a_swizzle, "l2_promotion": L2_PROMOTION}
     tm_b = {"name": "tmB", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": b_name, "dtype": ops.b_dtype.value,
             "dims": [problem.k, problem.n] if b_k else [problem.n, problem.k],
             "strides_bytes": [problem.ldb * elt],
-            "box": [SWIZZLE_ROW_BYTES // elt, _box_rows(cfg.cta.n, b_k, b_split)], "swizzle": "128B",
-            "l2_promotion": L2_PROMOTION}
+            "box": b_box, "swizzle": b_swizzle, "l2_promotion": L2_PROMOTION}
     for copy in plan or ():
         if copy.get("big_in_place"):
             continue   # 3xTF32 reads the aligned operand itself as its big part

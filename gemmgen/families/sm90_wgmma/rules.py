@@ -147,8 +147,8 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              "64 must be a multiple of 16, one warpgroup wide, with CTA tile M a multiple of 64",
              f"{cta.m}x{cta.n}/{warp.n}", "Mx16, Mx32, Mx48, ...")
         staged_epilogue("sm90 tiles whose N is not a multiple of 64", "use the staged epilogue")
-        rule(b_kmajor, "sm90 tiles whose N is not a multiple of 64 need B K-major in shared memory (column-major "
-             "B, or row-major A when swapped)", _b_major(operands, config.swap_ab), "K-major")
+        # An MN-major (16-bit) B tile of such a width is stored in 16- or 32-column blocks under the 32B or 64B
+        # swizzle (mn_swizzle_bytes): row-major B, or column-major A when swapped, as torch.matmul passes them.
     else:
         rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
              "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
@@ -221,6 +221,18 @@ def b_is_kmajor(operands: Operands) -> bool:
     return operands.b_layout is Layout.COL
 
 
+def mn_swizzle_bytes(tile_cols: int, elt: int) -> int:
+    """The swizzle span of an MN-major operand tile of `tile_cols` columns (M of A, N of B): each 64-K-row block
+    of the tile is span / elt columns wide, one TMA box, and wgmma reads it with the matching descriptor mode.
+    128 bytes where the tile is whole 64-column (16-bit) blocks; 64 or 32 bytes (32 or 16 columns) for the
+    narrow and odd widths (16-240 a multiple of 16), so a row-major B need not be read 64 columns at a time.
+    K-major tiles are always 128 (one k-tile is one 128-byte row)."""
+    for span in (128, 64, 32):
+        if (tile_cols * elt) % span == 0:
+            return span
+    raise ValueError(f"an MN-major tile of {tile_cols} columns of {elt}-byte elements is not whole 32-byte rows")
+
+
 def swap_m_max(config: Sm90Config) -> int:
     """The largest M a swapped kernel serves. Its tile's N holds M (a 1x2 pair's two N); a wide one (unclustered,
     128+ rows of the problem's N by 128+ of its M) spans up to four tile columns of M, so that the transposed
@@ -231,13 +243,6 @@ def swap_m_max(config: Sm90Config) -> int:
     unswapped picks."""
     wide = config.cta.m >= 128 and config.cta.n >= 128 and config.cluster.size == 1
     return config.cta.n * (WIDE_SWAP_COLUMNS if wide else config.cluster.n)
-
-
-def _b_major(operands: "Operands | None", swapped: bool) -> str:
-    """How the kernel's B (the problem's A when swapped; `operands` are the kernel's) reaches shared memory."""
-    if operands is None:
-        return "unknown"
-    return f"{'row' if b_is_kmajor(operands) == swapped else 'column'}-major {'A' if swapped else 'B'}"
 
 
 def _check_block_scaling(config: Sm90Config, rule: Rule) -> None:
@@ -321,5 +326,5 @@ def regs_allocated(config: Sm90Config, per_thread: int) -> int:
     return config.threads * per_thread
 
 
-__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check",
+__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check", "mn_swizzle_bytes",
            "epi_boxes", "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]
