@@ -137,30 +137,39 @@ def test_data_parallel_swapped_kernel_stores_d_transposed_without_tma_store_or_w
     assert counts.get("STG.E.128", 0) >= 1 and counts.get("LDS", 0) >= 8 and counts.get("LDS.128", 0) == 0
 
 
-@pytest.mark.parametrize("problem,cta,swap,box,swizzle", [
-    (Problem.create(14, 1105, 272, "bf16", "col", "col"), "64x16x64", True, [16, 64], "32B"),
-    (Problem.create(29, 333, 4104, "f16", "col", "row"), "64x32x64", True, [32, 64], "64B"),
-    (Problem.create(513, 4096, 4096, "bf16", "col", "col"), "128x144x64", True, [16, 64], "32B"),
-    (Problem.create(1432, 1680, 1000, "bf16", "row", "row"), "128x160x64", False, [32, 64], "64B"),
-    (Problem.create(4096, 48, 4096, "bf16", "col", "row"), "128x48x64", False, [16, 64], "32B"),
+@pytest.mark.parametrize("problem,cta,swap,maps", [
+    (Problem.create(14, 1105, 272, "bf16", "col", "col"), "64x16x64", True, {"tmB": ([16, 64], "32B")}),
+    (Problem.create(29, 333, 4104, "f16", "col", "row"), "64x32x64", True, {"tmB": ([32, 64], "64B")}),
+    (Problem.create(4096, 48, 4096, "bf16", "col", "row"), "128x48x64", False, {"tmB": ([16, 64], "32B")}),
+    # wider than 64 columns: 64-column blocks under the 128B swizzle, the remainder in narrow blocks (tmBr)
+    (Problem.create(513, 4096, 4096, "bf16", "col", "col"), "128x144x64", True,
+     {"tmB": ([64, 64], "128B"), "tmBr": ([16, 64], "32B")}),
+    (Problem.create(1432, 1680, 1000, "bf16", "row", "row"), "128x160x64", False,
+     {"tmB": ([64, 64], "128B"), "tmBr": ([32, 64], "64B")}),
 ])
-def test_mn_major_b_of_any_width_is_read_in_narrow_swizzled_blocks(problem, cta, swap, box, swizzle):
+def test_mn_major_b_of_any_width_is_read_in_narrow_swizzled_blocks(problem, cta, swap, maps):
     """A row-major B (or, swapped, a column-major A) whose tile is not whole 64-column blocks: TMA boxes of 16 or
-    32 columns under the 32B or 64B swizzle, descriptors of the same mode, and wgmma reading it transposed."""
+    32 columns under the 32B or 64B swizzle for the narrow part (all of a tile under 64 columns, the remainder of a
+    wider one, read by a second wgmma of its width), descriptors of the same mode, wgmma reading B transposed."""
     from dataclasses import replace
+    from gemmgen.families.sm90_wgmma.rules import mn_blocks
     n = int(cta.split("x")[1])
     config = replace(swap_config(cta, f"64x{n}x64", 4, splits=1), swap_ab=swap)
     assert constraints.check(config, H100, Arch.SM90A, problem) == []
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     runs, _, _ = sm90.manifest_launches(kernel, problem, sm_count=132)
-    tm_b = next(p for p in runs[-1]["params"] if p["name"] == "tmB")
-    assert (tm_b["box"], tm_b["swizzle"]) == (box, swizzle)
+    specs = {p["name"]: (p["box"], p["swizzle"]) for p in runs[-1]["params"] if p.get("kind") == "tensormap"}
+    assert {name: specs.get(name) for name in ("tmB", "tmBr")} == {"tmB": maps["tmB"], "tmBr": maps.get("tmBr")}
+    main, _, rem, _ = mn_blocks(n, 2)
+    assert main + rem == n and main % 64 in (0, n % 64) and (rem == 0 or main % 64 == 0)
     source = render(kernel)
-    assert f"B_SWZ = {box[0] * 2};" in source and "A_SWZ = 128," in source
+    assert f"B_SWZ = {maps['tmB'][0][0] * 2};" in source and "A_SWZ = 128," in source
     compiled = compile_sm90(kernel)
     from gemmgen.codegen.sass import dump_sass
+    sass = dump_sass(compiled.cubin)
     counts = sass_counts(compiled.cubin)
-    assert f"HGMMA.64x{n}x16.F32" in dump_sass(compiled.cubin) and count(counts, "UTMALDG") > 0
+    widths = (main, rem) if rem else (n,)
+    assert all(f"HGMMA.64x{w}x16.F32" in sass for w in widths) and count(counts, "UTMALDG") > 0
     assert compiled.spill_bytes == 0 and count(counts, "LDL") == 0 and count(counts, "STL") == 0
 
 
@@ -231,7 +240,7 @@ def test_space_offers_swapped_tiles_to_skinny_m_and_a_few_token_columns_and_the_
     tokens = [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, b="col"))
               if c.swap_ab]
     assert tokens and all(c.cta.m >= 128 and c.cta.n >= 128 and c.cluster.size == 1 for c in tokens)
-    # Column-major A: the swapped main loop reads A^T MN-major, in 16- or 32-column blocks (rules.mn_swizzle_bytes).
+    # Column-major A: the swapped main loop reads A^T MN-major, narrow where not 64-column blocks (rules.mn_blocks).
     assert [c for c in enumerate_space("sm90_wgmma", H100, Arch.SM90A, Problem.create(513, 4096, 4096, a="col"))
             if c.swap_ab]
     p = Problem.create(16, 4096, 4096)
@@ -292,7 +301,7 @@ def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     (Problem.create(999, 1000, 1000, "bf16", "row", "row", beta=1.0), "128x240", 1, False, "1x1"),
 ])
 def test_mn_major_b_in_narrow_swizzled_blocks_verifies(problem, cta, splits, swap, cluster):
-    """Tiles whose B is MN-major and not whole 64-column blocks (rules.mn_swizzle_bytes), swapped and not, at shapes
+    """Tiles whose B is MN-major and not whole 64-column blocks (rules.mn_blocks), swapped and not, at shapes
     that are not tile multiples: fresh operands, D poisoned, against the reference. Negative splits: fused."""
     from dataclasses import replace
     n = int(cta.split("x")[1])

@@ -54,12 +54,18 @@ ODD_WIDTH_EFFICIENCY = 0.94
 # the two schedules' errors differed by 3-5%. Why is not taken apart; charged as idle tensor time. 0.8 moves the
 # first product off a ping-pong tile 29% slower and keeps the third on its faster one (0.72 did not).
 PINGPONG_MN_A_EFFICIENCY = 0.8
-# An MN-major (16-bit) B whose tile is not whole 64-column blocks is read in 16- or 32-column blocks under the 32B
-# or 64B swizzle (rules.mn_swizzle_bytes). Measured on the H100 against the same tiles on a K-major B (2026-11-27,
+# An MN-major (16-bit) B whose tile is not whole 64-column blocks has its narrow part (all of a tile under 64
+# columns, the remainder of a wider one) in 16- or 32-column blocks under the 32B or 64B swizzle (rules.mn_blocks).
+# Measured on the H100 with whole tiles in such blocks, against the same tiles on a K-major B (2026-11-27,
 # docs/perf-notes.md, "Narrow MN-major blocks"): 32B (80, 144 wide) 1.34-1.54x their K-major time at 200x5000x3000
 # and 4096^3, 64B 1.03-1.29x (96, 160 wide); Nsight Compute showed the 32B tile L2-throughput-bound (77% against
 # 60% for the 128-wide one), 32-byte rows costing L2 about twice per byte. Charged as idle tensor time.
 MN_NARROW_EFFICIENCY = {32: 0.7, 64: 0.75}
+# A tile wider than 64 columns keeps only its remainder narrow and reads it with a second wgmma of the remainder's
+# width (80 = 64 + 16, 144 = 128 + 16, 96 = 64 + 32): measured on the H100 (same notes) at 1.11-1.26x the K-major
+# time at 4096^3 (80, 96, 144; 160 1.06x) and 1.04-1.06x at 200x5000x3000, which puts the remainder's columns at
+# about half the tensor rate.
+MN_REMAINDER_EFFICIENCY = 0.5
 # Bytes per second one CTA's TMA loads stream from DRAM, whatever its ring holds: a grid of few CTAs cannot pull
 # HBM's rate. Measured on the H100 (docs/perf-notes.md, "Few CTAs streaming B"): 16x14336x4096 rc with 64x256
 # tiles (56 CTAs) moved its 118 MB at 47 GB/s per CTA once the launch's fixed time is taken off, where 132 CTAs of
@@ -81,12 +87,23 @@ HALF_EMPTY_PAIR_LOAD_EFFICIENCY = 0.75
 EDGE_FILL_RATE = 49e9
 
 
-def _mn_narrow_efficiency(config: Sm90Config, problem: Problem) -> float:
-    """MN_NARROW_EFFICIENCY of the main loop's B (`problem` is the main loop's: swapped where the kernel swaps, so
-    its B is the tile's N columns); 1 for a K-major B or whole 64-column blocks (fp8 and tf32 are packed K-major)."""
+def _mn_narrow(config: Sm90Config, problem: Problem) -> "tuple[float, float]":
+    """(the share of the main loop's B columns stored in narrow blocks, their MN_NARROW_EFFICIENCY): all of a tile
+    narrower than 64 columns, the remainder of a wider one (rules.mn_blocks); none for a K-major B, whole 64-column
+    blocks, or fp8 and tf32 (packed K-major). `problem` is the main loop's: swapped where the kernel swaps, so its B
+    is the tile's N columns."""
     if problem.b_dtype.bytes != 2 or _rules.b_is_kmajor(problem.operands):
-        return 1.0
-    return MN_NARROW_EFFICIENCY.get(_rules.mn_swizzle_bytes(config.cta.n, 2), 1.0)
+        return 0.0, 1.0
+    _, span, rem, rem_span = _rules.mn_blocks(config.cta.n, 2)
+    if rem:
+        return rem / config.cta.n, MN_REMAINDER_EFFICIENCY
+    return (1.0, MN_NARROW_EFFICIENCY[span]) if span < 128 else (0.0, 1.0)
+
+
+def _mn_narrow_efficiency(config: Sm90Config, problem: Problem) -> float:
+    """The tensor rate's fraction left by B's narrow blocks: their share of the B columns runs at their rate."""
+    share, efficiency = _mn_narrow(config, problem)
+    return 1.0 / (1.0 - share + share / efficiency)
 
 
 class Sm90Wgmma(KernelFamily):
@@ -187,10 +204,10 @@ class Sm90Wgmma(KernelFamily):
         return seconds
 
     def sm_load_rate(self, config: Sm90Config, problem: Problem, warps_per_sm: float) -> float:
-        # A CTA's stream slows by its narrow MN-major B tile's share of the bytes (MN_NARROW_EFFICIENCY).
-        narrow = _mn_narrow_efficiency(config, problem)
+        # A CTA's stream slows by its narrow MN-major B blocks' share of the bytes (MN_NARROW_EFFICIENCY).
+        share, efficiency = _mn_narrow(config, problem)
         a, b = config.cta.m, config.cta.n   # bytes per k-tile, in rows of one k-tile
-        return SM_STREAM_RATE * (a + b) / (a + b / narrow)
+        return SM_STREAM_RATE * (a + b) / (a + b * (1.0 - share) + b * share / efficiency)
 
     def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
         # Not the swapped widths (widths_swap): measured on the H100 at 0.82-0.94 of their price without it, where

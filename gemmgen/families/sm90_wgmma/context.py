@@ -7,7 +7,7 @@ from .launch import (PACK_CHUNK, PACK_ROWS, PACK_THREADS, REDUCE_THREADS, TRANSP
                      b_is_kmajor, edge_boxes, gemm_operands, has_scales, is_fused, is_streamk, mainloop_operands,
                      packed, splits, tile_pack, transposed, uses_box_epilogue, uses_composed_stores, uses_store_warp,
                      uses_tma_store)
-from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes, mn_swizzle_bytes
+from .rules import PRODUCER_REGS, epi_boxes, epi_warp_bytes, mn_blocks
 
 CONSUMER_REGS = 232  # 128*40 + 256*232 = 64512 <= 65536: the pool a 384-thread CTA is launched with
 
@@ -48,9 +48,13 @@ def context(kernel: Kernel) -> dict:
         # fp8 and tf32 operands stored MN-major reach the main loop K-major, transposed by the pack launch.
         "a_kmajor": a_k, "b_kmajor": b_k,
         "a_transposed": transposed(kernel)[0], "b_transposed": transposed(kernel)[1],
-        # The swizzle span of an MN-major tile (128 bytes, or 64 / 32 for widths that are not 64-column blocks).
-        "a_swz": 128 if a_k else mn_swizzle_bytes(cfg.cta.m, ops.a_dtype.bytes),
-        "b_swz": 128 if b_k else mn_swizzle_bytes(cfg.cta.n, ops.b_dtype.bytes),
+        # An MN-major tile's blocks (rules.mn_blocks): the main columns' swizzle span (128 bytes, or 64 / 32 for a
+        # tile narrower than 64 columns), and the remainder's columns and span (a second wgmma reads them).
+        "a_swz": 128 if a_k else mn_blocks(cfg.cta.m, ops.a_dtype.bytes)[1],
+        "b_swz": 128 if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[1],
+        "b_main": cfg.cta.n if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[0],
+        "b_rem": 0 if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[2],
+        "b_rem_swz": 0 if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[3],
         # The last tile row (column) loads A (B) through a second tensor map whose box ends at M (N).
         "edge_a": edge_boxes(kernel)[0], "edge_b": edge_boxes(kernel)[1],
         "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,

@@ -16,7 +16,7 @@ from ...model.arch import Arch, lookup_gpu
 from ...model.problem import Layout, Operands, Problem
 from ...model.tiles import DecompKind, Kernel, streamk_remainder
 from ..base import Launches
-from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, mn_swizzle_bytes, smem_bytes
+from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, mn_blocks, smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 SWIZZLE_ROW_BYTES = 128  # one 128B-swizzle row: the TMA box's inner extent (64 16-bit or 128 fp8 elements)
@@ -225,12 +225,24 @@ def has_scales(kernel: Kernel) -> bool:
 
 def _box(tile_rows: int, kmajor: bool, split: int, elt: int) -> "tuple[list[int], str]":
     """An operand's TMA box (inner, outer) and swizzle. K-major: one 128-byte row of K by the operand's tile rows
-    (or its slice of a multicast), 128B swizzle. MN-major: one block of the tile's columns (64, or 32 / 16 for the
-    widths whose tile is not whole 64-column blocks: rules.mn_swizzle_bytes) by 64 rows of K."""
+    (or its slice of a multicast), 128B swizzle. MN-major: one main block of the tile's columns (64, or 32 / 16 for
+    a tile narrower than 64 columns: rules.mn_blocks) by 64 rows of K."""
     if kmajor:
         return [SWIZZLE_ROW_BYTES // elt, tile_rows // split], "128B"
-    span = mn_swizzle_bytes(tile_rows, elt)
+    span = mn_blocks(tile_rows, elt)[1]
     return [span // elt, 64], f"{span}B"
+
+
+def remainder_tensormap(kernel: Kernel, tm_b: dict) -> "list[dict]":
+    """tmBr, where an MN-major B tile has remainder columns past its 64-column blocks (rules.mn_blocks): tmB's
+    tensor in boxes of one remainder block (16 or 32 columns by 64 rows of K) under that block's swizzle."""
+    ops = mainloop_operands(kernel)
+    if b_is_kmajor(ops):
+        return []
+    _, _, rem, span = mn_blocks(kernel.config.cta.n, ops.b_dtype.bytes)
+    if not rem:
+        return []
+    return [{**tm_b, "name": "tmBr", "box": [span // ops.b_dtype.bytes, 64], "swizzle": f"{span}B"}]
 
 
 def uses_tma_store(kernel: Kernel) -> bool:
@@ -438,7 +450,8 @@ def launch(kernel: Kernel, problem: Problem, sm_count: "int | None" = None,
                ("ldc", problem.ldc), ("ldd", problem.ldc)]
     small = split3_tensormaps(kernel, problem, plan) if cfg.split3 and plan else []
     store_map = [tensormap_d(kernel, problem)] if uses_tma_store(kernel) else []
-    params = [tm_a, tm_b] + edge_tensormaps(kernel, problem, tm_a, tm_b) + small + store_map + [
+    params = [tm_a, tm_b] + edge_tensormaps(kernel, problem, tm_a, tm_b) + remainder_tensormap(kernel, tm_b) + small \
+        + store_map + [
               {"name": "B", "ctype": ctype, "kind": "tensor",   # read only by a cp.async B
                "tensor": "A" if cfg.swap_ab else "B"},
               {"name": "C", "ctype": ctype, "kind": "tensor", "tensor": "C"},
@@ -519,6 +532,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["SPLIT_FACTOR", "edge_boxes", "edge_tensormaps", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "edge_boxes", "edge_tensormaps", "remainder_tensormap", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]

@@ -147,8 +147,8 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              "64 must be a multiple of 16, one warpgroup wide, with CTA tile M a multiple of 64",
              f"{cta.m}x{cta.n}/{warp.n}", "Mx16, Mx32, Mx48, ...")
         staged_epilogue("sm90 tiles whose N is not a multiple of 64", "use the staged epilogue")
-        # An MN-major (16-bit) B tile of such a width is stored in 16- or 32-column blocks under the 32B or 64B
-        # swizzle (mn_swizzle_bytes): row-major B, or column-major A when swapped, as torch.matmul passes them.
+        # An MN-major (16-bit) B tile of such a width keeps its last 16-48 columns in 16- or 32-column blocks under
+        # the 32B or 64B swizzle (mn_blocks): row-major B, or column-major A when swapped, as torch.matmul passes them.
     else:
         rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
              "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
@@ -222,15 +222,27 @@ def b_is_kmajor(operands: Operands) -> bool:
 
 
 def mn_swizzle_bytes(tile_cols: int, elt: int) -> int:
-    """The swizzle span of an MN-major operand tile of `tile_cols` columns (M of A, N of B): each 64-K-row block
-    of the tile is span / elt columns wide, one TMA box, and wgmma reads it with the matching descriptor mode.
-    128 bytes where the tile is whole 64-column (16-bit) blocks; 64 or 32 bytes (32 or 16 columns) for the
-    narrow and odd widths (16-240 a multiple of 16), so a row-major B need not be read 64 columns at a time.
-    K-major tiles are always 128 (one k-tile is one 128-byte row)."""
+    """The widest swizzle span (128, 64 or 32 bytes) whose blocks of span / elt columns tile `tile_cols` columns."""
     for span in (128, 64, 32):
         if (tile_cols * elt) % span == 0:
             return span
     raise ValueError(f"an MN-major tile of {tile_cols} columns of {elt}-byte elements is not whole 32-byte rows")
+
+
+def mn_blocks(tile_cols: int, elt: int) -> "tuple[int, int, int, int]":
+    """How an MN-major operand tile of `tile_cols` columns (M of A, N of B) is stored, 64 rows of K per block:
+    (main columns, their swizzle span, remainder columns, its span). Whole 64-column (128-byte) blocks under the
+    128B swizzle as far as they go; the remainder (16-48 columns of a width such as 80 or 144) in 16- or 32-column
+    blocks under the 32B or 64B swizzle, read by a second wgmma of its own width. A tile narrower than 64 columns
+    is all narrow blocks (main = the tile, at its span). Narrow blocks cost L2 about twice per byte (32-byte rows:
+    docs/perf-notes.md, "Narrow MN-major blocks"), so only the remainder is stored that way."""
+    if (tile_cols * elt) % 128 == 0:
+        return tile_cols, 128, 0, 0
+    main = tile_cols * elt // 128 * 128 // elt
+    if main == 0:
+        return tile_cols, mn_swizzle_bytes(tile_cols, elt), 0, 0
+    rem = tile_cols - main
+    return main, 128, rem, mn_swizzle_bytes(rem, elt)
 
 
 def swap_m_max(config: Sm90Config) -> int:
@@ -326,5 +338,5 @@ def regs_allocated(config: Sm90Config, per_thread: int) -> int:
     return config.threads * per_thread
 
 
-__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check", "mn_swizzle_bytes",
+__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check", "mn_blocks", "mn_swizzle_bytes",
            "epi_boxes", "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]
