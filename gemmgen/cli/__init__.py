@@ -88,10 +88,11 @@ def main(argv: "list[str] | None" = None) -> int:
     except OSError as exc:
         if exc.filename is None:
             raise
-        # A path the user chose (a flag, or GEMMGEN_RESULTS / GEMMGEN_DATA / XDG_DATA_HOME) that cannot be used.
+        # A path the user chose (a flag, or GEMMGEN_RESULTS / GEMMGEN_DATA / XDG_DATA_HOME / GEMMGEN_CACHE) that
+        # cannot be used.
         print(f"gemmgen {args.command}: error: cannot use {one_line(exc.filename, 200)} "
               f"({exc.strerror or type(exc).__name__}); "
-              "check the paths given and GEMMGEN_RESULTS, GEMMGEN_DATA, XDG_DATA_HOME", file=sys.stderr)
+              "check the paths given and GEMMGEN_RESULTS, GEMMGEN_DATA, XDG_DATA_HOME, GEMMGEN_CACHE", file=sys.stderr)
         return 2
     except GemmgenError as exc:
         print(f"gemmgen {args.command}: failed: {one_line(exc, 2000)}", file=sys.stderr)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..model.errors import InvalidInput
+from ..model.files import writable_file
 from ._common import print_json, table
 
 
@@ -45,6 +45,10 @@ def run_fit(args, gpu, records) -> int:
     if not prior >= 0:
         raise InvalidInput("--prior must be a non-negative number", args.prior)
     holdout = _holdout(args.holdout)
+    # Where the fit goes, checked before the fit (minutes) rather than after it.
+    out = writable_file("--out must be a file gemmgen can write" if args.out else
+                        "the calibration file must be one gemmgen can write (GEMMGEN_DATA moves it, or pass --out)",
+                        args.out or user_calibration_path(gpu))
     groups = merge_groups(groups_from_records(records, gpu))
     train, held = split(groups, holdout)
     if not train:
@@ -72,7 +76,6 @@ def run_fit(args, gpu, records) -> int:
                        "held_out_problems": sorted(g.problem.label for g in held),
                        "changed": {k: {"default": a, "fitted": b} for k, (a, b) in moved.items()},
                        "terms": len(params.terms), **report}}
-    out = Path(args.out) if args.out else user_calibration_path(gpu)
     try:
         write_json_atomic(out, payload)
     except OSError as exc:

@@ -118,6 +118,36 @@ def problem_from_args(args) -> Problem:
                           getattr(args, "ldc", 0))
 
 
+def check_problem(problem: Problem, gpu: Gpu, arch=None) -> "list[tuple[str, str]]":
+    """InvalidInput naming the rule when no kernel family could run `problem` on `gpu` (a dtype, an A/B pair or an
+    output dtype none takes, a dimension or leading dimension past every family's indexing), as tune and compile
+    refuse it; else the families it rules out, each with why. Commands that only answer (roofline, lookup) ask
+    it too, so they never answer for a problem the tuner refuses."""
+    from ..rank.space import check_target, excluded_families, families_for
+
+    arch = arch or gpu.arch
+    check_target(gpu, arch, problem.a_dtype, problem.b_dtype)
+    excluded = excluded_families(problem, gpu, arch)
+    if len(excluded) >= len(families_for(arch)):  # nothing left to search: an error, not a note
+        raise InvalidInput("no kernel family can run this problem", problem.label,
+                           "; ".join(f"{family}: {rule}" for family, rule in excluded))
+    return excluded
+
+
+def check_cache() -> None:
+    """InvalidInput naming GEMMGEN_CACHE when the compile cache cannot be written: NVRTC's cubins are stored
+    there, and a cache that is a file or read-only otherwise fails every compile as a misleading NVRTC error."""
+    import os
+
+    from ..model import paths
+    from ..model.files import writable_dir
+
+    rule = ("GEMMGEN_CACHE must name a folder gemmgen can create and write (the compile cache)"
+            if os.environ.get("GEMMGEN_CACHE") else
+            "the compile cache must be a folder gemmgen can create and write (set GEMMGEN_CACHE to move it)")
+    writable_dir(rule, paths.cache_dir())
+
+
 def progress_bar(total: int, desc: str, unit: str, initial: int = 0):
     """A tqdm bar on stderr for a terminal, or None where tqdm is not installed (progress lines still print)."""
     try:

@@ -41,7 +41,8 @@ def buckets_from_args(args):
         return point_buckets(read_shape_file(args.shapes))
     if None in (args.m_range, args.n_fixed, args.k_fixed):
         raise InvalidInput("a range needs all three: --m LO..HI --n N --k K (only M is bucketed)",
-                           {"--m": args.m_range, "--n": args.n_fixed, "--k": args.k_fixed})
+                           " ".join(f"{flag} {value}" for flag, value in (("--m", args.m_range), ("--n", args.n_fixed),
+                                                                         ("--k", args.k_fixed)) if value is not None))
     from ..tune.buckets import parse_range
 
     lo, hi = parse_range(args.m_range)
@@ -52,12 +53,27 @@ def buckets_from_args(args):
     return pow2_buckets(lo, hi, parse_dim("N", args.n_fixed), parse_dim("K", args.k_fixed))
 
 
+def check_buckets(base, buckets, gpu) -> None:
+    """Each bucket's top shape (the one it is tuned at, and the hardest for a family's limits) checked as
+    `tune M N K` checks its problem, naming the shape: else a shape no family can index would reach the search
+    as an empty space, naming neither the shape nor the rule."""
+    from ._common import check_problem
+
+    for shape in dict.fromkeys((b.m_max, b.n, b.k) for b in buckets):
+        try:
+            check_problem(base.with_shape(*shape), gpu)
+        except InvalidInput as exc:
+            raise InvalidInput(f"shape {'x'.join(map(str, shape))}: {exc.rule}", exc.value, exc.hint) from None
+
+
 def run_shape_set(args) -> int:
     from ..model.problem import Problem
     from ..tune.dispatch import tune_buckets
-    from .tune import Progress, measurer_for, options_from_args, say_calibration, say_fallbacks, sigterm_as_interrupt
+    from .tune import (Progress, check_outputs, measurer_for, options_from_args, say_calibration, say_fallbacks,
+                       sigterm_as_interrupt)
 
     buckets = buckets_from_args(args)
+    check_outputs(args)
     base = Problem.create(buckets[0].m_max, buckets[0].n, buckets[0].k, args.dtype, args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
                           getattr(args, "b_dtype", None), getattr(args, "scaling", None),
@@ -66,6 +82,11 @@ def run_shape_set(args) -> int:
     if args.dry_run:
         return dry_run_shape_set(args, base, buckets, options)
     gpu, measurer, device = measurer_for(args, args.gpu)
+    try:
+        check_buckets(base, buckets, gpu)
+    except InvalidInput:
+        measurer.close()
+        raise
     say_fallbacks(base, gpu)
     say_calibration(gpu)
     progress = Progress(not args.no_progress)
@@ -124,9 +145,8 @@ def dry_run_shape_set(args, base, buckets, options) -> int:
     from ..model.arch import lookup_gpu
     from ..tune.dispatch import model_buckets
 
-    if not args.gpu:
-        raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
     gpu = lookup_gpu(args.gpu)
+    check_buckets(base, buckets, gpu)
     result = model_buckets(base, buckets, gpu, jobs=options.jobs, bucketing=args.buckets, out=args.out)
     rows = [[f"{e['m_min']}..{e['m_max']}", f"{t['n']}x{t['k']}", ",".join(str(m) for m in e["tuned_at"]),
              e["kernel"]] for t in result.tables for e in t["buckets"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.errors import InvalidInput
-from ._common import add_gpu_arg, add_problem_args, text_arg
+from ._common import add_gpu_arg, add_problem_args, check_cache, text_arg
 from ._kernel import add_kernel_args, kernel_from_args
 
 
@@ -31,6 +31,7 @@ def run(args) -> int:
     from ..tune.results import fingerprint
 
     kernel, problem, gpu = kernel_from_args(args)
+    check_cache()
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """`gemmgen lookup M N K`: the stored winner for a problem, or the nearest shape held, without tuning."""
 from __future__ import annotations
 
-from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu
+from ._common import add_gpu_arg, add_problem_args, check_problem, print_json, problem_from_args, resolve_gpu
 
 
 def register(subparsers) -> None:
@@ -54,6 +54,8 @@ def run(args) -> int:
 
     problem = problem_from_args(args)
     gpu = resolve_gpu(args.gpu)
+    # A problem tune refuses has no winner to answer with: the nearest stored shape would be a wrong answer.
+    check_problem(problem, gpu)
     answer = lookup(problem, gpu)
     if args.json:
         print_json({"exact": answer.exact, "distance": answer.distance, "same_operands": answer.same_operands,

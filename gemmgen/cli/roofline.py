@@ -14,7 +14,8 @@ from ..rank.predict import predict
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
 from ._kernel import read_config
-from ._common import add_gpu_arg, add_problem_args, print_json, problem_from_args, resolve_gpu, table, text_arg
+from ._common import (add_gpu_arg, add_problem_args, check_problem, print_json, problem_from_args, resolve_gpu, table,
+                      text_arg)
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -53,8 +54,14 @@ def label(config: TileConfig) -> str:
 def run(args) -> int:
     problem = problem_from_args(args)
     gpu = resolve_gpu(args.gpu)
+    check_problem(problem, gpu)  # what tune and compile refuse, the roofline refuses the same way
     given = [read_config(p) for p in args.config]
     configs = given or reference_configs(problem, gpu)
+    picked = not configs
+    if picked:  # a problem no reference fits (fp8 block scaling, 3xTF32): the model's pick over the search space
+        from ..rank.space import default_config
+
+        configs = [default_config(problem, gpu)]
     roof = roofline(problem, gpu)
     # A given configuration that breaks a rule raises InvalidConfig here: one line, exit 2.
     ranked = sorted(((predict(problem, c, gpu), c) for c in configs), key=lambda pc: pc[0].time_s)
@@ -68,6 +75,7 @@ def run(args) -> int:
     if args.json:
         payload = roof.to_dict()
         payload["configs_given"] = bool(given)
+        payload["configs"] = "given" if given else "model's pick" if picked else "reference"
         payload["predictions"] = [{"config": c.to_dict(), "label": label(c), "tag": c.tag, **p.to_dict()}
                                   for p, c in ranked]
         payload["predicted_bound"] = best.bound if best else None
@@ -84,10 +92,9 @@ def run(args) -> int:
           f"{roof.bandwidth / 1e12:.2f} TB/s DRAM, ridge {roof.ridge:.1f} FLOP/byte")
     print(f"roofline  {roof.min_intensity:.1f} FLOP/byte at minimum traffic: {roof.bound}-bound; "
           f"at best {roof.time_lower_bound_s * 1e6:.1f} us ({roof.attainable_flops / 1e12:.1f} TFLOP/s)")
-    if not ranked:
-        print(f"\nno reference configuration supports {dt} on {gpu.key}; pass --config FILE")
-        return 0
-    which = "given configurations" if given else "reference configurations (pass --config FILE for others)"
+    which = ("given configurations" if given else
+             "model's pick over the search space (no reference configuration fits this problem; pass --config FILE "
+             "for others)" if picked else "reference configurations (pass --config FILE for others)")
     print(f"\nmodel predictions, fastest first, for the {which}:")
     rows = [[label(c), pr.units, f"{pr.waves:.2f}", f"{pr.wave_efficiency:.2f}",
              pr.ctas_per_sm, f"{pr.occupancy:.2f}", f"{pr.tiled_bytes / 1e6:.1f}", f"{pr.dram_bytes / 1e6:.1f}",

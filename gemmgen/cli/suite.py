@@ -6,10 +6,10 @@ import sys
 
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
-from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, float_arg, int_arg, progress_bar,
-                      refuse_together, resolve_gpu, table, text_arg)
-from .tune import (MEASURING_FLAGS, Progress, add_timing_arg, add_worker_args, gpus_plan, measurer_for,
-                   options_from_args, sigterm_as_interrupt)
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, check_problem, float_arg, given, int_arg,
+                      progress_bar, refuse_together, resolve_gpu, table, text_arg)
+from .tune import (MEASURING_FLAGS, Progress, add_timing_arg, add_worker_args, check_dry_run, check_outputs, gpus_plan,
+                   measurer_for, options_from_args, sigterm_as_interrupt)
 
 
 def register(subparsers) -> None:
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--storage", default=None, metavar="URL", type=text_arg("--storage"), 
                    help="Optuna storage (default: <per-user data dir>/studies/<gpu>/studies.db)")
     p.add_argument("--out", default=None, metavar="DIR", type=text_arg("--out"),
-                   help="export each winner to DIR/<problem>/")
+                   help="export each winner (with --dry-run, the model's pick) to DIR/<problem>/")
     p.add_argument("--seed", type=int_arg("--seed", 0, SEED_MAX), default=None, help="sampler seed (0 to 2^32-1)")
     p.add_argument("--replay", default=None, metavar="FILE", type=text_arg("--replay"),
                    help="simulation mode: replay recorded timings")
@@ -65,8 +65,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..model.arch import DType
-    from ..rank.space import check_target
+    from ..tune.results import gpu_dir
     from ..tune.suite import dry_run_suite, load_suites, parse_dtypes, report_from_results, run_suite, select
 
     measuring = tuple(f for f in MEASURING_FLAGS if f != "--timeout") + ("--timeout-per-shape",)
@@ -82,32 +81,39 @@ def run(args) -> int:
     if args.jobs is not None and args.from_results and not (args.verify_winners or args.retime):
         raise InvalidInput("--from-results and --jobs cannot be used together (a table from the stored records "
                            "tunes nothing)", "--jobs")
+    check_dry_run(args)
     source = ", ".join(args.file)
     shapes = select(load_suites(args.file), args.only, source)
     dtypes = parse_dtypes(args.dtypes)
     args.timeout = args.timeout_per_shape
     options = options_from_args(args)
+    if not args.from_results or args.verify_winners or args.retime:  # what compiles, and what exports
+        check_outputs(args)
     show = (lambda row: print(f"{row.name} {row.dtype}: " + (f"{row.tflops:.1f} TFLOP/s" if row.tflops else
                                                               (row.note or "-")), file=sys.stderr))
     if args.from_results:
         report = report_from_results(shapes, dtypes, resolve_gpu(args.gpu), source=source)
+        if not any(r.tflops for r in report.rows):
+            # Nothing to tabulate: writing would replace the table stored before (the shipped one among them)
+            # with a page of "not tuned yet", and say so with exit status 0.
+            raise InvalidInput(f"--from-results needs a stored winner for at least one shape of the suite on "
+                               f"{report.gpu.key} (in {gpu_dir(report.gpu)}); nothing written", source,
+                               "tune the shapes first, or set GEMMGEN_RESULTS to the records' folder")
         if args.verify_winners or args.retime:
             report = verify_winners(args, report, shapes, dtypes, options)
     elif args.dry_run:
-        if args.gpu is None:
-            raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
-        for dtype in dtypes:
-            check_target(gpu, gpu.arch, DType.parse(dtype))
+        check_shapes(shapes, dtypes, gpu)
+        # --top-k as a tune's dry run takes it; three candidates compiled per shape unless it is given.
         report = dry_run_suite(shapes, dtypes, gpu, source=source, jobs=options.jobs,
+                               top_k=args.top_k if given(args, "--top-k") else 3, out=args.out,
                                on_row=None if args.no_progress else show)
     elif args.gpus:
         report = run_on_gpus(args, shapes, dtypes, options, source)
     else:
         gpu, measurer, device = measurer_for(args, args.gpu)
         try:
-            for dtype in dtypes:
-                check_target(gpu, gpu.arch, DType.parse(dtype))
+            check_shapes(shapes, dtypes, gpu)
         except InvalidInput:
             measurer.close()
             raise
@@ -131,6 +137,8 @@ def run(args) -> int:
     for line in report.geomean_lines():
         print(line[0].lower() + line[1:])
     print(f"written: {md}\n         {js}")
+    if args.dry_run and args.out:
+        print(f"exported (not measured): each pick in {args.out}/<problem>/")
     if args.retime:
         from ..tune.suite import RETIME_DROP, retimed_slower
 
@@ -142,20 +150,39 @@ def run(args) -> int:
     return 0
 
 
+def check_shapes(shapes, dtypes, gpu) -> None:
+    """Each dtype, then each shape in it, checked as `tune M N K` checks a problem, naming the shape: a dimension
+    no family can index fails here in one line, not as an empty search space after the shapes before it."""
+    from ..model.arch import DType
+    from ..rank.space import check_target
+
+    for dtype in dtypes:
+        check_target(gpu, gpu.arch, DType.parse(dtype))
+    seen = set()
+    for shape in shapes:
+        for dtype in dtypes:
+            problem = shape.problem(dtype)
+            if problem in seen:  # the same product under another name (llm_o is sq4096)
+                continue
+            seen.add(problem)
+            try:
+                check_problem(problem, gpu)
+            except InvalidInput as exc:
+                raise InvalidInput(f"suite {shape.suite}, shape {shape.name} ({dtype}): {exc.rule}", exc.value,
+                                   exc.hint) from None
+
+
 def run_on_gpus(args, shapes, dtypes, options, source):
     """The suite's shapes spread over --gpus, one worker per GPU (tune/suite_gpus.py)."""
     import functools
 
-    from ..model.arch import DType
-    from ..rank.space import check_target
     from ..tune.parallel import worker_measurer
     from ..tune.suite_gpus import run_suite_on_gpus
 
     from dataclasses import replace
 
     gpu, specs, device = gpus_plan(args)
-    for dtype in dtypes:
-        check_target(gpu, gpu.arch, DType.parse(dtype))
+    check_shapes(shapes, dtypes, gpu)
     if args.jobs is None:  # the host's cores shared by the workers' compile pools, not each given all of them
         options = replace(options, jobs=max(1, options.jobs // len(specs)))
     measurer = functools.partial(worker_measurer, str(args.replay) if args.replay else None, args.watchdog)

@@ -7,8 +7,9 @@ from contextlib import contextmanager
 
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput, NoGpu
-from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, add_problem_args, float_arg, given, int_arg,
-                      problem_from_args, progress_bar, refuse_together, table, text_arg)
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, add_problem_args, check_cache,
+                      check_problem, float_arg, given, int_arg, problem_from_args, progress_bar, refuse_together, table,
+                      text_arg)
 from ._tune_set import add_shape_set_args, is_shape_set, run_shape_set
 
 DRY_RUN_HINT = "to rank by the model and compile without a GPU: gemmgen tune M N K --gpu h100 --dry-run --out DIR"
@@ -267,13 +268,8 @@ def say_fallbacks(problem, gpu) -> None:
     """Say which kernel families this problem rules out and why (e.g. TMA needs 16-byte row strides, so
     such problems fall back to the sm80 family). Specialist families (few rows of D, ...) go unannounced."""
     from .. import families
-    from ..rank.space import excluded_families, families_for
 
-    excluded = excluded_families(problem, gpu)
-    if len(excluded) >= len(families_for(gpu.arch)):  # nothing left to search: an error, not a note
-        raise InvalidInput("no kernel family can run this problem", problem.label,
-                           "; ".join(f"{family}: {rule}" for family, rule in excluded))
-    for family, rule in excluded:
+    for family, rule in check_problem(problem, gpu):
         if families.get(family).specialist:
             continue
         print(f"note: family {family} cannot run this problem ({rule}); searching the others", file=sys.stderr)
@@ -289,6 +285,7 @@ def run(args) -> int:
     from ..tune.search import dry_run, tune
 
     refuse_together(args, "--dry-run", MEASURING_FLAGS, "a dry run measures nothing")
+    check_dry_run(args)
     if is_shape_set(args):
         for flag in ("--lda", "--ldb", "--ldc"):
             if given(args, flag):
@@ -299,9 +296,8 @@ def run(args) -> int:
         raise InvalidInput("tune needs M N K, or a shape set: --m LO..HI --n N --k K, or --shapes FILE",
                            " ".join(str(v) for v in (args.M, args.N, args.K) if v is not None) or "nothing")
     problem = problem_from_args(args)
+    check_outputs(args)
     if args.dry_run:
-        if args.gpu is None:
-            raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
         gpu = lookup_gpu(args.gpu)
         options = options_from_args(args)
         check_target(gpu, gpu.arch, problem.a_dtype, problem.b_dtype)
@@ -335,6 +331,27 @@ def run(args) -> int:
         measurer.close()
     print_result(result)
     return 0 if result.winner is not None else 1
+
+
+def check_dry_run(args) -> None:
+    """What a dry run needs from its flags: the GPU to rank and compile for, and at least one pick to compile."""
+    if not args.dry_run:
+        return
+    if args.gpu is None:
+        raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for (no GPU is looked for)",
+                           "--dry-run without --gpu")
+    if getattr(args, "top_k", 1) < 1:  # the model's top-k are what a dry run compiles: 0 would silently mean 1
+        raise InvalidInput("--top-k must be at least 1 with --dry-run (it compiles the model's top-k)", args.top_k)
+
+
+def check_outputs(args) -> None:
+    """--out and the compile cache checked before any note is printed or any work starts: a tune that could not
+    export its winner, or compile anything, fails in a second, not at the end."""
+    from ..model.files import writable_dir
+
+    if getattr(args, "out", None):
+        writable_dir("--out must be a directory gemmgen can create and write", args.out)
+    check_cache()
 
 
 def gpus_plan(args):

@@ -7,9 +7,11 @@ import sys
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.linear import ACTIVATIONS, LinearLayer
-from ._common import (COUNT_MAX, SECONDS_MAX, add_gpu_arg, float_arg, int_arg, refuse_together,
-                      table, text_arg)
-from .tune import MEASURING_FLAGS, Progress, add_search_args, measurer_for, options_from_args, sigterm_as_interrupt
+from ..tune.buckets import MAX_M
+from ._common import (COUNT_MAX, SECONDS_MAX, add_gpu_arg, check_cache, check_problem, float_arg, int_arg,
+                      refuse_together, table, text_arg)
+from .tune import (MEASURING_FLAGS, Progress, add_search_args, check_dry_run, measurer_for, options_from_args,
+                   sigterm_as_interrupt)
 
 
 def register(subparsers) -> None:
@@ -67,14 +69,24 @@ def run(args) -> int:
     if args.buckets not in BUCKETINGS + ("none",):
         raise InvalidInput(f"--buckets must be one of {', '.join(BUCKETINGS + ('none',))}", args.buckets)
     bucketing = None if args.buckets == "none" else args.buckets
+    if bucketing and layer.tokens_max > MAX_M:  # the forward and data grad are bucketed over tokens as --m is
+        raise InvalidInput(f"--tokens must stay at most {MAX_M} (the token range is bucketed as tune --m is)",
+                           args.tokens)
+    check_dry_run(args)
     options = options_from_args(args)
+    check_cache()
     if args.dry_run:
-        if args.gpu is None:
-            raise InvalidInput("--dry-run needs --gpu NAME: the GPU to rank and compile for", None)
-        products = tune_linear(layer, lookup_gpu(args.gpu), dry_run=True, top_k=options.top_k, jobs=options.jobs,
+        gpu = lookup_gpu(args.gpu)
+        check_products(layer, gpu)
+        products = tune_linear(layer, gpu, dry_run=True, top_k=options.top_k, jobs=options.jobs,
                                bucketing=bucketing)
     else:
         gpu, measurer, device = measurer_for(args, args.gpu)
+        try:
+            check_products(layer, gpu)
+        except InvalidInput:
+            measurer.close()
+            raise
         progress = Progress(not args.no_progress)
         try:
             with sigterm_as_interrupt():
@@ -85,6 +97,22 @@ def run(args) -> int:
             measurer.close()
     print_products(layer, products, args.dry_run)
     return 0 if all(p.kernel for p in products) else 1
+
+
+def check_products(layer: LinearLayer, gpu) -> None:
+    """Each product at the top of the token range checked as `tune M N K` checks a problem, naming the product: a
+    dimension no family can index is refused now, not after every bucket's search came back empty. The epilogue
+    is left out: where no family writes the bias gradient, tune_linear falls back to torch for it."""
+    from dataclasses import replace
+
+    from ..model.problem import Epilogue
+
+    for role, problem in layer.problems().items():
+        try:
+            check_problem(replace(problem, epilogue=Epilogue()), gpu)
+        except InvalidInput as exc:
+            raise InvalidInput(f"the {role} product {problem.m}x{problem.n}x{problem.k}: {exc.rule}", exc.value,
+                               exc.hint) from None
 
 
 def print_products(layer: LinearLayer, products, dry_run: bool) -> None:

@@ -486,6 +486,15 @@ def load(path: "str | Path", name: "str | None" = None):
     picks one kernel of a folder that holds several) as a LoadedKernel, or a dispatch folder (one holding
     dispatch.json, unless `name` picks one of its kernels) as a DispatchKernel that picks the kernel for each
     call's shape. Everything is verified before anything runs."""
+    import os
+
+    # Path('') is '.', and Path(None) a bare TypeError: both would hide what was passed.
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise InvalidInput("gemmgen.load needs a path (str or os.PathLike) to a bundle folder, its manifest .json or "
+                           "a dispatch folder", path, f"type {type(path).__name__}")
+    if not os.fspath(path):
+        raise InvalidInput("gemmgen.load needs a non-empty path to a bundle folder, its manifest .json or a dispatch "
+                           "folder", path)
     if name is None:
         from .dispatch import is_dispatch_folder, load_dispatch  # dispatch builds on this module
 

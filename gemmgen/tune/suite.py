@@ -100,8 +100,9 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
         except InvalidInput as exc:
             raise SuiteFileError(where, f"{at}: {exc.rule}", repr(exc.value)) from None
         name = entry.get("name", f"{m}x{n}x{k}")
-        if not isinstance(name, str) or not name or not name.isprintable():
-            raise SuiteFileError(where, f"{at}: a shape name must be printable text", repr(name))
+        if not isinstance(name, str) or not name or not name.isprintable() or "|" in name:
+            # '|' would split the name across two cells of the markdown table.
+            raise SuiteFileError(where, f"{at}: a shape name must be printable text without '|'", repr(name))
         if name in names:
             raise SuiteFileError(where, f"{at}: shape names must be unique", name)
         names.add(name)
@@ -252,15 +253,21 @@ class SuiteReport:
                 "geomean_ratio_by_suite": {name: self.geomeans(name) for name in self.suites()}}
 
     def write(self, variants: "tuple[str, ...]" = ()) -> "tuple[Path, Path]":
-        """results/<gpu>/suite.{md,json} (suite-dry-run.* for a dry run): the latest report per GPU, replaced
-        atomically; the date is inside. Several suites in one table: suite-<name>+<name>.{md,json}, so the one
-        suite's report beside it is kept. `variants` name a run that is not the whole suite as usual (`partial`:
-        only some shapes; `sustained`: timed at the power limit), appended the same way: re-tuning one shape
-        leaves the whole suite's table in place."""
-        name = "suite-dry-run" if self.dry_run else "suite"
+        """results/<gpu>/suite.{md,json} (suite-dry-run.* for a dry run): the latest report per GPU of the suite
+        stored there, replaced atomically; the date is inside. Another suite's goes to suite-<name>.{md,json},
+        several suites in one table to suite-<name>+<name>.{md,json}, so the one suite's report is kept.
+        `variants` name a run that is not the whole suite as usual (`partial`: only some shapes; `sustained`: timed
+        at the power limit), appended the same way: re-tuning one shape leaves the whole suite's table in place."""
+        stem = "suite-dry-run" if self.dry_run else "suite"
         suites = self.suites()
-        if len(suites) > 1:
-            name += "-" + "+".join("".join(c if c.isalnum() or c in "-_." else "_" for c in s) for s in suites)
+        tagged = stem + "-" + "+".join("".join(c if c.isalnum() or c in "-_." else "_" for c in s) for s in suites)
+        name = tagged if len(suites) > 1 else stem
+        # One suite's table never replaces another suite's: a user's own suite (or the hard one), run where
+        # results/<gpu>/suite.md holds the public suite's table, is written under its own name beside it; the
+        # public suite, run again, still replaces its own table at the shipped path.
+        if name == stem and self._other_suites(gpu_dir(self.gpu) / "".join((stem, *(f"-{v}" for v in variants),
+                                                                              ".json"))):
+            name = tagged
         for variant in variants:
             name += "-" + variant
         base = gpu_dir(self.gpu) / name
@@ -268,6 +275,21 @@ class SuiteReport:
         atomic_write(md, self.markdown().encode(), durable=True)
         write_json_atomic(js, self.to_dict())
         return md, js
+
+
+    def _other_suites(self, path: Path) -> bool:
+        """Whether the table stored at `path` holds other suites than this report's (an unreadable one counts as
+        other: it is kept, not replaced)."""
+        import json
+
+        if not path.exists():
+            return False
+        try:
+            rows = json.loads(path.read_text()).get("rows") or []
+            stored = {row.get("suite") for row in rows}
+        except (OSError, ValueError, AttributeError):
+            return True
+        return bool(stored) and stored != set(self.suites())  # an empty table has nothing to lose
 
 
 # --retime flags a stored winner whose ratio to cuBLAS now is below this fraction of the stored one: more than run-
@@ -402,8 +424,9 @@ def run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, measurer, op
 
 
 def dry_run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *, source: str, top_k: int = 3,
-                  jobs: int = 4, engines=None, on_row=None) -> SuiteReport:
-    """Every shape ranked by the model and its top-k compiled; nothing measured."""
+                  jobs: int = 4, engines=None, on_row=None, out: "str | None" = None) -> SuiteReport:
+    """Every shape ranked by the model and its top-k compiled; nothing measured. With `out`, each pick is
+    exported unmeasured to out/<problem>/, where a tuned suite exports its winners."""
     from .search import default_engines, dry_run
 
     own = engines is None
@@ -413,12 +436,15 @@ def dry_run_suite(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *, sourc
         for shape in shapes:
             for dtype in dtypes:
                 t0 = time.monotonic()
-                result = dry_run(shape.problem(dtype), gpu, top_k=top_k, engines=engines)
+                problem = shape.problem(dtype)
+                result = dry_run(problem, gpu, top_k=top_k, engines=engines,
+                                 out=str(Path(out) / problem_key(problem)) if out else None)
                 pick = result.pick
                 row = row_for(shape, dtype, tflops=None, cublas_tflops=None, ratio=None,
                               tuning_s=time.monotonic() - t0, kernel=pick.kernel.name if pick else "",
                               predicted_tflops=pick.ranked.tflops if pick else None,
-                              note="model's pick, compiled" if pick else "no candidate compiled")
+                              note=("model's pick, compiled" + (", exported" if out else "")) if pick
+                              else "no candidate compiled")
                 rows.append(row)
                 if on_row:
                     on_row(row)
