@@ -49,6 +49,7 @@ CASES = {  # name: (M, N, K, A layout, B layout)
     "sq1024": (1024, 1024, 1024, "row", "col"),
     "sq2048": (2048, 2048, 2048, "row", "col"),
     "sq4096": (4096, 4096, 4096, "row", "col"),
+    "t513": (513, 4096, 4096, "row", "col"),     # 513 tokens through a 4096-wide nn.Linear: one wave of 128 tiles
 }
 # Source edits (--edits): name -> [(regular expression that must match once, replacement)].
 START_DEPENDENTS = r"\n    allow_dependents\(\);\n"
