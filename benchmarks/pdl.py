@@ -61,8 +61,13 @@ NO_MMA = (r"wgmma_step\(acc\[mi\], da, db, \(kt > 0 \|\| kk > 0\) \? 1 : 0\);", 
 # `early`: the swapped tiles of M <= 64 let their dependents start only at the end (since 2026-11-27 13:16); this
 # puts the call back at the start, where every other kernel has it.
 LATE_DEPENDENTS = r"// Launched with PDL, the next kernel is scheduled when this one ends[^\n]*\n"
+# `krot`: each CTA walks its k-tiles from a different start (blockIdx.x * 7 tiles along, wrapping), so the CTAs'
+# concurrent loads fall at different column offsets of the weights' rows instead of all at the same one (the sum is
+# the same up to fp32 ordering; plain bf16/f16 kernels only).
+K_ROTATE = (r"const int k0 = kt \* BK;",
+            "const int k0 = (w.kt0 + (kt - w.kt0 + (int)(blockIdx.x * 7u % (unsigned)w.kcount)) % w.kcount) * BK;")
 EDITS = {"late": [(START_DEPENDENTS, "\n")], "early": [(LATE_DEPENDENTS, "allow_dependents();\n")],
-         "nostore": [NO_STORE], "nomma": [NO_MMA], "bare": [NO_STORE, NO_MMA]}
+         "nostore": [NO_STORE], "nomma": [NO_MMA], "bare": [NO_STORE, NO_MMA], "krot": [K_ROTATE]}
 SETS = 4            # rotating input sets: 4 x 33.5 MB of B exceed the 50 MB L2
 ROUNDS, CALLS = 9, 100
 HOLD_CYCLES = 6_000_000   # ~3.5 ms at 1.7 GHz: covers enqueueing CALLS launches from Python

@@ -299,6 +299,9 @@ def test_swapped_kernels_verify_against_the_reference(problem, cta, splits):
     (Problem.create(777, 1000, 520, "f16", "row", "row", alpha=0.5, beta=1.0, bias=True, activation="gelu"),
      "192x112", 1, False, "1x1"),
     (Problem.create(999, 1000, 1000, "bf16", "row", "row", beta=1.0), "128x240", 1, False, "1x1"),
+    # split-K through the reduction launch, which takes the GEMM's parameters (tmBr among them)
+    (Problem.create(500, 1000, 2000, "bf16", "row", "row", bias=True), "128x96", 2, False, "1x1"),
+    (Problem.create(100, 4096, 8192, "bf16", "col", "col"), "128x144", 2, True, "1x1"),
 ])
 def test_mn_major_b_in_narrow_swizzled_blocks_verifies(problem, cta, splits, swap, cluster):
     """Tiles whose B is MN-major and not whole 64-column blocks (rules.mn_blocks), swapped and not, at shapes
@@ -364,3 +367,30 @@ def test_a_pair_of_swapped_tiles_whose_second_tile_is_half_empty_serves_but_is_p
     full = Problem.create(96, 4096, 4096, b="col")
     assert predict(full, pair, H100, params).dram_rate > predict(half_empty, pair, H100, params).dram_rate
     assert HALF_EMPTY_PAIR_LOAD_EFFICIENCY < 1
+
+
+@pytest.mark.parametrize("problem,cta,splits,swap,fused", [
+    (Problem.create(500, 1000, 2000, "bf16", "row", "row"), "128x96", 2, False, False),      # tmBr, reduce launch
+    (Problem.create(100, 4096, 8192, "bf16", "col", "col"), "128x144", 2, True, False),      # swapped, tmBr
+    (Problem.create(777, 1000, 520, "f16", "row", "row", bias=True), "128x80", 3, False, True),
+    (Problem.create(1001, 30, 2003, "bf16", "col", "row"), "128x32", 2, False, False),       # all narrow, no tmBr
+    (Problem.create(4095, 3001, 4093, "bf16", "row", "row"), "128x112", 2, False, False),    # B packed, tmBr on it
+])
+def test_every_launch_declares_the_manifest_s_parameters_in_order(problem, cta, splits, swap, fused):
+    """The manifest passes one parameter list to the GEMM and its split-K reduction (and the pack entry its own):
+    every entry point of the rendered source declares exactly its launch's parameters, in order, the remainder's
+    tensor map tmBr included (the reduction once lacked it and read every later argument 128 bytes off)."""
+    import re
+    from dataclasses import replace
+    from gemmgen.runtime.manifest import make_manifest
+    n = int(cta.split("x")[1])
+    config = replace(swap_config(f"{cta}x64", f"64x{n}x64", 4, splits, fused=fused), swap_ab=swap)
+    assert constraints.check(config, H100, Arch.SM90A, problem) == []
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    source = render(kernel)
+    launches = make_manifest(kernel, problem)["launches"]
+    assert {kernel.name} <= {launch["entry"] for launch in launches}
+    for launch in launches:
+        signature = re.search(rf"{launch['entry']}\((.*?)\)\s*{{", source, re.S).group(1)
+        declared = [re.sub(r"\[.*\]", "", part).split()[-1].lstrip("*") for part in signature.split(",")]
+        assert declared == [p["name"] for p in launch["params"]], launch["entry"]
