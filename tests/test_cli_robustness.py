@@ -14,6 +14,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from gemmgen.cli import main  # noqa: E402
+from cli_helpers import one_line_error  # noqa: E402
 from gemmgen.model.arch import lookup_gpu  # noqa: E402
 from gemmgen.model.errors import InvalidInput  # noqa: E402
 from gemmgen.model.problem import Problem  # noqa: E402
@@ -28,20 +29,6 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "0.5")
-
-
-def one_line_error(capsys, argv) -> str:
-    """Run the CLI, assert exit 2 with one line on stderr and no traceback; return that line."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def store_record(m: int, n: int, k: int, tflops: float, cublas: float = 40.0) -> None:

@@ -13,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from gemmgen.cli import main  # noqa: E402
+from cli_helpers import one_line_error  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -20,20 +21,6 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "0.5")
-
-
-def one_line_error(capsys, argv) -> str:
-    """Run the CLI, assert exit 2 with one line on stderr and no traceback; return that line."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse's own usage errors exit from inside parse_args
-        code = exc.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def replay_file(tmp_path, problem_args=("256", "256", "256"), dtype="bf16", hang=()):
