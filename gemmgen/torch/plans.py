@@ -27,7 +27,7 @@ from ..model.arch import DType
 from ..model.errors import InvalidInput
 from ..model.linear import ACTIVATIONS, kernel_activation
 from ..model.problem import Activation, Epilogue, Layout
-from . import stats
+from . import jit, stats
 from .registry import CPU, REGISTRY, gpu_key
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
@@ -87,6 +87,12 @@ def _find(A: Tensor, B: Tensor, bias: bool, activation: Activation, row_sums: bo
                     return None, "a view with gaps between its rows, and a registered kernel that takes packed operands"
                 if found is not None:
                     return found, ""
+    if gpu is not None and gpu != CPU and not gapped and jit.enabled() and not torch.cuda.is_current_stream_capturing():
+        # Opt-in: the model's pick compiled now and stored (jit.py); a failure is not retried.
+        if jit.build(dtype, a_layouts[0], b_layouts[0], bias, activation, m, n, k, gpu, row_sums):
+            found = REGISTRY.find(dtype, a_layouts[0], b_layouts[0], bias, activation, m, n, k, gpu, row_sums)
+            if found is not None:
+                return found, ""
     epilogue = Epilogue(bias=bias, activation=activation).tag
     where = gpu or f"{torch.cuda.get_device_name(A.get_device())} (not in gemmgen's catalogue)"
     return None, (f"no tuned kernel for {dtype.value} {a_layouts[0].letter}{b_layouts[0].letter} {epilogue} "

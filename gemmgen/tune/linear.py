@@ -107,6 +107,28 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
     return out
 
 
+def store_pick(problem: Problem, kernel_class: KernelClass, gpu: Gpu, *, role: str, top_k: int = 3, jobs: int = 1,
+               root: "Path | None" = None) -> "Path | None":
+    """The model's pick for `problem` (ranked, its top-k compiled, the best-ranked that compiled exported
+    unmeasured) stored as `kernel_class`'s folder, as tune-linear --dry-run stores a product; its folder, or None
+    when nothing compiled. What gemmgen.torch's opt-in JIT calls for a product no stored kernel serves."""
+    from .dryrun import dry_run as run_dry
+
+    folder = class_folder(gpu, kernel_class, root)
+    staging = folder.with_name(f".{folder.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    result = run_dry(problem, gpu, top_k=max(1, top_k), out=str(staging), jobs=jobs)
+    if result.pick is None:
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    write_json_atomic(staging / CLASS_FILE, {
+        "format": CLASS_FORMAT, "class": kernel_class.to_dict(), "role": role, "gpu": gpu.key,
+        "tuned_at": problem.to_dict(), "kernel": result.pick.kernel.name, "dispatch": False, "measured": False,
+        "date": now()})
+    _swap_in(staging, folder)
+    return folder
+
+
 def _swap_in(staging: Path, folder: Path) -> None:
     """Replace `folder` by `staging` (the old folder is moved aside first, then removed)."""
     old = folder.with_name(f".{folder.name}.old.{os.getpid()}")

@@ -1,0 +1,125 @@
+"""gemmgen.torch's opt-in JIT (jit.py): a product no stored kernel serves gets the model's pick, compiled and stored.
+
+CPU: what a build stores (a class folder the registry reads, for the exact shape), that a failed build is recorded
+and not retried, and that it is off by default. GPU: gemmgen.mm and gemmgen.nn.Linear (forward, data and weight
+gradients) on shapes nothing was tuned for, against torch's fp32 reference, with no fallback counted.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gemmgen  # noqa: E402
+from gemmgen.model.arch import DType  # noqa: E402
+from gemmgen.model.linear import read_class  # noqa: E402
+from gemmgen.model.problem import Activation, Layout  # noqa: E402
+from gemmgen.torch import jit, stats  # noqa: E402
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """An empty kernel store and compile cache of the test's own, JIT on; everything put back after."""
+    from gemmgen.torch.registry import REGISTRY
+
+    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
+    REGISTRY.use_store(tmp_path / "kernels")
+    was = jit.enabled()
+    jit.enable()
+    monkeypatch.setattr(jit, "_failed", {})
+    stats.reset_stats(warnings_too=True)
+    yield tmp_path / "kernels"
+    jit.enable(was)
+    REGISTRY.use_store(None)
+
+
+def test_jit_is_off_unless_asked():
+    import os
+    assert jit.enabled() == (os.environ.get("GEMMGEN_JIT", "").lower() in ("1", "true", "yes", "on"))
+
+
+def test_a_build_stores_the_exact_product_s_class_where_the_registry_reads(store):
+    assert jit.build(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 333, 776, 520, "h100-sxm")
+    folders = [f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]
+    assert len(folders) == 1
+    kernel_class, raw = read_class(folders[0])
+    assert (kernel_class.m, kernel_class.n, kernel_class.k) == (333, 776, 520)
+    assert kernel_class.bias and kernel_class.activation is Activation.GELU and raw["role"] == "jit"
+    assert raw["measured"] is False and list(folders[0].glob("*.cubin"))
+
+
+def test_a_failed_build_is_recorded_and_not_tried_again(store, monkeypatch):
+    calls = []
+    import gemmgen.tune.linear as linear
+
+    def no_pick(*args, **kwargs):
+        calls.append(args)
+        return None
+    monkeypatch.setattr(linear, "store_pick", no_pick)
+    for _ in range(3):
+        assert not jit.build(DType.F16, Layout.ROW, Layout.ROW, False, Activation.NONE, 64, 64, 64, "h100-sxm")
+    assert len(calls) == 1 and list(jit.failures().values()) == ["no configuration compiled"]
+    # A dimension no family indexes: refused by a rule, recorded with it.
+    assert not jit.build(DType.BF16, Layout.ROW, Layout.ROW, False, Activation.NONE, 2 ** 31, 64, 64, "h100-sxm")
+    assert any("2147483648" in key for key in jit.failures())
+
+
+@pytest.fixture
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from gemmgen.torch.registry import gpu_key
+    if gpu_key(0) is None:
+        pytest.skip(f"{torch.cuda.get_device_name(0)} is not in gemmgen's catalogue")
+
+
+@pytest.mark.gpu
+def test_mm_on_a_shape_nothing_was_tuned_for_runs_on_a_jit_kernel(store, cuda):
+    torch.manual_seed(3)
+    A = torch.randn(301, 520, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(520, 1000, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):   # the second call is served from the plan
+        got = gemmgen.mm(A, B).float()
+    want = A.float() @ B.float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    counts = gemmgen.stats()
+    assert counts["fallbacks"] == 0 and counts["kernel_calls"] == 2, counts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_linear_trains_on_jit_kernels_within_torch_bf16_error(store, cuda, activation):
+    """Forward, data and weight gradients (the bias gradient from the weight gradient's row sums) all compiled on
+    first use at odd sizes, against torch's fp32 Linear; no fallback."""
+    torch.manual_seed(4)
+    tokens, fan_in, fan_out = 77, 264, 392
+    ref32 = torch.nn.Linear(fan_in, fan_out, device="cuda")
+    ref16 = torch.nn.Linear(fan_in, fan_out, device="cuda", dtype=torch.bfloat16)
+    ref16.load_state_dict(ref32.state_dict())
+    ours = gemmgen.nn.Linear(fan_in, fan_out, device="cuda", dtype=torch.bfloat16, activation=activation)
+    ours.load_state_dict(ref32.state_dict())
+    act = (lambda t: t) if activation == "none" else (lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+
+    def run(layer, x, g, post):
+        x = x.clone().requires_grad_()
+        y = post(layer(x))
+        y.backward(g)
+        return {"y": y.detach().float(), "x": x.grad.float(), "w": layer.weight.grad.float(),
+                "b": layer.bias.grad.float()}
+    x = torch.randn(tokens, fan_in, device="cuda")
+    g = torch.randn(tokens, fan_out, device="cuda")
+    exact = run(ref32, x, g, act)
+    theirs = run(ref16, x.bfloat16(), g.bfloat16(), act)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.FallbackWarning)
+        mine = run(ours, x.bfloat16(), g.bfloat16(), lambda t: t)
+    counts = gemmgen.stats()
+    assert counts["fallbacks"] == 0, counts
+    for name in exact:
+        scale = exact[name].abs().max()
+        err_torch = ((theirs[name] - exact[name]).abs().max() / scale).item()
+        err_mine = ((mine[name] - exact[name]).abs().max() / scale).item()
+        assert err_mine <= 2 * err_torch + 2e-3, (name, err_mine, err_torch)
