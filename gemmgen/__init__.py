@@ -30,6 +30,19 @@ def load(path, name=None):
     return _load(path, name)
 
 
+def _build_for_jit(problem, kernel_class, gpu, root):
+    """gemmgen.torch's opt-in JIT builds with the tuner's dry run (tune/linear.store_pick); the facade joins the two
+    layers, which never import each other."""
+    from .tune.linear import store_pick
+
+    return store_pick(problem, kernel_class, gpu, role="jit", root=root)
+
+
+from .torch import jit as _jit  # noqa: E402 (no torch: jit.py imports the model only)
+
+_jit.set_builder(_build_for_jit)
+
+
 def stats() -> dict:
     """Counters of the torch ops since start (or reset_stats()): kernel calls per op, fallbacks to torch per
     reason. Needs no torch: zero until an op ran."""

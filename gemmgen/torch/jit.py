@@ -12,6 +12,8 @@ process; it runs on torch with the fallback's reason. Never during CUDA-graph ca
 module there would break the capture): such a call runs on torch.
 
 Needs the code generator's dependencies (jinja2, NVRTC through cuda-bindings), imported only when a kernel is built.
+The build itself is the tuner's (tune/linear.store_pick); this layer never imports the tuner (tests/test_layers.py):
+gemmgen's package installs it here on import (set_builder), as the one place that sees both layers.
 """
 from __future__ import annotations
 
@@ -25,6 +27,14 @@ from ..model.problem import Activation, Layout
 _enabled = os.environ.get("GEMMGEN_JIT", "").strip().lower() in ("1", "true", "yes", "on")
 _lock = threading.Lock()
 _failed: "dict[tuple, str]" = {}   # product -> why its build failed (not retried in this process)
+_builder = None   # fn(problem, kernel_class, gpu, root) -> the stored folder or None (set_builder)
+
+
+def set_builder(builder) -> None:
+    """How a product's kernel is built and stored: builder(problem, kernel_class, gpu, root) -> its folder in the
+    store at `root`, or None when nothing compiled."""
+    global _builder
+    _builder = builder
 
 
 def enabled() -> bool:
@@ -55,7 +65,6 @@ def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activati
         from ..model.errors import GemmgenError
         from ..model.linear import KernelClass
         from ..model.problem import Problem
-        from ..tune.linear import store_pick
         from .registry import REGISTRY
 
         kernel_class = KernelClass(dtype, a_layout, b_layout, bias, activation, m, n, k, row_sums)
@@ -64,11 +73,13 @@ def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activati
         try:
             problem = Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value, bias=bias,
                                      activation=activation.value, row_sums=row_sums)
-            folder = store_pick(problem, kernel_class, lookup_gpu(gpu_key), role="jit", root=REGISTRY.root)
+            if _builder is None:
+                folder, why = None, "no kernel builder installed (importing gemmgen installs one)"
+            else:
+                folder, why = _builder(problem, kernel_class, lookup_gpu(gpu_key), REGISTRY.root), \
+                    "no configuration compiled"
         except GemmgenError as exc:
             folder, why = None, str(exc)
-        else:
-            why = "no configuration compiled"
         if folder is None:
             _failed[key] = why
             return False
@@ -76,4 +87,4 @@ def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activati
         return True
 
 
-__all__ = ["build", "enable", "enabled", "failures"]
+__all__ = ["build", "enable", "enabled", "failures", "set_builder"]
