@@ -5,8 +5,8 @@ or `gemmgen.torch.jit.enable()`: the first call of a product the registry cannot
 gemmgen's catalogue, packed operands) ranks the space by the model, compiles its best-ranked configurations with
 NVRTC and stores the pick in the kernels dir as `gemmgen tune-linear --dry-run` stores a product (one folder per
 exact shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. That first
-call waits for the compile (about 1-3 s a kernel on a CPU core; the compile cache makes a shape seen before
-cheap), and prints one line to stderr saying so. The kernel is the model's pick, unmeasured: `gemmgen tune-linear`
+call waits for the compile (2.3-6.0 s with an empty compile cache, 0.9-1.7 s with the kernel in it: the H100 machine,
+benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's pick, unmeasured: `gemmgen tune-linear`
 measures and replaces it. A product whose compile fails, or that no family serves, is not tried again in the
 process; it runs on torch with the fallback's reason. Never during CUDA-graph capture (compiling and loading a
 module there would break the capture): such a call runs on torch.
