@@ -41,14 +41,26 @@ def test_jit_is_off_unless_asked():
     assert jit.enabled() == (os.environ.get("GEMMGEN_JIT", "").lower() in ("1", "true", "yes", "on"))
 
 
-def test_a_build_stores_the_exact_product_s_class_where_the_registry_reads(store):
-    assert jit.build(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 333, 776, 520, "h100-sxm")
+def test_token_counts_are_built_at_their_power_of_two_bucket():
+    assert [jit.bucket(m) for m in (1, 16, 17, 77, 128, 129, 513, 16384, 16385)] == \
+        [16, 16, 32, 128, 128, 256, 1024, 16384, 16385]
+
+
+def test_a_build_stores_the_bucket_s_class_where_the_registry_reads_and_serves_the_bucket_from_it(store):
+    from gemmgen.torch.registry import REGISTRY
+    assert jit.build(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 77, 776, 520, "h100-sxm")
     folders = [f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]
     assert len(folders) == 1
     kernel_class, raw = read_class(folders[0])
-    assert (kernel_class.m, kernel_class.n, kernel_class.k) == (333, 776, 520)
+    assert (kernel_class.m, kernel_class.n, kernel_class.k) == (128, 776, 520)   # 77 tokens: the 65..128 bucket
     assert kernel_class.bias and kernel_class.activation is Activation.GELU and raw["role"] == "jit"
     assert raw["measured"] is False and list(folders[0].glob("*.cubin"))
+    # Another count of the bucket is served by the same kernel: nothing compiled, nothing stored.
+    assert jit.build(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 100, 776, 520, "h100-sxm")
+    assert len([f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]) == 1
+    served = [REGISTRY.find(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, m, 776, 520, "h100-sxm")
+              for m in (77, 100, 128)]
+    assert all(served) and len({id(f.kernel) for f in served}) == 1
 
 
 def test_a_failed_build_is_recorded_and_not_tried_again(store, monkeypatch):

@@ -4,8 +4,9 @@ Off by default (a stored miss runs on torch, counted by gemmgen.stats()). On wit
 or `gemmgen.torch.jit.enable()`: the first call of a product the registry cannot serve (CUDA tensors of a GPU in
 gemmgen's catalogue, packed operands) ranks the space by the model, compiles its best-ranked configurations with
 NVRTC and stores the pick in the kernels dir as `gemmgen tune-linear --dry-run` stores a product (one folder per
-exact shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. That first
-call waits for the compile (2.3-6.0 s with an empty compile cache, 0.9-1.7 s with the kernel in it: the H100 machine,
+shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. M is built at
+its power-of-two bucket (bucket()), whose kernel then serves the bucket's other token counts without compiling. That first
+call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the first of a process the longest:
 benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's pick, unmeasured: `gemmgen tune-linear`
 measures and replaces it. A product whose compile fails, or that no family serves, is not tried again in the
 process; it runs on torch with the fallback's reason. Never during CUDA-graph capture (compiling and loading a
@@ -53,38 +54,84 @@ def failures() -> "dict[str, str]":
     return {" ".join(map(str, key)): why for key, why in _failed.items()}
 
 
+# Token counts vary from call to call (a prompt's length, a batch): M is built at the power of two at or above it
+# (16 at least, exact past TOKEN_BUCKET_MAX) and that kernel serves every M of its bucket that its rules allow
+# (runtime/serve.check_serves), as tune-linear's power-of-two buckets do. N and K stay exact: in gemmgen.nn.Linear
+# they are the layer's widths, except the weight gradient's K (the token count), which is built per count.
+TOKEN_BUCKET_MIN, TOKEN_BUCKET_MAX = 16, 16384
+
+
+def bucket(count: int) -> int:
+    """The dimension a JIT kernel for `count` is built at: the power of two at or above it (at least
+    TOKEN_BUCKET_MIN), or `count` itself past TOKEN_BUCKET_MAX."""
+    if count > TOKEN_BUCKET_MAX:
+        return count
+    return max(TOKEN_BUCKET_MIN, 1 << (count - 1).bit_length())
+
+
 def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int, n: int,
           k: int, gpu_key: str, row_sums: bool = False) -> bool:
-    """Store the model's pick for this exact product on GPU `gpu_key` and make the registry see it; whether it
-    did (False: a failure recorded in failures(), or an earlier one)."""
-    key = (dtype.value, a_layout.letter + b_layout.letter, bias, activation.value, m, n, k, gpu_key, row_sums)
+    """Make the registry serve this product on GPU `gpu_key`: with the kernel stored for its bucket (bucket(m) x n x
+    k, built now if missing) where that kernel serves it, else with one built for the exact shape; whether it did
+    (False: a failure recorded in failures(), or an earlier one)."""
+    from ..model.errors import GemmgenError
+    from ..model.linear import KernelClass
+    from ..model.problem import Problem
+    from .registry import REGISTRY
+
+    operands = (dtype, a_layout, b_layout, bias, activation)
     with _lock:   # one build at a time: two threads missing the same product compile it once
-        if key in _failed:
-            return False
-        from ..model.arch import lookup_gpu
-        from ..model.errors import GemmgenError
-        from ..model.linear import KernelClass
-        from ..model.problem import Problem
-        from .registry import REGISTRY
+        top = bucket(m)
+        if top != m:
+            found = REGISTRY.find(*operands, top, n, k, gpu_key, row_sums)
+            if found is None and _build_exact(*operands, top, n, k, gpu_key, row_sums):
+                found = REGISTRY.find(*operands, top, n, k, gpu_key, row_sums)
+            compiled = getattr(getattr(found, "kernel", None), "kernel", None)   # a loaded bundle's Kernel
+            if compiled is not None:
+                from ..runtime.serve import check_serves
 
-        kernel_class = KernelClass(dtype, a_layout, b_layout, bias, activation, m, n, k, row_sums)
-        print(f"gemmgen: compiling the model's pick for {m}x{n}x{k} {dtype.value} "
-              f"{a_layout.letter}{b_layout.letter} (GEMMGEN_JIT; stored for later runs)", file=sys.stderr)
-        try:
-            problem = Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value, bias=bias,
-                                     activation=activation.value, row_sums=row_sums)
-            if _builder is None:
-                folder, why = None, "no kernel builder installed (importing gemmgen installs one)"
-            else:
-                folder, why = _builder(problem, kernel_class, lookup_gpu(gpu_key), REGISTRY.root), \
-                    "no configuration compiled"
-        except GemmgenError as exc:
-            folder, why = None, str(exc)
-        if folder is None:
-            _failed[key] = why
-            return False
-        REGISTRY.refresh()   # the store changed: read it again (answers and plans too)
-        return True
+                try:
+                    check_serves(compiled, Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value,
+                                                          bias=bias, activation=activation.value,
+                                                          row_sums=row_sums))
+                except GemmgenError:
+                    pass   # the bucket's kernel does not take this count: build the exact shape below
+                else:
+                    REGISTRY.register(KernelClass(*operands, m, n, k, row_sums), found.kernel, gpu_key)
+                    return True
+        return _build_exact(*operands, m, n, k, gpu_key, row_sums)
 
 
-__all__ = ["build", "enable", "enabled", "failures", "set_builder"]
+def _build_exact(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int,
+                 n: int, k: int, gpu_key: str, row_sums: bool) -> bool:
+    """Store the model's pick for this exact product and make the registry read it again; whether it did."""
+    key = (dtype.value, a_layout.letter + b_layout.letter, bias, activation.value, m, n, k, gpu_key, row_sums)
+    if key in _failed:
+        return False
+    from ..model.arch import lookup_gpu
+    from ..model.errors import GemmgenError
+    from ..model.linear import KernelClass
+    from ..model.problem import Problem
+    from .registry import REGISTRY
+
+    kernel_class = KernelClass(dtype, a_layout, b_layout, bias, activation, m, n, k, row_sums)
+    print(f"gemmgen: compiling the model's pick for {m}x{n}x{k} {dtype.value} "
+          f"{a_layout.letter}{b_layout.letter} (GEMMGEN_JIT; stored for later runs)", file=sys.stderr)
+    try:
+        problem = Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value, bias=bias,
+                                 activation=activation.value, row_sums=row_sums)
+        if _builder is None:
+            folder, why = None, "no kernel builder installed (importing gemmgen installs one)"
+        else:
+            folder, why = _builder(problem, kernel_class, lookup_gpu(gpu_key), REGISTRY.root), \
+                "no configuration compiled"
+    except GemmgenError as exc:
+        folder, why = None, str(exc)
+    if folder is None:
+        _failed[key] = why
+        return False
+    REGISTRY.refresh()   # the store changed: read it again (answers and plans too)
+    return True
+
+
+__all__ = ["TOKEN_BUCKET_MAX", "TOKEN_BUCKET_MIN", "bucket", "build", "enable", "enabled", "failures", "set_builder"]
