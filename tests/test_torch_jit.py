@@ -63,6 +63,17 @@ def test_a_build_stores_the_bucket_s_class_where_the_registry_reads_and_serves_t
     assert all(served) and len({id(f.kernel) for f in served}) == 1
 
 
+def test_a_weight_gradient_with_its_bias_gradient_is_bucketed_in_k_too(store):
+    """A product writing A's row sums is a Linear layer's weight gradient (M the output width, K the tokens): K goes
+    to its bucket, M stays."""
+    assert jit.build(DType.BF16, Layout.COL, Layout.ROW, False, Activation.NONE, 392, 264, 77, "h100-sxm",
+                     row_sums=True)
+    folders = [f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]
+    kernel_class, _ = read_class(folders[0])
+    assert len(folders) == 1 and (kernel_class.m, kernel_class.n, kernel_class.k) == (392, 264, 128)
+    assert kernel_class.row_sums
+
+
 def test_a_failed_build_is_recorded_and_not_tried_again(store, monkeypatch):
     calls = []
 

@@ -4,13 +4,13 @@ Off by default (a stored miss runs on torch, counted by gemmgen.stats()). On wit
 or `gemmgen.torch.jit.enable()`: the first call of a product the registry cannot serve (CUDA tensors of a GPU in
 gemmgen's catalogue, packed operands) ranks the space by the model, compiles its best-ranked configurations with
 NVRTC and stores the pick in the kernels dir as `gemmgen tune-linear --dry-run` stores a product (one folder per
-shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. M is built at
-its power-of-two bucket (bucket()), whose kernel then serves the bucket's other token counts without compiling. That first
-call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the first of a process the longest:
-benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's pick, unmeasured: `gemmgen tune-linear`
-measures and replaces it. A product whose compile fails, or that no family serves, is not tried again in the
-process; it runs on torch with the fallback's reason. Never during CUDA-graph capture (compiling and loading a
-module there would break the capture): such a call runs on torch.
+shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. The token
+count is built at its power-of-two bucket (bucket()), whose kernel then serves the bucket's other counts without
+compiling. That first call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the first of a
+process the longest: benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's
+pick, unmeasured: `gemmgen tune-linear` measures and replaces it. A product whose compile fails, or that no family
+serves, is not tried again in the process; it runs on torch with the fallback's reason. Never during CUDA-graph
+capture (compiling and loading a module there would break the capture): such a call runs on torch.
 
 Needs the code generator's dependencies (jinja2, NVRTC through cuda-bindings), imported only when a kernel is built.
 The build itself is the tuner's (tune/linear.store_pick); this layer never imports the tuner (tests/test_layers.py):
@@ -56,8 +56,9 @@ def failures() -> "dict[str, str]":
 
 # Token counts vary from call to call (a prompt's length, a batch): M is built at the power of two at or above it
 # (16 at least, exact past TOKEN_BUCKET_MAX) and that kernel serves every M of its bucket that its rules allow
-# (runtime/serve.check_serves), as tune-linear's power-of-two buckets do. N and K stay exact: in gemmgen.nn.Linear
-# they are the layer's widths, except the weight gradient's K (the token count), which is built per count.
+# (runtime/serve.check_serves), as tune-linear's power-of-two buckets do. N and K stay exact (a layer's widths),
+# but for a product that writes A's row sums: that is a Linear layer's weight gradient with its bias gradient
+# (dZ^T X: M the output width, K the token count), whose K is bucketed instead of M.
 TOKEN_BUCKET_MIN, TOKEN_BUCKET_MAX = 16, 16384
 
 
@@ -71,9 +72,9 @@ def bucket(count: int) -> int:
 
 def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int, n: int,
           k: int, gpu_key: str, row_sums: bool = False) -> bool:
-    """Make the registry serve this product on GPU `gpu_key`: with the kernel stored for its bucket (bucket(m) x n x
-    k, built now if missing) where that kernel serves it, else with one built for the exact shape; whether it did
-    (False: a failure recorded in failures(), or an earlier one)."""
+    """Make the registry serve this product on GPU `gpu_key`: with the kernel stored for its bucket (bucket(m) x n
+    x k, or m x n x bucket(k) for a product with row sums; built now if missing) where that kernel serves it, else
+    with one built for the exact shape; whether it did (False: a failure recorded in failures(), or before)."""
     from ..model.errors import GemmgenError
     from ..model.linear import KernelClass
     from ..model.problem import Problem
@@ -81,11 +82,12 @@ def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activati
 
     operands = (dtype, a_layout, b_layout, bias, activation)
     with _lock:   # one build at a time: two threads missing the same product compile it once
-        top = bucket(m)
-        if top != m:
-            found = REGISTRY.find(*operands, top, n, k, gpu_key, row_sums)
-            if found is None and _build_exact(*operands, top, n, k, gpu_key, row_sums):
-                found = REGISTRY.find(*operands, top, n, k, gpu_key, row_sums)
+        # (A weight gradient's M is the layer's output width: kept; its K is the token count.)
+        top_m, top_k = (m, bucket(k)) if row_sums else (bucket(m), k)
+        if (top_m, top_k) != (m, k):
+            found = REGISTRY.find(*operands, top_m, n, top_k, gpu_key, row_sums)
+            if found is None and _build_exact(*operands, top_m, n, top_k, gpu_key, row_sums):
+                found = REGISTRY.find(*operands, top_m, n, top_k, gpu_key, row_sums)
             compiled = getattr(getattr(found, "kernel", None), "kernel", None)   # a loaded bundle's Kernel
             if compiled is not None:
                 from ..runtime.serve import check_serves
