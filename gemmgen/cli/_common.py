@@ -134,6 +134,15 @@ def check_problem(problem: Problem, gpu: Gpu, arch=None) -> "list[tuple[str, str
     return excluded
 
 
+def check_named(problem: Problem, gpu: Gpu, what: str) -> None:
+    """check_problem for one of several products (a suite's shape, a bucket's top, a layer's product), its error
+    naming which one (`what`): else a dimension no family can index reaches the search as an empty space."""
+    try:
+        check_problem(problem, gpu)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{what}: {exc.rule}", exc.value, exc.hint) from None
+
+
 def check_cache() -> None:
     """InvalidInput naming GEMMGEN_CACHE when the compile cache cannot be written: NVRTC's cubins are stored
     there, and a cache that is a file or read-only otherwise fails every compile as a misleading NVRTC error."""

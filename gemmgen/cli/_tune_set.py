@@ -57,13 +57,10 @@ def check_buckets(base, buckets, gpu) -> None:
     """Each bucket's top shape (the one it is tuned at, and the hardest for a family's limits) checked as
     `tune M N K` checks its problem, naming the shape: else a shape no family can index would reach the search
     as an empty space, naming neither the shape nor the rule."""
-    from ._common import check_problem
+    from ._common import check_named
 
     for shape in dict.fromkeys((b.m_max, b.n, b.k) for b in buckets):
-        try:
-            check_problem(base.with_shape(*shape), gpu)
-        except InvalidInput as exc:
-            raise InvalidInput(f"shape {'x'.join(map(str, shape))}: {exc.rule}", exc.value, exc.hint) from None
+        check_named(base.with_shape(*shape), gpu, f"shape {'x'.join(map(str, shape))}")
 
 
 def run_shape_set(args) -> int:

@@ -6,7 +6,7 @@ import sys
 
 from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
-from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, check_problem, float_arg, given, int_arg,
+from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, check_named, float_arg, given, int_arg,
                       progress_bar, refuse_together, resolve_gpu, table, text_arg)
 from .tune import (MEASURING_FLAGS, Progress, add_timing_arg, add_worker_args, check_dry_run, check_outputs, gpus_plan,
                    measurer_for, options_from_args, sigterm_as_interrupt)
@@ -165,11 +165,7 @@ def check_shapes(shapes, dtypes, gpu) -> None:
             if problem in seen:  # the same product under another name (llm_o is sq4096)
                 continue
             seen.add(problem)
-            try:
-                check_problem(problem, gpu)
-            except InvalidInput as exc:
-                raise InvalidInput(f"suite {shape.suite}, shape {shape.name} ({dtype}): {exc.rule}", exc.value,
-                                   exc.hint) from None
+            check_named(problem, gpu, f"suite {shape.suite}, shape {shape.name} ({dtype})")
 
 
 def run_on_gpus(args, shapes, dtypes, options, source):

@@ -8,7 +8,7 @@ from ..model.arch import lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.linear import ACTIVATIONS, LinearLayer
 from ..tune.buckets import MAX_M
-from ._common import (COUNT_MAX, SECONDS_MAX, add_gpu_arg, check_cache, check_problem, float_arg, int_arg,
+from ._common import (COUNT_MAX, SECONDS_MAX, add_gpu_arg, check_cache, check_named, float_arg, int_arg,
                       refuse_together, table, text_arg)
 from .tune import (MEASURING_FLAGS, Progress, add_search_args, check_dry_run, measurer_for, options_from_args,
                    sigterm_as_interrupt)
@@ -108,11 +108,8 @@ def check_products(layer: LinearLayer, gpu) -> None:
     from ..model.problem import Epilogue
 
     for role, problem in layer.problems().items():
-        try:
-            check_problem(replace(problem, epilogue=Epilogue()), gpu)
-        except InvalidInput as exc:
-            raise InvalidInput(f"the {role} product {problem.m}x{problem.n}x{problem.k}: {exc.rule}", exc.value,
-                               exc.hint) from None
+        check_named(replace(problem, epilogue=Epilogue()), gpu,
+                    f"the {role} product {problem.m}x{problem.n}x{problem.k}")
 
 
 def print_products(layer: LinearLayer, products, dry_run: bool) -> None:

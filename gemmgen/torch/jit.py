@@ -77,7 +77,6 @@ def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activati
     with one built for the exact shape; whether it did (False: a failure recorded in failures(), or before)."""
     from ..model.errors import GemmgenError
     from ..model.linear import KernelClass
-    from ..model.problem import Problem
     from .registry import REGISTRY
 
     operands = (dtype, a_layout, b_layout, bias, activation)
@@ -93,15 +92,22 @@ def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activati
                 from ..runtime.serve import check_serves
 
                 try:
-                    check_serves(compiled, Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value,
-                                                          bias=bias, activation=activation.value,
-                                                          row_sums=row_sums))
+                    check_serves(compiled, _problem(*operands, m, n, k, row_sums))
                 except GemmgenError:
                     pass   # the bucket's kernel does not take this count: build the exact shape below
                 else:
                     REGISTRY.register(KernelClass(*operands, m, n, k, row_sums), found.kernel, gpu_key)
                     return True
         return _build_exact(*operands, m, n, k, gpu_key, row_sums)
+
+
+def _problem(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int, n: int,
+             k: int, row_sums: bool):
+    """The packed Problem of a product (InvalidInput naming a rule it breaks, e.g. a dimension past 32 bits)."""
+    from ..model.problem import Problem
+
+    return Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value, bias=bias,
+                          activation=activation.value, row_sums=row_sums)
 
 
 def _build_exact(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int,
@@ -113,15 +119,13 @@ def _build_exact(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, a
     from ..model.arch import lookup_gpu
     from ..model.errors import GemmgenError
     from ..model.linear import KernelClass
-    from ..model.problem import Problem
     from .registry import REGISTRY
 
     kernel_class = KernelClass(dtype, a_layout, b_layout, bias, activation, m, n, k, row_sums)
     print(f"gemmgen: compiling the model's pick for {m}x{n}x{k} {dtype.value} "
           f"{a_layout.letter}{b_layout.letter} (GEMMGEN_JIT; stored for later runs)", file=sys.stderr)
     try:
-        problem = Problem.create(m, n, k, dtype.value, a_layout.value, b_layout.value, bias=bias,
-                                 activation=activation.value, row_sums=row_sums)
+        problem = _problem(dtype, a_layout, b_layout, bias, activation, m, n, k, row_sums)
         if _builder is None:
             folder, why = None, "no kernel builder installed (importing gemmgen installs one)"
         else:

@@ -93,14 +93,10 @@ def tune_linear(layer: LinearLayer, gpu: Gpu, *, dry_run: bool = True, measurer=
                           device=device)
             kernel = result.winner.kernel if result.winner is not None else None
         if kernel is not None:
-            write_json_atomic(staging / CLASS_FILE, {
-                "format": CLASS_FORMAT, "class": kernel_class.to_dict(), "role": role, "gpu": gpu.key,
-                "layer": {"in_features": layer.in_features, "out_features": layer.out_features,
-                          "bias": layer.bias, "activation": layer.activation, "bias_grad": layer.bias_grad,
-                          "tokens": [layer.tokens_min, layer.tokens_max]},
-                "tuned_at": problem.to_dict(), "kernel": kernel, "dispatch": bucketed, "measured": not dry_run,
-                "date": now()})
-            _swap_in(staging, folder)
+            _store(staging, folder, kernel_class, role, gpu, problem, kernel, dispatch=bucketed, measured=not dry_run,
+                   layer={"in_features": layer.in_features, "out_features": layer.out_features, "bias": layer.bias,
+                          "activation": layer.activation, "bias_grad": layer.bias_grad,
+                          "tokens": [layer.tokens_min, layer.tokens_max]})
         else:
             shutil.rmtree(staging, ignore_errors=True)
         out.append(LinearProduct(role, problem, kernel_class, folder, kernel, not dry_run, result))
@@ -121,12 +117,18 @@ def store_pick(problem: Problem, kernel_class: KernelClass, gpu: Gpu, *, role: s
     if result.pick is None:
         shutil.rmtree(staging, ignore_errors=True)
         return None
+    _store(staging, folder, kernel_class, role, gpu, problem, result.pick.kernel.name, dispatch=False, measured=False)
+    return folder
+
+
+def _store(staging: Path, folder: Path, kernel_class: KernelClass, role: str, gpu: Gpu, problem: Problem, kernel: str,
+           *, dispatch: bool, measured: bool, layer: "dict | None" = None) -> None:
+    """`staging` (an export) given its class.json, then swapped in as `folder`."""
     write_json_atomic(staging / CLASS_FILE, {
         "format": CLASS_FORMAT, "class": kernel_class.to_dict(), "role": role, "gpu": gpu.key,
-        "tuned_at": problem.to_dict(), "kernel": result.pick.kernel.name, "dispatch": False, "measured": False,
-        "date": now()})
+        **({"layer": layer} if layer is not None else {}),
+        "tuned_at": problem.to_dict(), "kernel": kernel, "dispatch": dispatch, "measured": measured, "date": now()})
     _swap_in(staging, folder)
-    return folder
 
 
 def _swap_in(staging: Path, folder: Path) -> None:

@@ -25,6 +25,9 @@ def context(kernel: Kernel) -> dict:
     cfg, ops = kernel.config, gemm_operands(kernel)
     consumers = cfg.math_threads // 128   # ping-pong: two warpgroups over one warpgroup tile
     a_k, b_k = a_is_kmajor(mainloop_operands(kernel)), b_is_kmajor(mainloop_operands(kernel))
+    # An MN-major tile's blocks (rules.mn_blocks); a K-major one is 128-byte rows, all "main".
+    a_blocks = (cfg.cta.m, 128, 0, 0) if a_k else mn_blocks(cfg.cta.m, ops.a_dtype.bytes)
+    b_blocks = (cfg.cta.n, 128, 0, 0) if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)
     return {
         "name": kernel.name,
         # fp32 operands run on the tensor cores as tf32 (wgmma reads the top 19 bits of each 32-bit element).
@@ -50,11 +53,8 @@ def context(kernel: Kernel) -> dict:
         "a_transposed": transposed(kernel)[0], "b_transposed": transposed(kernel)[1],
         # An MN-major tile's blocks (rules.mn_blocks): the main columns' swizzle span (128 bytes, or 64 / 32 for a
         # tile narrower than 64 columns), and the remainder's columns and span (a second wgmma reads them).
-        "a_swz": 128 if a_k else mn_blocks(cfg.cta.m, ops.a_dtype.bytes)[1],
-        "b_swz": 128 if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[1],
-        "b_main": cfg.cta.n if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[0],
-        "b_rem": 0 if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[2],
-        "b_rem_swz": 0 if b_k else mn_blocks(cfg.cta.n, ops.b_dtype.bytes)[3],
+        "a_swz": a_blocks[1], "b_swz": b_blocks[1],
+        "b_main": b_blocks[0], "b_rem": b_blocks[2], "b_rem_swz": b_blocks[3],
         # The last tile row (column) loads A (B) through a second tensor map whose box ends at M (N).
         "edge_a": edge_boxes(kernel)[0], "edge_b": edge_boxes(kernel)[1],
         "cl_m": cfg.cluster.m, "cl_n": cfg.cluster.n, "cl_size": cfg.cluster.size,
