@@ -97,6 +97,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", required=True, metavar="M,N,K,LAYOUTS")
     ap.add_argument("--top", type=int, default=1, help="model-ranked configurations per shape (all families)")
+    ap.add_argument("--distinct", action="store_true",
+                    help="--top counts configurations that differ in more than their ring depth (the best-ranked "
+                         "depth of each), so a sweep covers tiles, decompositions and clusters, not stage counts")
     ap.add_argument("--match", action="append", default=[], metavar="TEXT",
                     help="also the best-ranked configuration whose tag contains TEXT (repeatable)")
     ap.add_argument("--change", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE]",
@@ -112,7 +115,15 @@ def main(argv=None) -> int:
     gpu, ranked_by_shape = harness.ranked_shapes(args.shape)
     plans = []
     for problem, ranked in ranked_by_shape:
-        chosen = list(ranked[:args.top])
+        if args.distinct:
+            seen, chosen = set(), []
+            for r in ranked:
+                key = re.sub(r"_s\d+_", "_", r.config.tag)
+                if key not in seen and len(chosen) < args.top:
+                    seen.add(key)
+                    chosen.append(r)
+        else:
+            chosen = list(ranked[:args.top])
         for text in args.match:
             matched = [r for r in ranked if text in r.config.tag and r not in chosen][:1]
             chosen += matched

@@ -464,8 +464,43 @@ def test_ping_pong_on_an_m_major_a_is_charged_and_the_model_leaves_it_at_7408x12
 
     pp = replace(hopper_config("128x128x64", "128x128x64", stages=6), schedule=Schedule.PINGPONG)
     cc, rc = Problem.create(7408, 1256, 1032, "bf16", "col", "col"), Problem.create(7408, 1256, 1032, "bf16", "row", "col")
-    assert FAMILY.compute_efficiency(pp, cc) == PINGPONG_MN_A_EFFICIENCY < 1.0
-    assert FAMILY.compute_efficiency(pp, rc) == 1.0
+    on_rc = FAMILY.compute_efficiency(pp, rc)   # the turns' charge alone (tests below)
+    assert FAMILY.compute_efficiency(pp, cc) == pytest.approx(PINGPONG_MN_A_EFFICIENCY * on_rc)
+    assert PINGPONG_MN_A_EFFICIENCY < 1.0
     assert FAMILY.compute_efficiency(replace(pp, schedule=Schedule.COOPERATIVE), cc) == 1.0
-    assert FAMILY.compute_efficiency(pp, Problem.create(7408, 1256, 1032, "e4m3", "col", "col")) == 1.0  # packed
+    # fp8: A is packed K-major first, so it pays only the turns (and its copy's rows are aligned)
+    fp8 = Problem.create(7408, 1256, 1032, "e4m3", "col", "col")
+    assert FAMILY.compute_efficiency(pp, fp8) == pytest.approx(1.0 / (1.0 + 1.8 / 17))
     assert default_config(cc, H100).schedule is not Schedule.PINGPONG
+
+
+def test_ping_pong_pays_for_its_turns_on_short_k_loops_and_on_rows_across_128_byte_lines():
+    # Measured on the H100 (2026-11-27, docs/perf-notes.md "Ping-pong on short k-loops"): against the cooperative
+    # kernels timed beside them, ping-pong ran 1.3-1.75x its price at 5-27 k-tiles, about 1.0x at 64 and more, and
+    # ~8% slower again on rows that straddle 128-byte lines; the model's ping-pong picks at 3861x3576x1712 rr and
+    # 2088x2800x1224 rc ran 120 and 47 us where cooperative 128x128 2x1 tiles ran 95 and 35.
+    from dataclasses import replace
+
+    from gemmgen.families.sm90_wgmma import FAMILY, PINGPONG_TURN_KTILES, PINGPONG_UNALIGNED_EFFICIENCY
+    from gemmgen.families.sm90_wgmma.config import Schedule
+    from gemmgen.rank.space import default_config
+    from sm90_helpers import H100, hopper_config
+
+    pp = replace(hopper_config("128x128x64", "128x128x64", stages=6), schedule=Schedule.PINGPONG)
+    coop = replace(pp, schedule=Schedule.COOPERATIVE)
+
+    def eff(m, n, k, a="row", b="col", config=pp):
+        return FAMILY.compute_efficiency(config, Problem.create(m, n, k, "bf16", a, b))
+
+    # The charge falls with the k-tiles a tile runs, and is capped below 7 of them.
+    assert eff(4096, 4096, 512) < eff(4096, 4096, 2048) < eff(4096, 4096, 8192) < 1.0
+    assert eff(4096, 4096, 8192) == pytest.approx(1.0 / (1.0 + PINGPONG_TURN_KTILES / 128))
+    assert eff(4096, 4096, 64) == eff(4096, 4096, 448)
+    # Rows across 128-byte lines (K = 1224: 2448-byte rows of A and of the column-major B) cost a further share;
+    # rows that are not 16-byte multiples are packed into an aligned copy first and do not.
+    assert eff(2088, 2800, 1224) == pytest.approx(eff(2088, 2800, 1280) * PINGPONG_UNALIGNED_EFFICIENCY, rel=0.03)
+    assert eff(2088, 2800, 1283) == pytest.approx(eff(2088, 2800, 1344))   # both 21 k-tiles
+    assert eff(2088, 2800, 1224, config=coop) == 1.0
+    for m, n, k, a, b in ((3861, 3576, 1712, "row", "row"), (2088, 2800, 1224, "row", "col"),
+                          (589, 2992, 1176, "row", "col")):
+        assert default_config(Problem.create(m, n, k, "bf16", a, b), H100).schedule is Schedule.COOPERATIVE

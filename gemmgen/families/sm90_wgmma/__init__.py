@@ -54,6 +54,16 @@ ODD_WIDTH_EFFICIENCY = 0.94
 # the two schedules' errors differed by 3-5%. Why is not taken apart; charged as idle tensor time. 0.8 moves the
 # first product off a ping-pong tile 29% slower and keeps the third on its faster one (0.72 did not).
 PINGPONG_MN_A_EFFICIENCY = 0.8
+# Ping-pong tiles with short k-loops, and on rows that are not 128-byte multiples: over 86 products (the model's
+# ten best distinct configurations timed on 72 random products and the batch suite, plus the stored tunes; H100,
+# 2026-11-27, docs/perf-notes.md "Ping-pong on short k-loops") ping-pong ran slower than its price against the
+# cooperative kernels timed beside it by a factor that fell with the k-tiles a tile runs: 1.3-1.75x at 5-27
+# k-tiles, 1.2x at 16-48, 1.0x at 64 and more, and a further ~8% where a TMA-loaded operand's rows straddle 128-byte
+# lines. Fitted (log-linear, per-problem centred) as about 1.8 k-tiles of the tensor cores' time lost per tile
+# (each warpgroup's turn starts only when the other has issued its tile), plus the unaligned rows' share. Why the
+# turn costs that much is not taken apart; charged as idle tensor time.
+PINGPONG_TURN_KTILES = 1.8
+PINGPONG_UNALIGNED_EFFICIENCY = 0.92
 # An MN-major (16-bit) B whose tile is not whole 64-column blocks has its narrow part (all of a tile under 64
 # columns, the remainder of a wider one) in 16- or 32-column blocks under the 32B or 64B swizzle (rules.mn_blocks).
 # Measured on the H100 with whole tiles in such blocks, against the same tiles on a K-major B (2026-11-27,
@@ -98,6 +108,25 @@ def _mn_narrow(config: Sm90Config, problem: Problem) -> "tuple[float, float]":
     if rem:
         return rem / config.cta.n, MN_REMAINDER_EFFICIENCY
     return (1.0, MN_NARROW_EFFICIENCY[span]) if span < 128 else (0.0, 1.0)
+
+
+def _pingpong_turns(config: Sm90Config, problem: Problem) -> float:
+    """The share of a ping-pong kernel's time its turns leave to work (PINGPONG_TURN_KTILES and
+    PINGPONG_UNALIGNED_EFFICIENCY); 1 for the cooperative schedule."""
+    if config.schedule is not Schedule.PINGPONG:
+        return 1.0
+    share = 1.0 / (1.0 + PINGPONG_TURN_KTILES / max(7, math.ceil(problem.k / config.cta.k)))
+    return share * (PINGPONG_UNALIGNED_EFFICIENCY if _rows_straddle_lines(config, problem) else 1.0)
+
+
+def _rows_straddle_lines(config: Sm90Config, problem: Problem) -> bool:
+    """Whether an operand the main loop loads by TMA from the caller's array has rows that do not start on 128-byte
+    boundaries (a packed operand's copy has aligned rows)."""
+    packed_a, packed_b = _launch.packed(Kernel(Arch.SM90A, problem.operands, config))
+    if config.swap_ab:   # packed() answers in the swapped product's frame
+        packed_a, packed_b = packed_b, packed_a
+    return any((ld * dtype.bytes) % 128 and not packed
+               for ld, dtype, packed in ((problem.lda, problem.a_dtype, packed_a), (problem.ldb, problem.b_dtype, packed_b)))
 
 
 def _mn_narrow_efficiency(config: Sm90Config, problem: Problem) -> float:
@@ -207,7 +236,10 @@ class Sm90Wgmma(KernelFamily):
         # A CTA's stream slows by its narrow MN-major B blocks' share of the bytes (MN_NARROW_EFFICIENCY).
         share, efficiency = _mn_narrow(config, problem)
         a, b = config.cta.m, config.cta.n   # bytes per k-tile, in rows of one k-tile
-        return SM_STREAM_RATE * (a + b) / (a + b * (1.0 - share) + b * share / efficiency)
+        # A ping-pong CTA's turns idle its stream as they idle its tensor cores (measured on memory-bound products
+        # too: 10x16032x912 rc, 64x256 ping-pong 1.36x its price where the cooperative tiles beside it ran 1.01x).
+        return (SM_STREAM_RATE * (a + b) / (a + b * (1.0 - share) + b * share / efficiency)
+                * _pingpong_turns(config, problem))
 
     def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
         # Not the swapped widths (widths_swap): measured on the H100 at 0.82-0.94 of their price without it, where
@@ -215,8 +247,10 @@ class Sm90Wgmma(KernelFamily):
         # the 128x224 one at 640x5120x5120 (54 against 56; docs/perf-notes.md, "The transposed epilogue").
         odd_width = (ODD_WIDTH_EFFICIENCY if config.cta.n % 64 and config.cta.m >= 128 and not config.swap_ab
                      else 1.0)
-        if (config.schedule is Schedule.PINGPONG and problem.a_layout is Layout.COL and problem.a_dtype.bytes == 2):
-            odd_width *= PINGPONG_MN_A_EFFICIENCY   # (fp8 and tf32 A are packed K-major first)
+        if config.schedule is Schedule.PINGPONG:
+            if problem.a_layout is Layout.COL and problem.a_dtype.bytes == 2:
+                odd_width *= PINGPONG_MN_A_EFFICIENCY   # (fp8 and tf32 A are packed K-major first)
+            odd_width *= _pingpong_turns(config, problem)
         odd_width *= _mn_narrow_efficiency(config, problem)
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
