@@ -156,6 +156,25 @@ def test_sm80_mma_on_unaligned_rows_is_priced_at_its_measured_fifth_and_the_pack
     assert best.config.family == "sm90_wgmma"
 
 
+def test_sm80_mma_unaligned_copies_go_at_the_rate_of_the_ring_ahead_and_a_long_product_leaves_sm80_mma():
+    """Element-wise copies of 2-byte rows are latency-bound: on the H100 64x64x32 tiles with 4 stages (24 KB ahead)
+    ran 1.35-3.5x their price on unaligned products where 48 KB ahead ran 0.4-1.4x; at 11x3256x8063 cc the model's
+    sm80_mma pick (64x64x32 split-K 8) ran 192 us against 63-67 for the swapped sm90 tiles beside it."""
+    from gemmgen.families.sm80_mma import FAMILY, UNALIGNED_LOAD_EFFICIENCY
+    from gemmgen.model.arch import lookup_gpu as gpu_of
+    from gemmgen.rank.space import default_config
+
+    odd = Problem.create(11, 3256, 8063, "bf16", "col", "col")
+    shallow = TileConfig.from_dict({"family": "sm80_mma", "cta": "64x64x32", "warp": "32x32x32", "mma": "16x8x16",
+                                    "stages": 4, "decomposition": {"kind": "splitk", "splits": 8}})
+    deep = TileConfig.from_dict({"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16",
+                                 "stages": 4, "decomposition": {"kind": "splitk", "splits": 8}})
+    assert FAMILY.load_efficiency(deep, odd) == UNALIGNED_LOAD_EFFICIENCY
+    assert math.isclose(FAMILY.load_efficiency(shallow, odd), UNALIGNED_LOAD_EFFICIENCY / 2)
+    assert FAMILY.load_efficiency(shallow, Problem.create(16, 3256, 8064, "bf16", "row", "col")) == 1.0
+    assert default_config(odd, gpu_of("h100")).family == "sm90_wgmma"
+
+
 def test_a_grid_of_few_hopper_ctas_streams_at_its_ctas_rate_and_a_decode_product_takes_the_swapped_tile():
     """A TMA-fed CTA streams about 48 GB/s from DRAM (H100: 16x14336x4096 with 64x256 tiles, 56 CTAs, moved 118 MB
     at 47 GB/s per CTA), so 56 CTAs cannot pull HBM's rate and 132 can; before this cap the model ranked the 64x256

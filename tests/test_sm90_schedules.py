@@ -504,3 +504,21 @@ def test_ping_pong_pays_for_its_turns_on_short_k_loops_and_on_rows_across_128_by
     for m, n, k, a, b in ((3861, 3576, 1712, "row", "row"), (2088, 2800, 1224, "row", "col"),
                           (589, 2992, 1176, "row", "col")):
         assert default_config(Problem.create(m, n, k, "bf16", a, b), H100).schedule is Schedule.COOPERATIVE
+
+
+def test_one_consumer_warpgroup_tiles_pay_for_rows_across_128_byte_lines():
+    # Measured on the H100 (2026-11-27, docs/perf-notes.md "Ping-pong on short k-loops"): 64-row cooperative tiles
+    # (one consumer warpgroup) ran 1.2-1.9x their price on such rows where 128-row tiles ran 0.85-1.1x; the model's
+    # picks at 4496x344x2128 cc and 2865x328x6680 rr moved off them ran 39% and 12% faster.
+    from gemmgen.families.sm90_wgmma import FAMILY, ONE_CONSUMER_UNALIGNED_EFFICIENCY
+    from gemmgen.rank.space import default_config
+    from sm90_helpers import H100, hopper_config
+
+    one = hopper_config("64x128x64", "64x128x64", stages=6)
+    two = hopper_config("128x128x64", "64x128x64", stages=4)
+    straddling = Problem.create(4496, 344, 2128, "bf16", "col", "col")   # 8992- and 4256-byte rows
+    aligned = Problem.create(4480, 384, 2176, "bf16", "col", "col")   # 8960- and 4352-byte rows
+    assert FAMILY.compute_efficiency(one, straddling) == ONE_CONSUMER_UNALIGNED_EFFICIENCY < 1.0
+    assert FAMILY.compute_efficiency(one, aligned) == 1.0
+    assert FAMILY.compute_efficiency(two, straddling) == 1.0
+    assert default_config(straddling, H100).cta.m == 128

@@ -32,6 +32,12 @@ UNALIGNED_LOAD_EFFICIENCY = 0.40
 # element and waited on, leave the main loop about a fifth of its aligned rate. Measured for 2-byte rows; rows of
 # 4 or 8 bytes (narrower cp.async) are charged the same, unmeasured.
 UNALIGNED_COMPUTE_EFFICIENCY = 0.20
+# Those copies are latency-bound on how much of the ring is in flight: on the H100 (2026-11-27, docs/perf-notes.md
+# "Ping-pong on short k-loops", `sweep-unaligned-*.txt`) 64x64x32 tiles with 4 stages (24 KB ahead) ran 1.35-3.5x
+# their price on ten unaligned products of 2-108 rows (11x3256x8063 cc: 192 us, its sm90 alternatives 63), where
+# tiles with 48 KB or more ahead (64x64x64, 128x128x32) ran 0.4-1.4x. The unaligned rate is scaled by the ring's
+# bytes ahead up to this many.
+UNALIGNED_BYTES_AHEAD = 48 * 1024
 
 
 class Sm80Mma(KernelFamily):
@@ -66,7 +72,11 @@ class Sm80Mma(KernelFamily):
                            epilogue_exposed=1.0, consumer_tile=config.cta, stages_ahead=config.stages - 1)
 
     def load_efficiency(self, config: TileConfig, problem) -> float:
-        return 1.0 if all(problem.operands.rows_aligned) else UNALIGNED_LOAD_EFFICIENCY
+        if all(problem.operands.rows_aligned):
+            return 1.0
+        cta = config.cta
+        ahead = (cta.m + cta.n) * cta.k * problem.a_dtype.bytes * (config.stages - 1)
+        return UNALIGNED_LOAD_EFFICIENCY * min(1.0, ahead / UNALIGNED_BYTES_AHEAD)
 
     def compute_efficiency(self, config: TileConfig, problem) -> float:
         return 1.0 if all(problem.operands.rows_aligned) else UNALIGNED_COMPUTE_EFFICIENCY
