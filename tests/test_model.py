@@ -135,7 +135,7 @@ def test_sm80_mma_on_unaligned_rows_is_priced_at_its_measured_fifth_and_the_pack
     """2-byte rows are copied element by element through registers: on the H100 sm80_mma ran 72-99 TFLOP/s on
     4095³ against 430-441 aligned (docs/lab-data/h100-sxm/misaligned-20261125-0406.json). Priced at the aligned
     rate, it was the model's pick for mid-size misaligned products over the packed sm90 kernel."""
-    from gemmgen.families.sm80_mma import UNALIGNED_COMPUTE_EFFICIENCY
+    from gemmgen.families.sm80_mma import FAMILY, UNALIGNED_COMPUTE_EFFICIENCY
     from gemmgen.model.arch import lookup_gpu as gpu_of
     from gemmgen.rank.predict import predict as model
     from gemmgen.rank.ranking import rank_configs
@@ -148,6 +148,8 @@ def test_sm80_mma_on_unaligned_rows_is_priced_at_its_measured_fifth_and_the_pack
     config = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x64x32", "warp": "64x32x32", "mma": "16x8x16",
                                    "stages": 4})
     ratio = model(odd, config, h100).tflops / model(aligned, config, h100).tflops
+    # (aligned rows on Hopper also pay for filling each tile, HOPPER_TILE_FILL_K: the fifth is against the rest)
+    ratio *= FAMILY.compute_efficiency(config, aligned, h100)
     assert UNALIGNED_COMPUTE_EFFICIENCY * 0.8 < ratio < UNALIGNED_COMPUTE_EFFICIENCY * 1.25
     mid = Problem.create(2794, 1400, 1392, "bf16", "col", "col")   # A's rows 5588 bytes apart
     best = min((r for family in families_for(h100.arch)
@@ -173,6 +175,28 @@ def test_sm80_mma_unaligned_copies_go_at_the_rate_of_the_ring_ahead_and_a_long_p
     assert math.isclose(FAMILY.load_efficiency(shallow, odd), UNALIGNED_LOAD_EFFICIENCY / 2)
     assert FAMILY.load_efficiency(shallow, Problem.create(16, 3256, 8064, "bf16", "row", "col")) == 1.0
     assert default_config(odd, gpu_of("h100")).family == "sm90_wgmma"
+
+
+def test_sm80_mma_on_hopper_pays_for_filling_each_tile_on_short_k_loops():
+    """At 6096x7808x288 rc (9 k-tiles of 32) sm80_mma's 128x128 tiles ran 1.7x their price on the H100, the sm90
+    kernels beside them 0.9-1.3x; the charge is Hopper's (the family's Ampere rate was fitted there) and on aligned
+    rows only."""
+    from gemmgen.families.sm80_mma import FAMILY, HOPPER_TILE_FILL_K, UNALIGNED_COMPUTE_EFFICIENCY
+    from gemmgen.model.arch import lookup_gpu as gpu_of
+    from gemmgen.rank.space import default_config
+
+    config = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                   "stages": 4})
+    short = Problem.create(6096, 7808, 288, "bf16", "row", "col")
+    h100, a100 = gpu_of("h100"), gpu_of("a100")
+    assert math.isclose(FAMILY.compute_efficiency(config, short, h100), 1 / (1 + HOPPER_TILE_FILL_K / 288))
+    assert FAMILY.compute_efficiency(config, short, a100) == 1.0
+    assert FAMILY.compute_efficiency(config, short) == 1.0
+    assert FAMILY.compute_efficiency(config, Problem.create(6096, 7808, 287, "bf16", "row", "col"),
+                                     h100) == UNALIGNED_COMPUTE_EFFICIENCY
+    assert (FAMILY.compute_efficiency(config, Problem.create(6096, 7808, 8192, "bf16", "row", "col"), h100)
+            > FAMILY.compute_efficiency(config, short, h100))
+    assert default_config(short, h100).family == "sm90_wgmma"
 
 
 def test_a_grid_of_few_hopper_ctas_streams_at_its_ctas_rate_and_a_decode_product_takes_the_swapped_tile():

@@ -506,19 +506,29 @@ def test_ping_pong_pays_for_its_turns_on_short_k_loops_and_on_rows_across_128_by
         assert default_config(Problem.create(m, n, k, "bf16", a, b), H100).schedule is Schedule.COOPERATIVE
 
 
-def test_one_consumer_warpgroup_tiles_pay_for_rows_across_128_byte_lines():
-    # Measured on the H100 (2026-11-27, docs/perf-notes.md "Ping-pong on short k-loops"): 64-row cooperative tiles
-    # (one consumer warpgroup) ran 1.2-1.9x their price on such rows where 128-row tiles ran 0.85-1.1x; the model's
-    # picks at 4496x344x2128 cc and 2865x328x6680 rr moved off them ran 39% and 12% faster.
-    from gemmgen.families.sm90_wgmma import FAMILY, ONE_CONSUMER_UNALIGNED_EFFICIENCY
-    from gemmgen.rank.space import default_config
-    from sm90_helpers import H100, hopper_config
+def test_rows_across_128_byte_lines_cost_a_tile_by_its_requests_per_flop():
+    # TMA rows that straddle 128-byte lines cost per request (H100, docs/perf-notes.md "odd3000" and "Ping-pong on
+    # short k-loops"): 1.28x at 128x256, 1.50x at 128x128 (odd3000); at 7408x800x8776 cc 80-wide tiles ran 1.2-1.4x
+    # their price where 208-wide ones ran 0.87-0.94x, and the model's pick moved from 192x80 (261 us) to 128x208 2x1
+    # (174 us). Narrow tiles make more requests per FLOP, and a cluster's multicast divides them.
+    from dataclasses import replace
 
-    one = hopper_config("64x128x64", "64x128x64", stages=6)
-    two = hopper_config("128x128x64", "64x128x64", stages=4)
-    straddling = Problem.create(4496, 344, 2128, "bf16", "col", "col")   # 8992- and 4256-byte rows
-    aligned = Problem.create(4480, 384, 2176, "bf16", "col", "col")   # 8960- and 4352-byte rows
-    assert FAMILY.compute_efficiency(one, straddling) == ONE_CONSUMER_UNALIGNED_EFFICIENCY < 1.0
-    assert FAMILY.compute_efficiency(one, aligned) == 1.0
-    assert FAMILY.compute_efficiency(two, straddling) == 1.0
-    assert default_config(straddling, H100).cta.m == 128
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.tiles import Cluster
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.space import default_config
+    from sm90_helpers import hopper_config
+
+    h100 = lookup_gpu("h100")
+    straddling = Problem.create(7408, 800, 8776, "bf16", "col", "col")   # 14816- and 17552-byte rows
+    aligned = straddling.with_leading(lda=7424, ldb=8832)                 # the same product in wider arrays
+
+    def slowdown(config):   # of the main loop (the aligned product is power-bound, which hides it in the total)
+        return predict(straddling, config, h100).compute_s / predict(aligned, config, h100).compute_s
+
+    narrow, wide = hopper_config("128x80x64", "64x80x64", stages=6), hopper_config("128x208x64", "64x208x64", stages=4)
+    assert slowdown(narrow) > slowdown(wide) * 1.04 > 1.3
+    paired = replace(narrow, cluster=Cluster(2, 1))   # multicast halves B's requests
+    assert slowdown(paired) < slowdown(narrow)
+    cfg = default_config(straddling, h100)
+    assert cfg.cta.n >= 144, cfg.tag

@@ -172,10 +172,11 @@ class KernelFamily:
         predicated per element cost nothing past the edge)."""
         return 0.0
 
-    def compute_efficiency(self, config: TileConfig, problem: Problem) -> float:
+    def compute_efficiency(self, config: TileConfig, problem: Problem, gpu: "Gpu | None" = None) -> float:
         """Fraction of its main loop's rate (traits' tensor_efficiency) this kernel keeps on `problem` (1 unless a
         family's way of reading some operands, e.g. unaligned rows copied through registers, takes issue slots and
-        latency the main loop needs: a cost on every tile, not only on the bytes from DRAM)."""
+        latency the main loop needs: a cost on every tile, not only on the bytes from DRAM). `gpu`, where given,
+        is the GPU it is priced for (a cost one architecture has and another has not)."""
         return 1.0
 
     def store_overhead_s(self, config: TileConfig, problem: Problem, gpu: Gpu) -> float:

@@ -27,8 +27,13 @@ from .terms import correction
 # TMA boxes over rows that do not start on 128-byte boundaries (e.g. ld = 3000 bf16 = 6000 B) ran
 # 1.28x (128x256) and 1.50x (128x128) slower than at ld 3008 on the H100 with the tensor maps' 128B L2
 # promotion (1.45-1.74x with the former 256B; docs/perf-notes.md, odd3000): the sm90 main loop's rate
-# is divided by this.
+# is divided by this at a 128x192 tile whose A and B both straddle lines. The cost is per request, so it scales
+# with the straddling operands' requests per FLOP (1/N of the tile for A, 1/M for B, divided among a cluster's
+# CTAs that share the tile): 1.36x at 128x256 and 1.48x at 128x128, as measured; 80-wide tiles at 7408x800x8776 cc
+# ran 1.2-1.4x their price where 208-224-wide ones ran 0.87-0.94x (2026-11-27, docs/perf-notes.md "Ping-pong on
+# short k-loops").
 TMA_UNALIGNED_SLOWDOWN = 1.4
+TMA_UNALIGNED_REFERENCE = 1 / 128 + 1 / 192   # requests per FLOP (arbitrary units) at which the slowdown is as above
 # Clocks from a TMA load's issue to its data in shared memory, under load. The stages ahead of the one
 # being consumed must cover it, or the tensor cores wait. Ping-pong consumers each see about half the
 # ring. Set so that 128x128x64 ping-pong needs 6 stages, as measured on the H100 (4 stages: 0.94x
@@ -285,16 +290,17 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     fam_eff = min(1.0, traits.tensor_efficiency * p.scale_of(config.family))
     # What the kernel's own work beside the MMAs costs (fp8 promotion's drains, unaligned rows moved through
     # registers): time in which the tensor cores idle, kept apart for the power ceiling below.
-    busy_fraction = families.of(config).compute_efficiency(config, problem)
+    busy_fraction = families.of(config).compute_efficiency(config, problem, gpu)
     fam_eff *= busy_fraction
-    if traits.tma_loads and any(ld * elt % 128 and not packed
-                                for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b))):
-        # The slowdown is per TMA request, and a cluster multicasts: its CTAs along N share A's tile and those
-        # along M share B's, so each CTA issues only its share of those requests (docs/perf-notes.md, odd3000:
-        # a 1x2 cluster gained more at unaligned rows than at aligned ones, "every operand byte read costs more").
+    straddle_a, straddle_b = (bool(ld * elt % 128) and not packed
+                              for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b)))
+    if traits.tma_loads and (straddle_a or straddle_b):
+        # The slowdown is per TMA request: a tile's A requests per FLOP go with 1/N, B's with 1/M, and a cluster
+        # multicasts (its CTAs along N share A's tile and those along M share B's, so each CTA issues only its
+        # share; docs/perf-notes.md, odd3000: a 1x2 cluster gained more at unaligned rows than at aligned ones).
         cl = config.cluster
-        own = (cta.m / cl.n + cta.n / cl.m) / (cta.m + cta.n)
-        fam_eff /= 1.0 + (p.tma_unaligned_slowdown - 1.0) * own
+        requests = straddle_a / (cta.n * cl.n) + straddle_b / (cta.m * cl.m)
+        fam_eff /= 1.0 + (p.tma_unaligned_slowdown - 1.0) * requests / TMA_UNALIGNED_REFERENCE
     if traits.tma_loads:
         fam_eff *= latency_coverage(traits, cta.k, peak * fam_eff, p)
     levels = config_levels(config, problem.a_dtype, peak, traits.smem_reads, p)

@@ -7,6 +7,8 @@ launch. Templates: templates/sm80_mma/. Search space: search_spaces/sm80_mma.yam
 """
 from __future__ import annotations
 
+import math
+
 from ...model import paths
 from ...model.arch import Arch, DType, Gpu
 from ...model.tiles import DecompKind, Kernel, TileConfig
@@ -38,6 +40,13 @@ UNALIGNED_COMPUTE_EFFICIENCY = 0.20
 # tiles with 48 KB or more ahead (64x64x64, 128x128x32) ran 0.4-1.4x. The unaligned rate is scaled by the ring's
 # bytes ahead up to this many.
 UNALIGNED_BYTES_AHEAD = 48 * 1024
+# On Hopper the family's rate (EFFICIENCY_HOPPER, measured at 128-256 k-tiles) falls on short k-loops: each CTA
+# fills its ring, runs its k-loop and writes its tile without overlapping the next tile (not persistent). Measured
+# at 6096x7808x288 rc (27 GFLOP, 9 k-tiles of 32; H100 2026-11-27, `sweep-r41-*.txt`): 128x128 tiles ran 139-145
+# us against 82 priced (1.7x), where the sm90 kernels beside them ran 0.9-1.3x; 88x8808x384 cc (6 k-tiles of 64)
+# 1.27x. Charged as the tensor time of about this much of K lost per tile, on aligned rows (unaligned ones are
+# charged UNALIGNED_COMPUTE_EFFICIENCY, which dwarfs it).
+HOPPER_TILE_FILL_K = 192
 
 
 class Sm80Mma(KernelFamily):
@@ -78,8 +87,13 @@ class Sm80Mma(KernelFamily):
         ahead = (cta.m + cta.n) * cta.k * problem.a_dtype.bytes * (config.stages - 1)
         return UNALIGNED_LOAD_EFFICIENCY * min(1.0, ahead / UNALIGNED_BYTES_AHEAD)
 
-    def compute_efficiency(self, config: TileConfig, problem) -> float:
-        return 1.0 if all(problem.operands.rows_aligned) else UNALIGNED_COMPUTE_EFFICIENCY
+    def compute_efficiency(self, config: TileConfig, problem, gpu: "Gpu | None" = None) -> float:
+        if not all(problem.operands.rows_aligned):
+            return UNALIGNED_COMPUTE_EFFICIENCY
+        if gpu is None or gpu.arch.cc < 90:
+            return 1.0
+        k_per_tile = math.ceil(problem.k / config.cta.k / (config.decomposition.splits or 1)) * config.cta.k
+        return 1.0 / (1.0 + HOPPER_TILE_FILL_K / k_per_tile)
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)

@@ -64,11 +64,6 @@ PINGPONG_MN_A_EFFICIENCY = 0.8
 # turn costs that much is not taken apart; charged as idle tensor time.
 PINGPONG_TURN_KTILES = 1.8
 PINGPONG_UNALIGNED_EFFICIENCY = 0.92
-# The same sweeps' cooperative 64-row tiles (one consumer warpgroup, 64 or more columns) on such rows: 1.2-1.9x
-# their price at 2865x328x6680 rr, 4496x344x2128 cc and 1088x1232x1216 cr where 128-row tiles ran 0.85-1.1x;
-# fitted +0.09 in log time over the sweeps (swapped tiles excluded: a 64x16 decode tile is one warpgroup too, and
-# the fit moved those picks for the worse). Charged as idle tensor time.
-ONE_CONSUMER_UNALIGNED_EFFICIENCY = 0.91
 # An MN-major (16-bit) B whose tile is not whole 64-column blocks has its narrow part (all of a tile under 64
 # columns, the remainder of a wider one) in 16- or 32-column blocks under the 32B or 64B swizzle (rules.mn_blocks).
 # Measured on the H100 with whole tiles in such blocks, against the same tiles on a K-major B (2026-11-27,
@@ -246,7 +241,7 @@ class Sm90Wgmma(KernelFamily):
         return (SM_STREAM_RATE * (a + b) / (a + b * (1.0 - share) + b * share / efficiency)
                 * _pingpong_turns(config, problem))
 
-    def compute_efficiency(self, config: Sm90Config, problem: Problem) -> float:
+    def compute_efficiency(self, config: Sm90Config, problem: Problem, gpu: "Gpu | None" = None) -> float:
         # Not the swapped widths (widths_swap): measured on the H100 at 0.82-0.94 of their price without it, where
         # it kept the model off the 128x208 swapped tile at 777x4096x4096 (40 us against 47-49 for its pick) and
         # the 128x224 one at 640x5120x5120 (54 against 56; docs/perf-notes.md, "The transposed epilogue").
@@ -256,9 +251,6 @@ class Sm90Wgmma(KernelFamily):
             if problem.a_layout is Layout.COL and problem.a_dtype.bytes == 2:
                 odd_width *= PINGPONG_MN_A_EFFICIENCY   # (fp8 and tf32 A are packed K-major first)
             odd_width *= _pingpong_turns(config, problem)
-        elif (config.consumers == 1 and config.cta.m == 64 and config.cta.n >= 64 and not config.swap_ab
-              and _rows_straddle_lines(config, problem)):
-            odd_width *= ONE_CONSUMER_UNALIGNED_EFFICIENCY
         odd_width *= _mn_narrow_efficiency(config, problem)
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
