@@ -174,6 +174,11 @@ def test_sm80_mma_unaligned_copies_go_at_the_rate_of_the_ring_ahead_and_a_long_p
     assert FAMILY.load_efficiency(deep, odd) == UNALIGNED_LOAD_EFFICIENCY
     assert math.isclose(FAMILY.load_efficiency(shallow, odd), UNALIGNED_LOAD_EFFICIENCY / 2)
     assert FAMILY.load_efficiency(shallow, Problem.create(16, 3256, 8064, "bf16", "row", "col")) == 1.0
+    # 4-byte rows (B's 6300-byte rows at 40x3150x12032 rr) are copied 4 bytes at a time: that tile ran 49.9 us there,
+    # the packed sm90 pick 93.5, so only 2-byte rows pay for a shallow ring
+    wide_copies = Problem.create(40, 3150, 12032, "bf16", "row", "row")
+    assert FAMILY.load_efficiency(shallow, wide_copies) == UNALIGNED_LOAD_EFFICIENCY
+    assert default_config(wide_copies, gpu_of("h100")).family == "sm80_mma"
     assert default_config(odd, gpu_of("h100")).family == "sm90_wgmma"
 
 

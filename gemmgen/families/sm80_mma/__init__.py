@@ -34,11 +34,12 @@ UNALIGNED_LOAD_EFFICIENCY = 0.40
 # element and waited on, leave the main loop about a fifth of its aligned rate. Measured for 2-byte rows; rows of
 # 4 or 8 bytes (narrower cp.async) are charged the same, unmeasured.
 UNALIGNED_COMPUTE_EFFICIENCY = 0.20
-# Those copies are latency-bound on how much of the ring is in flight: on the H100 (2026-11-27, docs/perf-notes.md
-# "Ping-pong on short k-loops", `sweep-unaligned-*.txt`) 64x64x32 tiles with 4 stages (24 KB ahead) ran 1.35-3.5x
-# their price on ten unaligned products of 2-108 rows (11x3256x8063 cc: 192 us, its sm90 alternatives 63), where
-# tiles with 48 KB or more ahead (64x64x64, 128x128x32) ran 0.4-1.4x. The unaligned rate is scaled by the ring's
-# bytes ahead up to this many.
+# Copies of 2-byte rows (one element each, through registers) are latency-bound on how much of the ring is in
+# flight: on the H100 (2026-11-27, docs/perf-notes.md "Ping-pong on short k-loops", `sweep-unaligned-*.txt`)
+# 64x64x32 tiles with 4 stages (24 KB ahead) ran 1.35-3.5x their price on ten products with 2-byte rows
+# (11x3256x8063 cc: 192 us, its sm90 alternatives 63), where tiles with 48 KB or more ahead ran 0.4-1.4x; with
+# 4-byte rows (40x3150x12032 rr, B's 6300-byte rows) the same 64x64x32 tile ran 49.9 us where the sm90 kernel with
+# B packed ran 93.5. So the rate of 2-byte rows is scaled by the ring's bytes ahead up to this many.
 UNALIGNED_BYTES_AHEAD = 48 * 1024
 # On Hopper the family's rate (EFFICIENCY_HOPPER, measured at 128-256 k-tiles) falls on short k-loops: each CTA
 # fills its ring, runs its k-loop and writes its tile without overlapping the next tile (not persistent). Measured
@@ -83,7 +84,9 @@ class Sm80Mma(KernelFamily):
     def load_efficiency(self, config: TileConfig, problem) -> float:
         if all(problem.operands.rows_aligned):
             return 1.0
-        cta = config.cta
+        ops, cta = problem.operands, config.cta
+        if min(ops.align_a * ops.a_dtype.bytes, ops.align_b * ops.b_dtype.bytes) > 2:
+            return UNALIGNED_LOAD_EFFICIENCY
         ahead = (cta.m + cta.n) * cta.k * problem.a_dtype.bytes * (config.stages - 1)
         return UNALIGNED_LOAD_EFFICIENCY * min(1.0, ahead / UNALIGNED_BYTES_AHEAD)
 
