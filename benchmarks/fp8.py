@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="e4m3", choices=["e4m3", "e5m2"], help="A's fp8 type (and B's by default)")
     parser.add_argument("--b-dtype", default=None, choices=["e4m3", "e5m2"], help="B's fp8 type (default: --dtype)")
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--shape", action="append", default=[], metavar="MxNxK",
+                        help="products to run instead of the built-in list (repeatable; named by their shape)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--scaling", default="tensor",
                         help="comma-separated scalings to run in the same run: tensor, rowcol, block")
@@ -133,7 +135,8 @@ def main(argv=None) -> int:
         return (sa, sb) if sa.dim() == 0 else (sa[:, None], sb[None, :])
 
     rows, summary = [], []
-    cases = [(name, shape, scaling, layout) for name, shape in SHAPES.items() for scaling in scalings
+    shapes = {text: tuple(int(x) for x in text.split("x")) for text in args.shape} or SHAPES
+    cases = [(name, shape, scaling, layout) for name, shape in shapes.items() for scaling in scalings
              for layout in args.layouts if not args.only or name in args.only]
     for name, (m, n, k), scaling, layout in cases:
         a_layout, b_layout = ("row" if layout[0] == "r" else "col"), ("row" if layout[1] == "r" else "col")

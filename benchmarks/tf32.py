@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--shape", action="append", default=[], metavar="MxNxK",
+                        help="products to run instead of the built-in list (repeatable; named by their shape)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--layouts", nargs="*", default=["rc"], choices=["rc", "cr", "rr", "cc"],
                         help="A and B storage: r row-major, c column-major (default rc, both K-major)")
@@ -56,8 +58,9 @@ def main(argv=None) -> int:
         return torch.randn(rows, cols, device="cuda") if layout == "r" else torch.randn(cols, rows, device="cuda").t()
 
     rows, summary = [], []
-    for layout, name in [(lay, name) for lay in args.layouts for name in SHAPES]:
-        m, n, k = SHAPES[name]
+    shapes = {text: tuple(int(x) for x in text.split("x")) for text in args.shape} or SHAPES
+    for layout, name in [(lay, name) for lay in args.layouts for name in shapes]:
+        m, n, k = shapes[name]
         if args.only and name not in args.only:
             continue
         problem = Problem.create(m, n, k, "f32", "row" if layout[0] == "r" else "col",
