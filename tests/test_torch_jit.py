@@ -41,9 +41,13 @@ def test_jit_is_off_unless_asked():
     assert jit.enabled() == (os.environ.get("GEMMGEN_JIT", "").lower() in ("1", "true", "yes", "on"))
 
 
-def test_token_counts_are_built_at_their_power_of_two_bucket():
-    assert [jit.bucket(m) for m in (1, 16, 17, 77, 128, 129, 513, 16384, 16385)] == \
-        [16, 16, 32, 128, 128, 256, 1024, 16384, 16385]
+def test_token_counts_are_built_at_the_top_of_their_quarter_octave_bucket():
+    assert [jit.bucket(m) for m in (1, 16, 17, 33, 49, 77, 100, 128, 129, 513, 2088, 16384, 16385)] == \
+        [16, 16, 32, 48, 64, 80, 112, 128, 160, 640, 2560, 16384, 16385]
+    tops = [jit.bucket(m) for m in range(1, 16385)]
+    # every top a multiple of 16 at or above its counts, no count below ~0.8 of its top past the smallest buckets
+    assert all(t % 16 == 0 and t >= m for m, t in enumerate(tops, 1))
+    assert all(m / t > 0.78 for m, t in enumerate(tops, 1) if m > 64) and len(set(tops)) == 36
 
 
 def test_a_build_stores_the_bucket_s_class_where_the_registry_reads_and_serves_the_bucket_from_it(store):
@@ -52,14 +56,14 @@ def test_a_build_stores_the_bucket_s_class_where_the_registry_reads_and_serves_t
     folders = [f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]
     assert len(folders) == 1
     kernel_class, raw = read_class(folders[0])
-    assert (kernel_class.m, kernel_class.n, kernel_class.k) == (128, 776, 520)   # 77 tokens: the 65..128 bucket
+    assert (kernel_class.m, kernel_class.n, kernel_class.k) == (80, 776, 520)   # 77 tokens: the 65..80 bucket
     assert kernel_class.bias and kernel_class.activation is Activation.GELU and raw["role"] == "jit"
     assert raw["measured"] is False and list(folders[0].glob("*.cubin"))
     # Another count of the bucket is served by the same kernel: nothing compiled, nothing stored.
-    assert jit.build(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 100, 776, 520, "h100-sxm")
+    assert jit.build(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, 66, 776, 520, "h100-sxm")
     assert len([f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]) == 1
     served = [REGISTRY.find(DType.BF16, Layout.ROW, Layout.COL, True, Activation.GELU, m, 776, 520, "h100-sxm")
-              for m in (77, 100, 128)]
+              for m in (77, 66, 80)]
     assert all(served) and len({id(f.kernel) for f in served}) == 1
 
 
@@ -70,7 +74,7 @@ def test_a_weight_gradient_with_its_bias_gradient_is_bucketed_in_k_too(store):
                      row_sums=True)
     folders = [f for f in (store / "h100-sxm").iterdir() if not f.name.startswith(".")]
     kernel_class, _ = read_class(folders[0])
-    assert len(folders) == 1 and (kernel_class.m, kernel_class.n, kernel_class.k) == (392, 264, 128)
+    assert len(folders) == 1 and (kernel_class.m, kernel_class.n, kernel_class.k) == (392, 264, 80)
     assert kernel_class.row_sums
 
 

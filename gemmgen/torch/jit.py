@@ -5,8 +5,8 @@ or `gemmgen.torch.jit.enable()`: the first call of a product the registry cannot
 gemmgen's catalogue, packed operands) ranks the space by the model, compiles its best-ranked configurations with
 NVRTC and stores the pick in the kernels dir as `gemmgen tune-linear --dry-run` stores a product (one folder per
 shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. The token
-count is built at its power-of-two bucket (bucket()), whose kernel then serves the bucket's other counts without
-compiling. That first call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the first of a
+count is built at the top of its bucket (bucket(): quarter octaves), whose kernel then serves the bucket's other
+counts without compiling. That first call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the first of a
 process the longest: benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's
 pick, unmeasured: `gemmgen tune-linear` measures and replaces it. A product whose compile fails, or that no family
 serves, is not tried again in the process; it runs on torch with the fallback's reason. Never during CUDA-graph
@@ -54,20 +54,30 @@ def failures() -> "dict[str, str]":
     return {" ".join(map(str, key)): why for key, why in _failed.items()}
 
 
-# Token counts vary from call to call (a prompt's length, a batch): M is built at the power of two at or above it
-# (16 at least, exact past TOKEN_BUCKET_MAX) and that kernel serves every M of its bucket that its rules allow
-# (runtime/serve.check_serves), as tune-linear's power-of-two buckets do. N and K stay exact (a layer's widths),
-# but for a product that writes A's row sums: that is a Linear layer's weight gradient with its bias gradient
-# (dZ^T X: M the output width, K the token count), whose K is bucketed instead of M.
+# Token counts vary from call to call (a prompt's length, a batch): M is built at the top of its bucket and that
+# kernel serves every M of the bucket that its rules allow (runtime/serve.check_serves). Buckets are quarter
+# octaves (an octave's upper half split in four, tops rounded up to 16: ..., 80, 96, 112, 128, 160, 192, ...), so a
+# kernel serves counts at least ~0.8 of the one it was picked for: power-of-two buckets served 2088 tokens with the
+# pick for 4096 (0.57x torch on the H100 where the pick for 2088 itself ran 0.78x; docs/perf-notes.md, "The JIT's
+# buckets"). N and K stay exact (a layer's widths), but for a product that writes A's row sums: that is a Linear
+# layer's weight gradient with its bias gradient (dZ^T X: M the output width, K the token count), whose K is
+# bucketed instead of M.
 TOKEN_BUCKET_MIN, TOKEN_BUCKET_MAX = 16, 16384
 
 
 def bucket(count: int) -> int:
-    """The dimension a JIT kernel for `count` is built at: the power of two at or above it (at least
-    TOKEN_BUCKET_MIN), or `count` itself past TOKEN_BUCKET_MAX."""
+    """The dimension a JIT kernel for `count` is built at: the top of its quarter-octave bucket (at least
+    TOKEN_BUCKET_MIN, a multiple of 16), or `count` itself past TOKEN_BUCKET_MAX."""
     if count > TOKEN_BUCKET_MAX:
         return count
-    return max(TOKEN_BUCKET_MIN, 1 << (count - 1).bit_length())
+    if count <= TOKEN_BUCKET_MIN:
+        return TOKEN_BUCKET_MIN
+    half = 1 << ((count - 1).bit_length() - 1)   # the octave's lower edge: half < count <= 2 * half
+    for quarter in (5, 6, 7, 8):
+        top = -(-half * quarter // 64) * 16   # half * quarter / 4, rounded up to a multiple of 16
+        if count <= top:
+            return top
+    return 2 * half   # (not reached: the last quarter's top is 2 * half)
 
 
 def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int, n: int,
