@@ -289,6 +289,12 @@ class Problem:
         """Every operand is packed (no leading dimension wider than its operand)."""
         return not (self.a_ld or self.b_ld or self.c_ld)
 
+    def rows_straddle_lines(self, packed_a: bool = False, packed_b: bool = False) -> "tuple[bool, bool]":
+        """(A, B) whose rows, as the main loop reads them, do not start on 128-byte boundaries: a TMA box row then
+        spans two 128-byte lines. A packed operand (`packed_a`, `packed_b`: copied into aligned rows first) does not."""
+        return (bool(self.lda * self.a_dtype.bytes % 128) and not packed_a,
+                bool(self.ldb * self.b_dtype.bytes % 128) and not packed_b)
+
     def with_leading(self, lda: int = 0, ldb: int = 0, ldc: int = 0) -> "Problem":
         """This problem on views whose leading dimensions are lda, ldb, ldc (0, or the packed value: packed)."""
         return replace(self, a_ld=0 if lda == self._packed_ld("a") else lda,

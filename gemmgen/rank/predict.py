@@ -292,8 +292,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # registers): time in which the tensor cores idle, kept apart for the power ceiling below.
     busy_fraction = families.of(config).compute_efficiency(config, problem, gpu)
     fam_eff *= busy_fraction
-    straddle_a, straddle_b = (bool(ld * elt % 128) and not packed
-                              for ld, packed in ((problem.lda, prepass.packed_a), (problem.ldb, prepass.packed_b)))
+    straddle_a, straddle_b = problem.rows_straddle_lines(prepass.packed_a, prepass.packed_b)
     if traits.tma_loads and (straddle_a or straddle_b):
         # The slowdown is per TMA request: a tile's A requests per FLOP go with 1/N, B's with 1/M, and a cluster
         # multicasts (its CTAs along N share A's tile and those along M share B's, so each CTA issues only its

@@ -120,13 +120,10 @@ def _pingpong_turns(config: Sm90Config, problem: Problem) -> float:
 
 
 def _rows_straddle_lines(config: Sm90Config, problem: Problem) -> bool:
-    """Whether an operand the main loop loads by TMA from the caller's array has rows that do not start on 128-byte
-    boundaries (a packed operand's copy has aligned rows)."""
-    packed_a, packed_b = _launch.packed(Kernel(Arch.SM90A, problem.operands, config))
-    if config.swap_ab:   # packed() answers in the swapped product's frame
-        packed_a, packed_b = packed_b, packed_a
-    return any((ld * dtype.bytes) % 128 and not packed
-               for ld, dtype, packed in ((problem.lda, problem.a_dtype, packed_a), (problem.ldb, problem.b_dtype, packed_b)))
+    """Whether an operand the main loop loads by TMA from the caller's array has rows off 128-byte boundaries."""
+    # packed() answers in the main loop's frame, which a swapped kernel turns round
+    frame = problem.swapped() if config.swap_ab else problem
+    return any(frame.rows_straddle_lines(*_launch.packed(Kernel(Arch.SM90A, problem.operands, config))))
 
 
 def _mn_narrow_efficiency(config: Sm90Config, problem: Problem) -> float:
