@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import product_shape  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192),
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
         return (sa, sb) if sa.dim() == 0 else (sa[:, None], sb[None, :])
 
     rows, summary = [], []
-    shapes = {text: tuple(int(x) for x in text.split("x")) for text in args.shape} or SHAPES
+    shapes = {text: product_shape(text) for text in args.shape} or SHAPES
     cases = [(name, shape, scaling, layout) for name, shape in shapes.items() for scaling in scalings
              for layout in args.layouts if not args.only or name in args.only]
     for name, (m, n, k), scaling, layout in cases:

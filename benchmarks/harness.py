@@ -65,14 +65,28 @@ def load_compiled(kernel, problem, compiled, prefix: str = "gemmgen-bench-"):
     return gemmgen.load(folder)
 
 
+def product_shape(text: str, sep: str = "x") -> "tuple[int, int, int]":
+    """(M, N, K) from a benchmark's 'MxNxK' (or, with `sep`, e.g. 'M,N,K'); an InvalidInput naming the text when it
+    is not three positive integers."""
+    from gemmgen.model.errors import InvalidInput
+
+    parts = text.split(sep)
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InvalidInput(f"a shape must be three positive integers M{sep}N{sep}K", text)
+    return tuple(int(p) for p in parts)
+
+
 def shape_problem(text: str, dtype: str = "bf16"):
     """The Problem a benchmark's --shape names: 'M,N,K,LAYOUTS' with LAYOUTS two of r (row-major) and c (column-major)
     for A and B, e.g. '16,4096,4096,rc'."""
     from gemmgen import Problem
+    from gemmgen.model.errors import InvalidInput
 
-    m, n, k, lay = text.split(",")
+    dims, _, lay = text.rpartition(",")
     major = {"r": "row", "c": "col"}
-    return Problem.create(int(m), int(n), int(k), dtype, major[lay[0]], major[lay[1]])
+    if len(lay) != 2 or any(x not in major for x in lay):
+        raise InvalidInput("a shape must be M,N,K,LAYOUTS with LAYOUTS two of r and c (A's, then B's)", text)
+    return Problem.create(*product_shape(dims, ","), dtype, major[lay[0]], major[lay[1]])
 
 
 def layout_operands(torch, problem, dtype):
@@ -317,6 +331,6 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3,
 
 
 __all__ = ["ROOT", "by_shape", "checked_load", "event_time", "interleaved_times", "kernel_for", "compile_plans", "layout_operands", "load_compiled",
-           "poisoned_error", "ranked_shapes", "ranked_space", "run_main", "shape_problem", "suite_problems", "time_contenders", "timed",
+           "poisoned_error", "product_shape", "ranked_shapes", "ranked_space", "run_main", "shape_problem", "suite_problems", "time_contenders", "timed",
            "verify_all",
            "verify_shapes", "write_report"]

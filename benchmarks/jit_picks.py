@@ -52,13 +52,9 @@ def main(argv=None) -> int:
     rules = {"quarter": jit.bucket, "octave": octave, "exact": lambda count: count}
     rows = []
     for text in args.shape or SHAPES:
-        m, n, k, lay = text.split(",")
-        m, n, k = int(m), int(n), int(k)
-        sets = []
-        for _ in range(3):
-            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            sets.append((a if lay[0] == "r" else a.t().contiguous().t(), b if lay[1] == "r" else b.t().contiguous().t()))
+        problem = harness.shape_problem(text)
+        m = problem.m
+        sets = [harness.layout_operands(torch, problem, torch.bfloat16)[:2] for _ in range(3)]
         ref = sets[0][0].float() @ sets[0][1].float()
         stores, build_s, errors = {}, {}, {}
 

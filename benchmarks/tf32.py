@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, write_report  # noqa: E402
+from benchmarks.harness import product_shape  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096)}
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
         return torch.randn(rows, cols, device="cuda") if layout == "r" else torch.randn(cols, rows, device="cuda").t()
 
     rows, summary = [], []
-    shapes = {text: tuple(int(x) for x in text.split("x")) for text in args.shape} or SHAPES
+    shapes = {text: product_shape(text) for text in args.shape} or SHAPES
     for layout, name in [(lay, name) for lay in args.layouts for name in shapes]:
         m, n, k = shapes[name]
         if args.only and name not in args.only:
