@@ -330,7 +330,7 @@ def interleaved_times(torch, contenders: dict, sets, time_one, passes: int = 3,
     return times
 
 
-__all__ = ["ROOT", "by_shape", "checked_load", "event_time", "interleaved_times", "kernel_for", "compile_plans", "layout_operands", "load_compiled",
-           "poisoned_error", "product_shape", "ranked_shapes", "ranked_space", "run_main", "shape_problem", "suite_problems", "time_contenders", "timed",
-           "verify_all",
-           "verify_shapes", "write_report"]
+__all__ = ["ROOT", "by_shape", "checked_load", "compile_plans", "event_time", "interleaved_times", "kernel_for",
+           "layout_operands", "load_compiled", "poisoned_error", "product_shape", "ranked_shapes", "ranked_space",
+           "run_main", "shape_problem", "suite_problems", "time_contenders", "timed", "verify_all", "verify_shapes",
+           "write_report"]

@@ -89,8 +89,8 @@ def main(argv=None) -> int:
     jit.bucket = rules["quarter"]
     REGISTRY.clear()
     REGISTRY.use_store(None)
-    print(f"\n{torch.cuda.get_device_name()}: gemmgen.mm with GEMMGEN_JIT by bucket rule, graph-timed (x torch.matmul = "
-          f"torch's time / ours)")
+    print(f"\n{torch.cuda.get_device_name()}: gemmgen.mm with GEMMGEN_JIT by bucket rule, graph-timed "
+          f"(x torch.matmul = torch's time / ours)")
     print(f"{'shape':20} {'quarter octaves':>16} {'powers of two':>14} {'exact':>8}")
     for r in rows:
         t = r["us"]

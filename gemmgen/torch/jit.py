@@ -6,8 +6,8 @@ gemmgen's catalogue, packed operands) ranks the space by the model, compiles its
 NVRTC and stores the pick in the kernels dir as `gemmgen tune-linear --dry-run` stores a product (one folder per
 shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. The token
 count is built at the top of its bucket (bucket(): quarter octaves), whose kernel then serves the bucket's other
-counts without compiling. That first call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the first of a
-process the longest: benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's
+counts without compiling. That first call waits for the compile (0.6-3.6 s a new bucket on the H100 machine, the
+first of a process the longest: benchmarks/jit_latency.py), and prints one line to stderr saying so. The kernel is the model's
 pick, unmeasured: `gemmgen tune-linear` measures and replaces it. A product whose compile fails, or that no family
 serves, is not tried again in the process; it runs on torch with the fallback's reason. Never during CUDA-graph
 capture (compiling and loading a module there would break the capture): such a call runs on torch.
@@ -72,12 +72,9 @@ def bucket(count: int) -> int:
         return count
     if count <= TOKEN_BUCKET_MIN:
         return TOKEN_BUCKET_MIN
-    half = 1 << ((count - 1).bit_length() - 1)   # the octave's lower edge: half < count <= 2 * half
-    for quarter in (5, 6, 7, 8):
-        top = -(-half * quarter // 64) * 16   # half * quarter / 4, rounded up to a multiple of 16
-        if count <= top:
-            return top
-    return 2 * half   # (not reached: the last quarter's top is 2 * half)
+    quarter = 1 << ((count - 1).bit_length() - 3)   # a quarter of the octave's lower edge (half < count <= 2 half)
+    top = -(-count // quarter) * quarter
+    return -(-top // 16) * 16
 
 
 def build(dtype: DType, a_layout: Layout, b_layout: Layout, bias: bool, activation: Activation, m: int, n: int,
