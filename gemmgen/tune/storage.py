@@ -155,6 +155,35 @@ def _sqlite_file(db: "str | None", url: str, create_folder: bool) -> None:
         raise StorageError(f"cannot read the study database ({exc.strerror or type(exc).__name__})", db) from None
 
 
+def _journal_file(path: Path, url: str) -> None:
+    """An existing journal must end in a whole journal entry. Optuna takes a bad last line for one still being
+    written: it opened such a file, appended the quarantine's study to it and then failed with a
+    JSONDecodeError traceback (a text file given as --storage journal:notes.txt)."""
+    import json
+
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            tail = b""
+            while end > 0 and tail.count(b"\n") < 2:
+                start = max(0, end - 65536)
+                f.seek(start)
+                tail = f.read(end - start) + tail
+                end = start
+    except OSError as exc:
+        raise StorageError(f"cannot read the journal file ({exc.strerror or type(exc).__name__})", url) from None
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    try:
+        entry = json.loads(last) if tail.endswith(b"\n") else None
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict) or "op_code" not in entry:
+        raise StorageError("the journal file does not end in a journal entry (not an Optuna journal, or its last "
+                           "write was cut off)", url, "move it aside; a new one is created on the next run")
+
+
 def check_url(url: str, create_folder: bool = False) -> None:
     """Raise StorageError unless `url` is an SQLAlchemy URL naming a database SQLAlchemy knows, or a journal file;
     a file (SQLite, journal) must be one gemmgen may create or open (no database is opened)."""
@@ -163,6 +192,7 @@ def check_url(url: str, create_folder: bool = False) -> None:
 
     if is_journal(url):
         _file_rules(journal_path(url), url, create_folder, "a journal storage")
+        _journal_file(journal_path(url), url)
         return
     try:
         parsed = make_url(url)
@@ -270,6 +300,7 @@ def _open_journal(url: str, create_folder: bool = True):
 
     path = journal_path(url)
     _file_rules(path, str(path), create_folder, "a journal storage")
+    _journal_file(path, url)
     journal = optuna.storages.journal if hasattr(optuna.storages, "journal") else None
     backend_type = getattr(journal, "JournalFileBackend", None) or optuna.storages.JournalFileStorage
     try:

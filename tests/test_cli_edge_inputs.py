@@ -1,0 +1,43 @@
+"""Regressions of an adversarial pass over the command line and the public API: each input here once ended in a
+traceback, a misleading message or a silent success. Bad input is one line on stderr with exit status 2;
+valid-but-unusual input works."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from cli_helpers import one_line_error  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "0.5")
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def replay(tmp_path):
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps({"timings": {}, "cublas_time_s": 1e-5}))
+    return str(path)
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b'{"op_code": 0, "worker_id": "w"', b"[1, 2]\n"])
+def test_a_journal_storage_that_does_not_end_in_an_entry_is_refused_untouched(capsys, tmp_path, replay, content):
+    """Regression: a text file as --storage journal:FILE was opened, appended to, then a JSONDecodeError
+    traceback (Optuna takes a bad last line for a write in progress)."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    line = one_line_error(capsys, ["tune", "256", "256", "256", "--gpu", "h100", "--replay", replay,
+                                   "--trials", "2", "--no-progress", "--storage", f"journal:{path}"])
+    assert "does not end in a journal entry" in line and "notes.txt" in line
+    assert path.read_bytes() == content
