@@ -138,11 +138,11 @@ def linear_grads(needs, dZ: Tensor, X: Tensor, W: Tensor):
     (or its fast path), db the column sums of dZ: the row sums of dZᵀ written by the weight-gradient kernel
     when one has them (eager calls), else a reduction on torch."""
     out_features, in_features = W.shape
-    dZ2 = dZ.reshape(-1, out_features).contiguous()
+    dZ2 = plans.rows(dZ, out_features).contiguous()
     dX = mm(dZ2, W).view(X.shape) if needs[0] else None
     dW = db = None
     if needs[1]:
-        dZt, X2 = dZ2.t(), X.reshape(-1, in_features).contiguous()
+        dZt, X2 = dZ2.t(), plans.rows(X, in_features).contiguous()
         if needs[2] and _eager(dZt, X2) and not (torch.is_grad_enabled() and (dZt.requires_grad or
                                                                               X2.requires_grad)):
             dW, db = plans.mm_row_sums(dZt, X2)

@@ -144,6 +144,12 @@ def check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -
                                                       f"but got {bias.device}")
 
 
+def rows(x: Tensor, width: int) -> Tensor:
+    """x (..., width) as a 2-D (tokens, width), a view where its strides allow. (reshape(-1, width) cannot infer
+    the token count when width is 0: a layer with in_features or out_features of 0.)"""
+    return x.reshape(x.shape[:-1].numel(), width)
+
+
 def activate_(Y: Tensor, activation: str) -> Tensor:
     """Apply the layer activation to Y in place (GELU: the tanh approximation, as the kernels compute it)."""
     if activation == "relu":
@@ -173,7 +179,7 @@ class _Fallback:
         stats.fallback("linear", self.reason)
         out_features, in_features = W.shape
         Y = torch.empty((*X.shape[:-1], out_features), dtype=X.dtype, device=X.device)
-        X2, Y2 = X.reshape(-1, in_features), Y.view(-1, out_features)
+        X2, Y2 = rows(X, in_features), rows(Y, out_features)
         torch.addmm(bias, X2, W.t(), out=Y2) if bias is not None else torch.mm(X2, W.t(), out=Y2)
         return activate_(Y, activation)
 
@@ -231,7 +237,7 @@ class _Kernel:
             why = self.launch(X, W, Y, bias)  # the bound launch reads only Y's address
         else:
             out_features, in_features = W.shape
-            why = self.launch(X.reshape(-1, in_features), W.t(), Y.view(-1, out_features), bias)
+            why = self.launch(rows(X, in_features), W.t(), rows(Y, out_features), bias)
         if why:
             return _Fallback(why).linear(X, W, bias, activation)
         if self.post is not None:
@@ -351,7 +357,7 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
     out_features, in_features = W.shape
     shape = (*X.shape[:-1], out_features)
     Y = torch.empty(shape, dtype=X.dtype, device=X.device)
-    X2, Y2 = X.reshape(-1, in_features), Y.view(-1, out_features)
+    X2, Y2 = rows(X, in_features), rows(Y, out_features)
     # A reshape that copied X binds a temporary: such a plan serves this call only.
     keep = X2.data_ptr() == X.data_ptr() or X.numel() == 0
     fused = _KERNEL_ACTIVATION[activation]
@@ -377,4 +383,4 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
     return plan.linear(X, W, bias, activation)
 
 
-__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "linear", "mm", "mm_row_sums"]
+__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "linear", "mm", "mm_row_sums", "rows"]

@@ -1,0 +1,68 @@
+"""gemmgen's torch layer at the edges a model author reaches: empty widths, odd operands, transforms, double
+backward, autocast and the fallback warnings. Each test names the bug it covers; every numeric result is compared
+with torch.nn.Linear / torch.matmul on the same inputs. CPU tensors take the torch fallback, so these pin the
+contracts; tests marked gpu check what only the kernel path shows."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gemmgen  # noqa: E402
+from gemmgen.torch import ops, stats  # noqa: E402
+from gemmgen.torch.nn import Linear  # noqa: E402
+
+F = torch.nn.functional
+ACTS = ["none", "relu", "gelu", "silu"]
+
+
+def torch_act(z, activation):
+    return {"none": lambda t: t, "relu": torch.relu, "silu": F.silu,
+            "gelu": lambda t: F.gelu(t, approximate="tanh")}[activation](z)
+
+
+@pytest.fixture(autouse=True)
+def quiet_fallbacks():
+    stats.reset_stats(warnings_too=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.FallbackWarning)
+        yield
+
+
+def twin_layers(in_f, out_f, bias=True, activation="none", dtype=torch.float32):
+    """A torch.nn.Linear and a gemmgen Linear with the same parameters."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(in_f, out_f, bias=bias, dtype=dtype)
+    ours = Linear(in_f, out_f, bias=bias, dtype=dtype, activation=activation)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def assert_same_grads(ref, ours, x, activation):
+    """Output and every gradient of `ours` equal torch's on the same x (fp32 aten on both sides)."""
+    x1, x2 = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    want, got = torch_act(ref(x1), activation), ours(x2)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    g = torch.randn(want.shape, dtype=want.dtype)
+    want_grads = torch.autograd.grad(want, [x1, *ref.parameters()], g)
+    got_grads = torch.autograd.grad(got, [x2, *ours.parameters()], g)
+    for name, w, o in zip(["x", "weight", "bias"], want_grads, got_grads):
+        torch.testing.assert_close(o, w, msg=name)
+
+
+# --- empty widths ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("in_f, out_f, shape", [(0, 7, (5, 0)), (12, 0, (5, 12)), (0, 3, (2, 0, 0)),
+                                                (0, 0, (4, 0))])
+def test_bug_zero_in_or_out_features_crashed_in_reshape(in_f, out_f, shape, activation):
+    # reshape(-1, 0) cannot infer the token count: Linear(0, 7) and Linear(12, 0) raised "cannot reshape tensor of
+    # 0 elements" in the forward and in the backward, where torch.nn.Linear gives the bias (or zeros).
+    ref, ours = twin_layers(in_f, out_f, activation=activation)
+    assert_same_grads(ref, ours, torch.randn(shape), activation)
+    X, W = torch.randn(shape), torch.randn(out_f, in_f)
+    b = torch.randn(out_f)
+    torch.library.opcheck(torch.ops.gemmgen.linear.default, (X.requires_grad_(), W.requires_grad_(), b, activation))
