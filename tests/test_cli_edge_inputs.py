@@ -41,3 +41,17 @@ def test_a_journal_storage_that_does_not_end_in_an_entry_is_refused_untouched(ca
                                    "--trials", "2", "--no-progress", "--storage", f"journal:{path}"])
     assert "does not end in a journal entry" in line and "notes.txt" in line
     assert path.read_bytes() == content
+
+
+def test_negative_numbers_in_exponent_form_are_values_not_flags(capsys):
+    """Regression: argparse took '--beta -1e-3' for a flag ('expected one argument'), and '-inf' too, so the
+    value never reached the number parser."""
+    from gemmgen.cli import main
+
+    assert main(["tune", "64", "64", "64", "--gpu", "h100", "--dry-run", "--alpha", "-2.5e-1", "--beta",
+                 "-1E+2"]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, ["tune", "64", "64", "64", "--gpu", "h100", "--dry-run", "--alpha", "-inf"])
+    assert "--alpha must be a finite number" in line and "'-inf'" in line
+    line = one_line_error(capsys, ["roofline", "-1e3", "64", "64", "--gpu", "h100"])
+    assert "M must be a positive integer" in line and "'-1e3'" in line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from ..model.errors import GemmgenError, UserError
@@ -19,6 +20,13 @@ COMMANDS = ("tune", "tune_linear", "suite", "lookup", "bench", "compile", "rende
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line with exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # argparse (before 3.14) takes '-1e-3' and '-inf' for flags ('--beta -1e-3: expected one argument'); no
+        # gemmgen flag looks like a number, so every negative number is a value, for parse.real to judge.
+        self._negative_number_matcher = re.compile(
+            r"-(([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|infinity|nan)\Z", re.IGNORECASE)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
