@@ -66,3 +66,26 @@ def test_bug_zero_in_or_out_features_crashed_in_reshape(in_f, out_f, shape, acti
     X, W = torch.randn(shape), torch.randn(out_f, in_f)
     b = torch.randn(out_f)
     torch.library.opcheck(torch.ops.gemmgen.linear.default, (X.requires_grad_(), W.requires_grad_(), b, activation))
+
+
+# --- operands that are not tensors ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: gemmgen.linear(torch.ones(2, 2), None), "linear needs W"),
+    (lambda: gemmgen.linear(None, torch.ones(3, 2)), "linear needs X"),
+    (lambda: torch.ops.gemmgen.linear(torch.ones(2, 2), None, None, "none"), "linear needs W"),
+    (lambda: torch.ops.gemmgen.mm(None, torch.ones(2, 2)), "mm needs A"),
+    (lambda: torch.ops.gemmgen.mm(torch.ones(2, 2), None), "mm needs B"),
+])
+def test_bug_a_none_operand_raised_attribute_error_instead_of_naming_it(call, name):
+    # The custom ops' schema lets None through as a Tensor, and the eager path skipped None as if it were the
+    # bias: both ended in "'NoneType' object has no attribute 'requires_grad'" (or 'data_ptr').
+    with pytest.raises(TypeError, match=f"gemmgen::{name} to be a torch.Tensor, but got NoneType"):
+        call()
+
+
+def test_bug_a_none_operand_under_fake_tensors_is_named_too():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), pytest.raises(TypeError, match="gemmgen::mm needs A to be a torch.Tensor"):
+        torch.ops.gemmgen.mm(None, torch.ones(2, 2))

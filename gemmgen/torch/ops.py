@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..model.errors import InvalidInput
 from . import plans
-from .plans import check_linear, check_mm
+from .plans import check_linear, check_mm, check_tensors
 
 _PLAIN = (Tensor, torch.nn.Parameter)
 _C = torch._C
@@ -50,7 +50,7 @@ def _eager(*tensors) -> bool:
     if _is_compiling() or _function_mode() or _dispatch_modes() or _functorch():
         return False
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or t.is_meta):
+        if type(t) not in _PLAIN or t.is_meta:  # (None or a non-tensor too: the custom op's schema names it)
             return False
     return True
 
@@ -60,6 +60,7 @@ def _eager(*tensors) -> bool:
 @torch.library.custom_op("gemmgen::mm", mutates_args=())
 def mm_op(A: Tensor, B: Tensor) -> Tensor:
     """D = A·B on a gemmgen kernel when one is registered for the product, else torch.mm."""
+    check_tensors("mm", A=A, B=B)
     return plans.mm(A, B)
 
 
@@ -104,6 +105,7 @@ class _Mm(torch.autograd.Function):
 @torch.library.custom_op("gemmgen::linear", mutates_args=())
 def linear_op(X: Tensor, W: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
     """Y = act(X·Wᵀ + b) on a gemmgen kernel when one is registered for the product, else torch."""
+    check_tensors("linear", X=X, W=W)
     return plans.linear(X, W, bias, activation)
 
 
@@ -174,7 +176,7 @@ class _Linear(torch.autograd.Function):
 
 def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str = "none") -> Tensor:
     """Y = act(X·Wᵀ + b): gemmgen::linear, or its implementation directly when nothing traces the call."""
-    if _eager(X, W, bias):
+    if _eager(X, W) if bias is None else _eager(X, W, bias):
         if torch.is_grad_enabled() and (X.requires_grad or W.requires_grad or
                                         (bias is not None and bias.requires_grad)):
             return _Linear.apply(X, W, bias, activation)

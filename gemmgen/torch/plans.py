@@ -105,7 +105,15 @@ def _mm_ok(A: Tensor, B: Tensor) -> bool:
         A.device == B.device
 
 
+def check_tensors(op: str, **operands) -> None:
+    """TypeError naming an operand that is not a tensor: a custom op's schema lets None through as a Tensor."""
+    for name, x in operands.items():
+        if not isinstance(x, Tensor):
+            raise TypeError(f"gemmgen::{op} needs {name} to be a torch.Tensor, but got {type(x).__name__}")
+
+
 def check_mm(A: Tensor, B: Tensor) -> None:
+    check_tensors("mm", A=A, B=B)
     torch._check(A.dim() == 2 and B.dim() == 2, lambda: f"gemmgen::mm needs 2-D A and B, but got {A.dim()}-D "
                                                          f"and {B.dim()}-D")
     torch._check(A.shape[1] == B.shape[0], lambda: f"gemmgen::mm needs A: M×K and B: K×N, but got A "
@@ -125,6 +133,7 @@ def _linear_ok(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> 
 
 
 def check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> None:
+    check_tensors("linear", X=X, W=W)
     torch._check(activation in ACTIVATIONS, lambda: f"gemmgen::linear activation must be one of "
                                                     f"{', '.join(ACTIVATIONS)}, but got {activation!r}")
     torch._check(X.dim() >= 1 and W.dim() == 2, lambda: f"gemmgen::linear needs X (..., in) and W [out, in], "
@@ -383,4 +392,4 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
     return plan.linear(X, W, bias, activation)
 
 
-__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "linear", "mm", "mm_row_sums", "rows"]
+__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "check_tensors", "linear", "mm", "mm_row_sums", "rows"]
