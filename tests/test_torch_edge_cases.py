@@ -89,3 +89,28 @@ def test_bug_a_none_operand_under_fake_tensors_is_named_too():
 
     with FakeTensorMode(), pytest.raises(TypeError, match="gemmgen::mm needs A to be a torch.Tensor"):
         torch.ops.gemmgen.mm(None, torch.ones(2, 2))
+
+
+# --- double backward --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", [ops.linear, torch.ops.gemmgen.linear])
+def test_bug_double_backward_of_the_silu_op_raised_not_implemented(op):
+    # The op's backward used aten.silu_backward, which has no derivative: create_graph=True through
+    # gemmgen.linear(..., "silu") raised "derivative for aten::silu_backward is not implemented" where torch's
+    # F.silu(F.linear(...)) differentiates twice.
+    X = (torch.rand(3, 4, dtype=torch.float64) + 0.1).requires_grad_()
+    W = (torch.rand(2, 4, dtype=torch.float64) + 0.1).requires_grad_()
+    b = torch.rand(2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x, w, bb: op(x, w, bb, "silu"), (X, W, b))
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_double_backward_of_the_layer_equals_torch_linear(activation):
+    ref, ours = twin_layers(4, 3, activation=activation, dtype=torch.float64)
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    got = []
+    for layer, forward in ((ref, lambda v: torch_act(ref(v), activation)), (ours, ours)):
+        gx, = torch.autograd.grad((forward(x) ** 2).sum(), x, create_graph=True)
+        got.append(torch.autograd.grad(gx.pow(2).sum(), [x, *layer.parameters()]))
+    for want, mine in zip(*got):
+        torch.testing.assert_close(mine, want)

@@ -128,8 +128,14 @@ def _linear_backward(ctx, dY: Tensor):
         dZ = torch.where(Y > 0, dY, torch.zeros_like(dY))
     elif activation in ("gelu", "silu"):
         Z = linear(X, W, bias, "none")  # the pre-activation, recomputed
-        dZ = (torch.ops.aten.gelu_backward(dY, Z, approximate="tanh") if activation == "gelu"
-              else torch.ops.aten.silu_backward(dY, Z))
+        if activation == "gelu":
+            dZ = torch.ops.aten.gelu_backward(dY, Z, approximate="tanh")
+        elif torch.is_grad_enabled():
+            # create_graph: aten's silu_backward has no derivative; torch's own SiLU composes it likewise
+            sigmoid = torch.sigmoid(Z)
+            dZ = dY * sigmoid * (1 + Z * (1 - sigmoid))
+        else:
+            dZ = torch.ops.aten.silu_backward(dY, Z)
     else:
         dZ = dY
     return linear_grads(ctx.needs_input_grad, dZ, X, W)
