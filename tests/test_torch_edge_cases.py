@@ -114,3 +114,21 @@ def test_double_backward_of_the_layer_equals_torch_linear(activation):
         got.append(torch.autograd.grad(gx.pow(2).sum(), [x, *layer.parameters()]))
     for want, mine in zip(*got):
         torch.testing.assert_close(mine, want)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_bug_training_only_the_bias_recomputed_the_product_in_the_backward(activation):
+    # A frozen weight and a trained bias (BitFit) took the fused forward, whose backward runs the product again
+    # for the pre-activation: two linear products per step instead of one. The layer now keeps the
+    # pre-activation whenever any of x, weight, bias needs a gradient.
+    ref, ours = twin_layers(6, 4, activation=activation)
+    for layer in (ref, ours):
+        layer.weight.requires_grad_(False)
+    x = torch.randn(3, 6)
+    g = torch.randn(3, 4)
+    torch_act(ref(x), activation).backward(g)
+    stats.reset_stats()
+    ours(x).backward(g)
+    assert gemmgen.stats()["fallbacks"] == 1, gemmgen.stats()   # the forward only (CPU: counted as a fallback)
+    torch.testing.assert_close(ours.bias.grad, ref.bias.grad)
+    assert ours.weight.grad is None

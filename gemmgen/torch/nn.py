@@ -45,7 +45,8 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and \
-                (x.requires_grad or self.weight.requires_grad):
+                (x.requires_grad or self.weight.requires_grad or
+                 (self.bias is not None and self.bias.requires_grad)):
             z = ops.linear(x, self.weight, self.bias, "none")
             if self.activation == "gelu":
                 return torch.nn.functional.gelu(z, approximate="tanh")
