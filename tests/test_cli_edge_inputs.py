@@ -55,3 +55,22 @@ def test_negative_numbers_in_exponent_form_are_values_not_flags(capsys):
     assert "--alpha must be a finite number" in line and "'-inf'" in line
     line = one_line_error(capsys, ["roofline", "-1e3", "64", "64", "--gpu", "h100"])
     assert "M must be a positive integer" in line and "'-1e3'" in line
+
+
+SM90_CONFIG = {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4,
+               "cluster": "2x1", "warp_specialized": True, "persistent": True, "schedule": "cooperative"}
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("decomposition", {"kind": "splitk", "split": 4}, "decomposition fields must be among"),
+    ("raster", {"order": "row", "grp": 8}, "raster fields must be among"),
+    ("cluster", {"m": 2, "k": 1}, "cluster fields must be among"),
+    ("raster", [], "raster must be a mapping"),
+])
+def test_a_typo_in_a_nested_config_field_is_refused_not_ignored(capsys, tmp_path, field, value, words):
+    """Regression: `decomposition: {kind: splitk, split: 4}` silently kept splits=1 (then 'split-K factor must be
+    2..16: got 1'), `raster: {grp: 8}` silently group 1, and `raster: []` meant every default."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**SM90_CONFIG, field: value}))
+    line = one_line_error(capsys, ["roofline", "4096", "4096", "4096", "--gpu", "h100", "--config", str(config)])
+    assert words in line

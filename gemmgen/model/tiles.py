@@ -255,10 +255,8 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidInput(f"configuration fields must be among {sorted(known)}", unknown[0])
-        raster = d.get("raster", {}) or {}
-        decomp = d.get("decomposition", {}) or {}
-        if not isinstance(raster, dict) or not isinstance(decomp, dict):
-            raise InvalidInput("raster and decomposition must be mappings", raster if not isinstance(raster, dict) else decomp)
+        raster = _sub_fields("raster", d.get("raster"), ("order", "group"))
+        decomp = _sub_fields("decomposition", d.get("decomposition"), ("kind", "splits", "fused"))
         base = dict(
             cta=Shape3.parse(d["cta"], "CTA tile"),
             warp=Shape3.parse(d["warp"], "warp tile"),
@@ -332,8 +330,23 @@ def parse_enum(enum_cls, what: str, value):
     return enum_cls(parse.name(what, value, [e.value for e in enum_cls]))
 
 
+def _sub_fields(what: str, value, known: "tuple[str, ...]") -> dict:
+    """A nested field of a configuration (raster, decomposition, cluster) as a mapping of its known keys; absent
+    (None) is every default. An unknown key (a typo: `split: 4`, `grp: 8`) used to be ignored silently, leaving
+    the default in its place."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a mapping of {', '.join(known)}", value)
+    unknown = sorted(str(key) for key in value if key not in known)
+    if unknown:
+        raise InvalidInput(f"{what} fields must be among {list(known)}", unknown[0])
+    return value
+
+
 def _cluster(value) -> Cluster:
     if isinstance(value, dict):
+        _sub_fields("cluster", value, ("m", "n"))
         return Cluster(parse_int("cluster.m", value.get("m", 1)), parse_int("cluster.n", value.get("n", 1)))
     match = re.match(r"([1-9][0-9]{0,5})x([1-9][0-9]{0,5})\Z", value) if isinstance(value, str) else None
     if not match:
