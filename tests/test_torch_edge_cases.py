@@ -132,3 +132,64 @@ def test_bug_training_only_the_bias_recomputed_the_product_in_the_backward(activ
     assert gemmgen.stats()["fallbacks"] == 1, gemmgen.stats()   # the forward only (CPU: counted as a fallback)
     torch.testing.assert_close(ours.bias.grad, ref.bias.grad)
     assert ours.weight.grad is None
+
+
+# --- torch.func transforms and forward-mode AD ------------------------------------------------------------------
+
+def _gelu_pair():
+    ref, ours = twin_layers(6, 4, activation="gelu")
+    return (lambda v: torch_act(ref(v), "gelu")), ours
+
+
+def test_bug_jacfwd_of_the_layer_was_silently_wrong():
+    # torch.library's custom-op autograd has no forward-mode rule: under jvp/jacfwd the op ran without the
+    # tangent and the Jacobian came back wrong (0.43 off) with no error. Such calls now run on torch's ops.
+    want, ours = _gelu_pair()
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(torch.func.jacfwd(ours)(x), torch.func.jacfwd(want)(x))
+    B, tA = torch.randn(6, 2), torch.randn(3, 6)
+    _, tangent = torch.func.jvp(lambda a: gemmgen.mm(a, B), (x,), (tA,))
+    torch.testing.assert_close(tangent, tA @ B)
+    assert any("torch.func transform" in r for r in gemmgen.stats()["fallbacks_by_reason"])
+
+
+@pytest.mark.parametrize("transform", ["grad", "jacrev"])
+def test_bug_torch_func_grad_and_jacrev_raised_about_setup_context(transform):
+    # "In order to use an autograd.Function with functorch transforms ... it must override setup_context":
+    # torch.func.grad over gemmgen.nn.Linear (or gemmgen.mm) failed.
+    want, ours = _gelu_pair()
+    x = torch.randn(3, 6)
+    if transform == "grad":
+        params = {k: v.detach() for k, v in ours.named_parameters()}
+        got = torch.func.grad(lambda p: torch.func.functional_call(ours, p, (x,)).sum())(params)
+        ref = torch.nn.Linear(6, 4)
+        ref.load_state_dict(params)
+        exp = torch.func.grad(lambda p: torch_act(torch.func.functional_call(ref, p, (x,)), "gelu").sum())(params)
+        for name in exp:
+            torch.testing.assert_close(got[name], exp[name], msg=name)
+    else:
+        torch.testing.assert_close(torch.func.jacrev(ours)(x), torch.func.jacrev(want)(x))
+    B = torch.randn(6, 2)
+    torch.testing.assert_close(torch.func.grad(lambda a: gemmgen.mm(a, B).sum())(x), torch.ones(3, 2) @ B.t())
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_forward_mode_ad_of_the_layer_raised_or_needed_a_jvp(activation):
+    # With a dual tensor (torch.autograd.forward_ad) the layer raised "You must implement the jvp function" and
+    # gemmgen.linear "mm_out ... does not support [forward AD] because it is an out= function"; on the GPU a
+    # kernel would have dropped the tangent.
+    import torch.autograd.forward_ad as fwAD
+
+    ref, ours = twin_layers(6, 4, activation=activation)
+    x, t = torch.randn(3, 6), torch.randn(3, 6)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(ours(fwAD.make_dual(x, t)))
+        want = fwAD.unpack_dual(torch_act(ref(fwAD.make_dual(x, t)), activation))
+        torch.testing.assert_close(got.primal, want.primal)
+        torch.testing.assert_close(got.tangent, want.tangent)
+
+
+def test_vmap_over_the_layer_equals_torch_linear():
+    want, ours = _gelu_pair()
+    x = torch.randn(5, 3, 6)
+    torch.testing.assert_close(torch.func.vmap(ours)(x), torch.func.vmap(want)(x))

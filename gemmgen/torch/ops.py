@@ -21,7 +21,9 @@ custom ops) directly when nothing traces the call: not compiling, plain tensors 
 tensor), no torch function or dispatch mode and no functorch transform active. Where autograd needs the call,
 a torch.autograd.Function with the same backward formulas wraps it. The torch.library dispatcher costs some
 25-30 us of host time per call, more than a whole small product on the GPU; torch.compile, opcheck, fake tensors
-and make_fx still see the custom ops.
+and make_fx still see the custom ops. Under a torch.func transform (grad, jvp, jacfwd, vmap) or a forward-mode AD
+level, outside torch.compile, `mm` and `linear` run on torch's own ops (counted as a fallback): torch.library's
+autograd for custom ops has no forward-mode rule (a dual's tangent is dropped silently) and fails under grad.
 """
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ import sys
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from ..model.errors import InvalidInput
-from . import plans
+from . import plans, stats
 from .plans import check_linear, check_mm, check_tensors
 
 _PLAIN = (Tensor, torch.nn.Parameter)
@@ -42,17 +45,32 @@ _is_compiling = torch.compiler.is_compiling
 _function_mode = getattr(_C, "_is_torch_function_mode_enabled", lambda: True)
 _dispatch_modes = getattr(_C, "_len_torch_dispatch_stack", lambda: 1)
 _functorch = getattr(_C, "_are_functorch_transforms_active", lambda: True)
+# (Here an absent accessor reads as "none active": the call goes through the custom op, as before.)
+_functorch_active = getattr(_C, "_are_functorch_transforms_active", lambda: False)
+TRANSFORMED = ("a torch.func transform (grad, jvp, vmap, ...) or forward-mode AD, which the custom ops' autograd "
+               "does not support")
 
 
 def _eager(*tensors) -> bool:
     """Whether a call on `tensors` may skip the torch.library dispatcher (see the module docstring)."""
     # The modes first: under a torch function mode even reading t.is_meta goes through the mode.
-    if _is_compiling() or _function_mode() or _dispatch_modes() or _functorch():
+    if _is_compiling() or _function_mode() or _dispatch_modes() or _functorch() or _forward_ad._current_level >= 0:
         return False
     for t in tensors:
         if type(t) not in _PLAIN or t.is_meta:  # (None or a non-tensor too: the custom op's schema names it)
             return False
     return True
+
+
+def _transformed() -> bool:
+    """Whether a call runs under a torch.func transform or a forward-mode AD level, outside torch.compile. The
+    custom ops' autograd (torch.library) has no forward-mode rule and not the setup_context a transform needs:
+    torch.func.grad raises, and jvp/jacfwd lose the tangent without a word. Such calls run on torch's own ops."""
+    return not _is_compiling() and (_functorch_active() or _forward_ad._current_level >= 0)
+
+
+_TORCH_ACTIVATIONS = {"none": lambda z: z, "relu": torch.relu, "silu": torch.nn.functional.silu,
+                      "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
 
 
 # --- gemmgen::mm ---------------------------------------------------------------------------------------------
@@ -187,6 +205,10 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
                                         (bias is not None and bias.requires_grad)):
             return _Linear.apply(X, W, bias, activation)
         return plans.linear(X, W, bias, activation)
+    if _transformed():
+        check_linear(X, W, bias, activation)
+        stats.fallback("linear", TRANSFORMED)
+        return _TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
     return torch.ops.gemmgen.linear(X, W, bias, activation)
 
 
@@ -200,6 +222,10 @@ def mm(A, B):
             if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
                 return _Mm.apply(A, B)
             return plans.mm(A, B)
+        if _transformed():
+            check_mm(A, B)
+            stats.fallback("mm", TRANSFORMED)
+            return torch.mm(A, B)
         return torch.ops.gemmgen.mm(A, B)
     for name, x in (("A", A), ("B", B)):
         if not isinstance(x, Tensor) and not hasattr(x, "__dlpack__"):
