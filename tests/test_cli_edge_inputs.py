@@ -74,3 +74,28 @@ def test_a_typo_in_a_nested_config_field_is_refused_not_ignored(capsys, tmp_path
     config.write_text(json.dumps({**SM90_CONFIG, field: value}))
     line = one_line_error(capsys, ["roofline", "4096", "4096", "4096", "--gpu", "h100", "--config", str(config)])
     assert words in line
+
+
+@pytest.mark.parametrize("cubin", ["/dev/zero", "../outside.cubin", "sub/k.cubin", ".."])
+def test_a_manifest_whose_cubin_is_a_path_is_refused_before_reading(tmp_path, cubin):
+    """Regression: gemmgen.load read whatever path the manifest's `cubin` named, outside the bundle too: with
+    /dev/zero it read until memory ran out (MemoryError after 8 s under a 3 GB limit)."""
+    import gemmgen
+    from gemmgen.model.errors import InvalidInput
+
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "k.json").write_text(json.dumps({"format": "gemmgen-manifest/1", "name": "k",
+                                                            "cubin": cubin}))
+    with pytest.raises(InvalidInput, match="manifest field cubin must be a file name in the manifest's folder"):
+        gemmgen.load(tmp_path / "bundle")
+
+
+def test_a_cubin_that_is_not_a_regular_file_is_refused(tmp_path):
+    """Regression: a folder (or a FIFO) named as the cubin was opened as one."""
+    import gemmgen
+    from gemmgen.model.errors import InvalidInput
+
+    (tmp_path / "k.cubin").mkdir()
+    (tmp_path / "k.json").write_text(json.dumps({"format": "gemmgen-manifest/1", "name": "k", "cubin": "k.cubin"}))
+    with pytest.raises(InvalidInput, match="a bundle must hold the cubin its manifest names"):
+        gemmgen.load(tmp_path / "k.json")

@@ -69,11 +69,18 @@ def read_bundle(path: "str | Path", name: "str | None" = None) -> "tuple[dict, b
         raise InvalidInput("a manifest must be readable JSON", str(manifest_path), str(exc).splitlines()[0]) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise InvalidInput(f"a manifest must have format {MANIFEST_FORMAT}", str(manifest_path))
-    cubin_path = manifest_path.parent / str(manifest.get("cubin") or (manifest.get("name", "") + ".cubin"))
+    cubin_name = str(manifest.get("cubin") or (str(manifest.get("name", "")) + ".cubin"))
+    if Path(cubin_name).name != cubin_name or cubin_name in (".", ".."):
+        # The exporter writes a bare file name; a path could leave the bundle, and one naming /dev/zero was
+        # read until memory ran out.
+        raise InvalidInput("manifest field cubin must be a file name in the manifest's folder", cubin_name)
+    cubin_path = manifest_path.parent / cubin_name
     try:
-        cubin = cubin_path.read_bytes()
+        cubin = cubin_path.read_bytes() if cubin_path.is_file() else None
     except OSError:
-        raise InvalidInput("a bundle must hold the cubin its manifest names", str(cubin_path)) from None
+        cubin = None
+    if cubin is None:
+        raise InvalidInput("a bundle must hold the cubin its manifest names", str(cubin_path))
     verify(manifest, cubin)
     return manifest, cubin, manifest_path
 
