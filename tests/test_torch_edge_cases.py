@@ -193,3 +193,44 @@ def test_vmap_over_the_layer_equals_torch_linear():
     want, ours = _gelu_pair()
     x = torch.randn(5, 3, 6)
     torch.testing.assert_close(torch.func.vmap(ours)(x), torch.func.vmap(want)(x))
+
+
+# --- autocast ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("grad", [False, True])
+def test_bug_the_layer_ignored_autocast_and_returned_fp32(activation, grad):
+    # In torch.autocast("cpu", bfloat16) torch.nn.Linear computes in bf16 and returns bf16; gemmgen.nn.Linear
+    # ran fp32 (on the GPU: on torch, never on a bf16 kernel) and returned fp32. It now casts as autocast does.
+    ref, ours = twin_layers(12, 7, activation=activation)
+    x = torch.randn(2, 5, 12)
+    x1, x2 = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = torch_act(ref(x1), activation), ours(x2)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    if grad:
+        g = torch.randn(want.shape, dtype=want.dtype)
+        for w, o in zip(torch.autograd.grad(want, [x1, *ref.parameters()], g),
+                        torch.autograd.grad(got, [x2, *ours.parameters()], g)):
+            assert o.dtype == w.dtype == torch.float32
+            torch.testing.assert_close(o, w)
+
+
+@pytest.mark.parametrize("backend", [None, "eager", "aot_eager"])
+def test_bug_mm_under_autocast_returned_a_dtype_that_depended_on_the_compile_backend(backend):
+    # gemmgen.mm in an autocast region gave bf16 eagerly and with backend="eager" (torch.mm inside the fallback
+    # autocast) but fp32 with aot_eager (the fake impl's dtype): now bf16 everywhere, as torch.matmul, and the
+    # bare op keeps its inputs' dtype in every mode, as its fake impl says.
+    torch._dynamo.reset()
+    A, B = torch.randn(4, 3), torch.randn(3, 5)
+
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return gemmgen.mm(a, b), torch.ops.gemmgen.mm(a, b), torch.matmul(a, b)
+
+    run = f if backend is None else torch.compile(f, backend=backend, fullgraph=True)
+    ours, bare, want = run(A, B)
+    assert ours.dtype == want.dtype == torch.bfloat16 and bare.dtype == torch.float32
+    torch.testing.assert_close(ours, want)
+    torch.testing.assert_close(bare, A @ B)

@@ -69,6 +69,21 @@ def _transformed() -> bool:
     return not _is_compiling() and (_functorch_active() or _forward_ad._current_level >= 0)
 
 
+_any_autocast = getattr(_C, "_is_any_autocast_enabled", lambda: False)
+
+
+def _autocast(device_type: str, *tensors):
+    """`tensors` as torch's autocast gives them to linear and mm: where autocast is on for `device_type`, the
+    floating ones on that device (float64 aside) cast to its dtype, so gemmgen.nn.Linear in an autocast region
+    computes (on bf16/f16 kernels) and returns what torch.nn.Linear does; else as given. (torch.ops.gemmgen.* take
+    the dtypes they are given.)"""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 and
+                 t.device.type == device_type else t for t in tensors)
+
+
 _TORCH_ACTIVATIONS = {"none": lambda z: z, "relu": torch.relu, "silu": torch.nn.functional.silu,
                       "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
 
@@ -200,6 +215,8 @@ class _Linear(torch.autograd.Function):
 
 def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str = "none") -> Tensor:
     """Y = act(X·Wᵀ + b): gemmgen::linear, or its implementation directly when nothing traces the call."""
+    if _any_autocast() and isinstance(X, Tensor):
+        X, W, bias = _autocast(X.device.type, X, W, bias)
     if _eager(X, W) if bias is None else _eager(X, W, bias):
         if torch.is_grad_enabled() and (X.requires_grad or W.requires_grad or
                                         (bias is not None and bias.requires_grad)):
@@ -218,6 +235,8 @@ def mm(A, B):
     first operand's library when it has from_dlpack (on the GPU under the DLPack stream handshake; on the CPU,
     the fallback)."""
     if isinstance(A, Tensor) and isinstance(B, Tensor):
+        if _any_autocast():
+            A, B = _autocast(A.device.type, A, B)
         if _eager(A, B):
             if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
                 return _Mm.apply(A, B)

@@ -182,7 +182,8 @@ class _Fallback:
 
     def mm(self, A: Tensor, B: Tensor) -> Tensor:
         stats.fallback("mm", self.reason)
-        return torch.mm(A, B)
+        # out=: autocast leaves it alone, so the op returns A's dtype as its fake impl says
+        return torch.mm(A, B, out=torch.empty((A.shape[0], B.shape[1]), dtype=A.dtype, device=A.device))
 
     def linear(self, X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
         stats.fallback("linear", self.reason)
