@@ -234,3 +234,39 @@ def test_bug_mm_under_autocast_returned_a_dtype_that_depended_on_the_compile_bac
     assert ours.dtype == want.dtype == torch.bfloat16 and bare.dtype == torch.float32
     torch.testing.assert_close(ours, want)
     torch.testing.assert_close(bare, A @ B)
+
+
+# --- the one-time fallback warning ------------------------------------------------------------------------------
+
+def test_bug_a_kernel_refusing_token_counts_warned_once_per_count():
+    # A kernel's refusal names the call's shape ("does not serve 7x24x40: ..."), and the one-time warning was
+    # keyed on that text: a model whose token count changes got a FallbackWarning for every new count. Now one
+    # per kernel; gemmgen.stats() still counts each reason.
+    from gemmgen.model.arch import DType
+    from gemmgen.model.errors import InvalidInput
+    from gemmgen.model.linear import KernelClass
+    from gemmgen.model.problem import Activation, Layout
+    from gemmgen.torch.registry import CPU, REGISTRY, register
+
+    def multiple_of_8_rows(A, B, D, C=None, bias=None):
+        m, k = A.shape
+        if m % 8:
+            raise InvalidInput(f"this kernel does not serve {m}x{B.shape[1]}x{k}: M % 8 == 0: got {m}", "kernel")
+        D.copy_(A.float() @ B.float())
+
+    register(KernelClass(DType.BF16, Layout.ROW, Layout.ROW, False, Activation.NONE, None, 24, 40),
+             multiple_of_8_rows, gpu=CPU)
+    try:
+        B = torch.randn(40, 24).bfloat16()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for m in range(1, 20):
+                A = torch.randn(m, 40).bfloat16()
+                torch.testing.assert_close(gemmgen.mm(A, B).float(), A.float() @ B.float(), rtol=2e-2, atol=2e-2)
+        counts = gemmgen.stats()
+        assert counts["kernel_calls"] == 2 and counts["fallbacks"] == 17
+        assert len(counts["fallbacks_by_reason"]) == 17
+        refusals = [w for w in caught if issubclass(w.category, stats.FallbackWarning)]
+        assert len(refusals) == 1 and "does not serve 1x24x40" in str(refusals[0].message)
+    finally:
+        REGISTRY.clear()

@@ -20,6 +20,8 @@ dtype is served correctly by the same binding.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -172,21 +174,35 @@ def activate_(Y: Tensor, activation: str) -> Tensor:
 
 # --- plans -----------------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Refusal:
+    """A kernel refused a call before launching anything: where the kernel came from and the rule it named (which
+    may name the call's shape: one reason per token count its rules exclude)."""
+
+    origin: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"kernel from {self.origin} refused the call: {self.rule}"
+
+
 class _Fallback:
-    """torch (aten) runs the product; the reason is counted and warned about once."""
+    """torch (aten) runs the product; the reason is counted, and warned about once (a kernel's refusals: once per
+    kernel, not once per shape it refuses)."""
 
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "warn_key")
 
-    def __init__(self, reason: str):
-        self.reason = reason
+    def __init__(self, reason: "str | Refusal"):
+        self.reason = str(reason)
+        self.warn_key = f"kernel from {reason.origin} refused a call" if isinstance(reason, Refusal) else self.reason
 
     def mm(self, A: Tensor, B: Tensor) -> Tensor:
-        stats.fallback("mm", self.reason)
+        stats.fallback("mm", self.reason, self.warn_key)
         # out=: autocast leaves it alone, so the op returns A's dtype as its fake impl says
         return torch.mm(A, B, out=torch.empty((A.shape[0], B.shape[1]), dtype=A.dtype, device=A.device))
 
     def linear(self, X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
-        stats.fallback("linear", self.reason)
+        stats.fallback("linear", self.reason, self.warn_key)
         out_features, in_features = W.shape
         Y = torch.empty((*X.shape[:-1], out_features), dtype=X.dtype, device=X.device)
         X2, Y2 = rows(X, in_features), rows(Y, out_features)
@@ -208,7 +224,7 @@ class _Kernel:
         self.stream = _stream_getter() if like.is_cuda else _no_stream
 
     def launch(self, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None",
-               row_sums: "Tensor | None" = None) -> str:
+               row_sums: "Tensor | None" = None) -> "str | Refusal":
         """Run into D (and row_sums, for a kernel that writes A's row sums); '' on success, else why the kernel
         refused (nothing ran: torch can take over)."""
         try:
@@ -222,7 +238,7 @@ class _Kernel:
             else:
                 self.kernel(A, B, D, bias=bias)
         except InvalidInput as exc:
-            return f"kernel from {self.origin} refused the call: {exc.rule}"
+            return Refusal(self.origin, exc.rule)
         return ""
 
     def mm(self, A: Tensor, B: Tensor) -> Tensor:
@@ -270,7 +286,7 @@ def _stream_getter():
 
 def _kernel_plan(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None", shape, post: "str | None",
                  row_sums: "Tensor | None" = None):
-    """(a _Kernel plan for `found` on these operands, '') or (None, why the kernel refused them)."""
+    """(a _Kernel plan for `found` on these operands, '') or (None, the Refusal)."""
     bind_launch = getattr(found.kernel, "bind_launch", None)
     bound = None
     if bind_launch is not None:
@@ -279,7 +295,7 @@ def _kernel_plan(found, A: Tensor, B: Tensor, D: Tensor, bias: "Tensor | None", 
             bound = bind_launch(A, B, D, bias=bias) if row_sums is None else \
                 bind_launch(A, B, D, bias=bias, row_sums=row_sums)
         except InvalidInput as exc:
-            return None, f"kernel from {found.origin} refused the call: {exc.rule}"
+            return None, Refusal(found.origin, exc.rule)
     return _Kernel(found, bound, shape, D, post), ""
 
 
@@ -393,4 +409,5 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
     return plan.linear(X, W, bias, activation)
 
 
-__all__ = ["PLANS_KEPT", "activate_", "check_linear", "check_mm", "check_tensors", "linear", "mm", "mm_row_sums", "rows"]
+__all__ = ["PLANS_KEPT", "Refusal", "activate_", "check_linear", "check_mm", "check_tensors", "linear", "mm",
+           "mm_row_sums", "rows"]

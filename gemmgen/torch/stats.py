@@ -22,12 +22,14 @@ def kernel_call(op: str) -> None:
         _kernel_calls[op] = _kernel_calls.get(op, 0) + 1
 
 
-def fallback(op: str, reason: str) -> None:
-    """Count a fallback of `op` for `reason`, warning the first time this reason is seen."""
+def fallback(op: str, reason: str, warn_key: "str | None" = None) -> None:
+    """Count a fallback of `op` for `reason`, warning the first time its `warn_key` (default: the reason) is seen:
+    reasons that name a call's shape share one key, so a changing token count does not warn per count."""
+    key = reason if warn_key is None else warn_key
     with _lock:
         _fallbacks[reason] = _fallbacks.get(reason, 0) + 1
-        first = reason not in _warned
-        _warned.add(reason)
+        first = key not in _warned
+        _warned.add(key)
     if first:
         warnings.warn(f"gemmgen: {op} runs on torch instead of a gemmgen kernel: {reason} (warned once; "
                       "gemmgen.stats() counts these)", FallbackWarning, stacklevel=3)
