@@ -99,3 +99,47 @@ def test_a_cubin_that_is_not_a_regular_file_is_refused(tmp_path):
     (tmp_path / "k.json").write_text(json.dumps({"format": "gemmgen-manifest/1", "name": "k", "cubin": "k.cubin"}))
     with pytest.raises(InvalidInput, match="a bundle must hold the cubin its manifest names"):
         gemmgen.load(tmp_path / "k.json")
+
+
+SHIPPED_RECORD = HERE.parent / "results" / "h100-sxm" / "tunes" / "4096x4096x4096_bf16_rr_bf16_linear.json"
+
+
+def stored_record(tmp_path, edit) -> Path:
+    """The shipped 4096^3 H100 record, edited, as the only record in $GEMMGEN_RESULTS."""
+    record = json.loads(SHIPPED_RECORD.read_text())
+    edit(record)
+    path = tmp_path / "results" / "h100-sxm" / "tunes" / SHIPPED_RECORD.name
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize("argv", [["calibrate", "--gpu", "h100"], ["calibrate", "--gpu", "h100", "--fit"]])
+@pytest.mark.parametrize("edit", [lambda r: r.pop("problem"), lambda r: r["problem"].pop("M"),
+                                  lambda r: r.update(trials="x")], ids=["no problem", "no M", "trials text"])
+def test_a_damaged_record_is_skipped_by_calibrate_not_a_keyerror(capsys, tmp_path, argv, edit):
+    """Regression: a stored record without its problem (or M) ended `gemmgen calibrate` and `calibrate --fit` in
+    a KeyError traceback; lookup already skipped such a record. Now every reader skips it."""
+    stored_record(tmp_path, edit)
+    line = one_line_error(capsys, argv)
+    assert "needs measured tunes" in line
+
+
+def test_a_trial_with_a_damaged_time_is_skipped_by_calibrate(capsys, tmp_path):
+    """Regression: a trial whose time_s was text ended calibrate in a ValueError traceback from float()."""
+    from gemmgen.cli import main
+
+    stored_record(tmp_path, lambda r: r["trials"][0].update(time_s="fast"))
+    assert main(["calibrate", "--gpu", "h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tunes"][0]["problem"] == "4096x4096x4096_bf16_rr"
+
+
+def test_a_manifest_problem_without_m_is_invalid_input_not_a_keyerror(tmp_path):
+    """Regression: Problem.from_dict({...without M}) raised KeyError: 'M' out of gemmgen.load."""
+    from gemmgen import Problem
+    from gemmgen.model.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="a problem must give M, N and K.*missing M"):
+        Problem.from_dict({"N": 64, "K": 64})
+    with pytest.raises(InvalidInput, match="a problem must be a mapping"):
+        Problem.from_dict(None)

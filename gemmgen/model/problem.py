@@ -375,6 +375,12 @@ class Problem:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
+        """The problem of a record, manifest or dispatch table (to_dict's form), each field checked as create's."""
+        if not isinstance(d, dict):
+            raise InvalidInput("a problem must be a mapping with M, N and K", type(d).__name__)
+        for axis in ("M", "N", "K"):
+            if axis not in d:  # was a bare KeyError: 'M' out of gemmgen.load and the record readers
+                raise InvalidInput("a problem must give M, N and K", f"missing {axis}")
         return cls.create(d["M"], d["N"], d["K"], d.get("a_dtype", "bf16"), d.get("a_layout", "row"),
                           d.get("b_layout", "row"), d.get("c_dtype"), d.get("alpha", 1.0), d.get("beta", 0.0),
                           d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"),

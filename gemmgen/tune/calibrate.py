@@ -11,6 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..model.arch import Gpu
+from ..model import parse
 from ..model.errors import UserError
 from ..rank.predict import predict, tensor_efficiency
 from ..model.problem import Problem
@@ -76,9 +77,10 @@ def measured_pairs(record: dict, gpu: Gpu) -> "list[tuple[str, float, float]]":
         try:
             config = TileConfig.from_dict(trial["config"])
             predicted = predict(problem, config, gpu).time_s
+            measured = parse.real("time_s", trial["time_s"], 0.0, lo_open=True)
         except UserError:
-            continue  # a configuration the current space or model no longer accepts
-        out.append((config.family, predicted, float(trial["time_s"])))
+            continue  # a configuration the current space or model no longer accepts, or a damaged time
+        out.append((config.family, predicted, measured))
     return out
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields, replace
 
 from .. import families
 from ..model.arch import Gpu
+from ..model import parse
 from ..model.errors import UserError
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
@@ -74,9 +75,9 @@ def groups_from_records(records: "list[dict]", gpu: Gpu) -> "list[Group]":
             try:
                 config = TileConfig.from_dict(trial["config"])
                 predict(problem, config, gpu)
+                time_s = parse.real("time_s", trial["time_s"], 0.0, lo_open=True)
             except UserError:
-                continue  # a configuration the current space or rules no longer accept
-            time_s = float(trial["time_s"])
+                continue  # a configuration the current space or rules no longer accept, or a damaged time
             if config.tag not in best or time_s < best[config.tag][1]:
                 best[config.tag] = (config, time_s)
         if len(best) >= 3:

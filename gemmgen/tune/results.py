@@ -138,7 +138,8 @@ def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if not (isinstance(record, dict) and record.get("format") == RECORD_FORMAT and record.get("winner")):
+            if not (isinstance(record, dict) and record.get("format") == RECORD_FORMAT and record.get("winner")
+                    and _readable(record)):
                 continue
             if folder == "tunes":
                 measured.add(path.name)
@@ -146,6 +147,17 @@ def load_records(gpu: "Gpu | str") -> "list[tuple[Path, dict]]":
                 continue
             out.append((path, record))
     return out
+
+
+def _readable(record: dict) -> bool:
+    """Whether a record holds what every reader of it takes for granted: a problem that parses, and trials as a
+    list of mappings. A record edited or cut short without them made `gemmgen calibrate` end in a KeyError."""
+    try:
+        Problem.from_dict(record.get("problem"))
+    except InvalidInput:
+        return False
+    trials = record.get("trials", [])
+    return isinstance(trials, list) and all(isinstance(trial, dict) for trial in trials)
 
 
 def _operands_key(problem: Problem, alignment: bool = True) -> tuple:
