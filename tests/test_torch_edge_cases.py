@@ -270,3 +270,37 @@ def test_bug_a_kernel_refusing_token_counts_warned_once_per_count():
         assert len(refusals) == 1 and "does not serve 1x24x40" in str(refusals[0].message)
     finally:
         REGISTRY.clear()
+
+
+# --- torch.jit.trace and torch.fx -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_jit_trace_of_the_layer_failed_its_checks_or_recorded_the_eager_path(activation):
+    # torch.jit.trace recorded the eager fast path (the autograd.Function, or the plan's aten calls), and for GELU/
+    # SiLU the grad-mode branch: "Graphs differed across invocations". Tracing now records gemmgen::linear, once.
+    import io
+
+    ref, ours = twin_layers(6, 4, activation=activation)
+    traced = torch.jit.trace(ours, (torch.randn(3, 6),))
+    assert "gemmgen::linear" in str(traced.graph)
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.randn(5, 6)
+    torch.testing.assert_close(loaded(x), torch_act(ref(x), activation))
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch_act(ref(x1), activation).sum().backward()
+    traced(x2).sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_bug_fx_symbolic_trace_of_a_gelu_layer_raised_trace_error(activation):
+    # The layer branched on x.requires_grad, a Proxy under torch.fx.symbolic_trace: "symbolically traced
+    # variables cannot be used as inputs to control flow". It now records the fused op.
+    ref, ours = twin_layers(6, 4, activation=activation)
+    graph = torch.fx.symbolic_trace(torch.nn.Sequential(ours, torch.nn.ReLU()))
+    assert "gemmgen.linear" in graph.code
+    x = torch.randn(2, 6)
+    torch.testing.assert_close(graph(x), torch.relu(torch_act(ref(x), activation)))

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.fx import _symbolic_trace
 
 from ..model.linear import ACTIVATIONS
 from . import ops
+
+# (not is_fx_tracing: that one logs a warning on its first call)
+_fx_tracing = getattr(_symbolic_trace, "is_fx_symbolic_tracing", lambda: _symbolic_trace._is_fx_tracing_flag)
 
 
 class Linear(torch.nn.Linear):
@@ -44,8 +48,10 @@ class Linear(torch.nn.Linear):
         return out
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and \
-                (x.requires_grad or self.weight.requires_grad or
+        # Under torch.jit.trace one graph must serve both grad modes, and torch.fx's proxies have no requires_grad
+        # to branch on: both record the fused op, whose backward recomputes Z.
+        if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and not torch.jit.is_tracing() and \
+                not _fx_tracing() and (x.requires_grad or self.weight.requires_grad or
                  (self.bias is not None and self.bias.requires_grad)):
             z = ops.linear(x, self.weight, self.bias, "none")
             if self.activation == "gelu":

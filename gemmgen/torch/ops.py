@@ -54,7 +54,8 @@ TRANSFORMED = ("a torch.func transform (grad, jvp, vmap, ...) or forward-mode AD
 def _eager(*tensors) -> bool:
     """Whether a call on `tensors` may skip the torch.library dispatcher (see the module docstring)."""
     # The modes first: under a torch function mode even reading t.is_meta goes through the mode.
-    if _is_compiling() or _function_mode() or _dispatch_modes() or _functorch() or _forward_ad._current_level >= 0:
+    if _is_compiling() or _function_mode() or _dispatch_modes() or _functorch() or _forward_ad._current_level >= 0 \
+            or _C._is_tracing():
         return False
     for t in tensors:
         if type(t) not in _PLAIN or t.is_meta:  # (None or a non-tensor too: the custom op's schema names it)
