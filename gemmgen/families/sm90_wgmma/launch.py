@@ -19,6 +19,7 @@ from ..base import Launches
 from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, mn_blocks, smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
+TMA_BOX_ROWS = 256      # the most rows (elements of any dimension) one TMA box spans
 SWIZZLE_ROW_BYTES = 128  # one 128B-swizzle row: the TMA box's inner extent (64 16-bit or 128 fp8 elements)
 # The tensor maps' L2 promotion, recorded in each manifest spec ("l2_promotion") so every launcher encodes
 # the same map. 128B, not 256B: over rows that do not start on 128-byte boundaries (ld 3000 bf16) 256B ran
@@ -228,7 +229,9 @@ def _box(tile_rows: int, kmajor: bool, split: int, elt: int) -> "tuple[list[int]
     (or its slice of a multicast), 128B swizzle. MN-major: one main block of the tile's columns (64, or 32 / 16 for
     a tile narrower than 64 columns: rules.mn_blocks) by 64 rows of K."""
     if kmajor:
-        return [SWIZZLE_ROW_BYTES // elt, tile_rows // split], "128B"
+        rows = tile_rows // split
+        # A box spans at most 256 rows: a wider tile (or slice) loads as two boxes (the template's *_BOX_ROWS).
+        return [SWIZZLE_ROW_BYTES // elt, rows // 2 if rows > TMA_BOX_ROWS else rows], "128B"
     span = mn_blocks(tile_rows, elt)[1]
     return [span // elt, 64], f"{span}B"
 

@@ -13,6 +13,9 @@ BARRIER_BYTES = 1024  # mbarriers and scheduler state, rounded to a swizzle atom
 EPI_WARP_BYTES = 16 * 40 * 4  # epilogue staging per consumer warp: 16 rows x 40 fp32
 EPI_BOX_BYTES = 16 * 32 * 2   # one TMA-store box of the epilogue: 16 rows x 32 16-bit columns
 PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
+# The widest warpgroup tile N: m64n256 and a second wgmma over the columns past 256 (192 accumulators a thread at
+# most: the accumulator rule below).
+WIDE_MMA_N = 384
 WIDE_SWAP_COLUMNS = 4   # tile columns of M a wide swapped tile serves (swap_m_max)
 
 
@@ -81,7 +84,11 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # 16-bit inputs write D in their own type, or in fp32 through the staged epilogue (no TMA stores).
         rule(operands.c_dtype in (operands.a_dtype, DType.F32), "sm90_wgmma writes D in the inputs' dtype or f32",
              operands.c_dtype.value, f"{operands.a_dtype.value} or f32")
-    rule(mma.n % 8 == 0 and 8 <= mma.n <= 256, "wgmma N must be a multiple of 8 up to 256", mma.n, "8..256")
+    # Past 256 (wgmma's widest), a warpgroup tile of whole 64-column blocks is issued as m64n256 plus m64n(N - 256)
+    # on the next columns (cuBLAS runs 320-wide tiles at 4096x14336x4096 and 8192^3: nvjet 320x128).
+    rule((mma.n % 8 == 0 and 8 <= mma.n <= 256) or (mma.n % 64 == 0 and mma.n <= WIDE_MMA_N),
+         f"wgmma N must be a multiple of 8 up to 256 (or of 64 up to {WIDE_MMA_N}, issued as two wgmmas)",
+         mma.n, f"8..256, 320, {WIDE_MMA_N}")
     rule(mma.n == warp.n, "wgmma N must equal the warpgroup tile N", mma.n, warp.n)
     rule(config.smem_layout is SmemLayout.SWIZZLE, "sm90_wgmma needs the 128B swizzle layout",
          config.smem_layout.value, "swizzle")
@@ -152,8 +159,9 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     else:
         rule(cta.m % 64 == 0 and cta.n % 64 == 0 and warp.n % 64 == 0,
              "sm90 CTA tile M, N and warpgroup tile N must be multiples of 64", f"{cta.m}x{cta.n}/{warp.n}", 64)
-    rule(cta.m <= 256 and cta.n <= 256, "sm90 CTA tile M and N must be at most 256 (TMA box limit)",
-         f"{cta.m}x{cta.n}", 256)
+    # A TMA box spans at most 256 rows: a K-major B tile (or multicast slice) past that loads as two boxes.
+    rule(cta.m <= 256 and cta.n <= WIDE_MMA_N, f"sm90 CTA tile M must be at most 256 (TMA box limit) and N at "
+         f"most {WIDE_MMA_N} (two boxes)", f"{cta.m}x{cta.n}", f"256x{WIDE_MMA_N}")
     rule(config.warp_specialized, "sm90_wgmma is warp-specialized (a producer warpgroup issues TMA)",
          config.warp_specialized, True)
     # A 2-CTA cluster splits the shared operand's tile into one TMA slice per CTA.
@@ -338,5 +346,5 @@ def regs_allocated(config: Sm90Config, per_thread: int) -> int:
     return config.threads * per_thread
 
 
-__all__ = ["BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check", "mn_blocks", "mn_swizzle_bytes",
+__all__ = ["WIDE_MMA_N", "BARRIER_BYTES", "EPI_BOX_BYTES", "EPI_WARP_BYTES", "PRODUCER_REGS", "a_is_kmajor", "b_is_kmajor", "check", "mn_blocks", "mn_swizzle_bytes",
            "epi_boxes", "epi_warp_bytes", "regs_allocated", "regs_estimate", "smem_bytes"]
