@@ -304,3 +304,108 @@ def test_bug_fx_symbolic_trace_of_a_gelu_layer_raised_trace_error(activation):
     assert "gemmgen.linear" in graph.code
     x = torch.randn(2, 6)
     torch.testing.assert_close(graph(x), torch.relu(torch_act(ref(x), activation)))
+
+
+# --- on the GPU: what only the kernel path shows ----------------------------------------------------------------
+
+IN, OUT, TOKENS = 520, 776, 333   # as tests/test_torch_gpu.py: 8-aligned, not tile multiples
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A kernel store holding Linear(IN, OUT, bias)'s three products (no activation), tuned at TOKENS: the model's
+    picks, compiled for this GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from gemmgen.model.linear import LinearLayer
+    from gemmgen.torch.registry import REGISTRY, gpu_key
+    from gemmgen.tune.linear import tune_linear
+
+    key = gpu_key(0)
+    if key is None:
+        pytest.skip(f"{torch.cuda.get_device_name(0)} is not in gemmgen's catalogue")
+    root = tmp_path_factory.mktemp("kernels")
+    layer = LinearLayer.create(IN, OUT, "bf16", True, "none", TOKENS)
+    products = tune_linear(layer, gemmgen.lookup_gpu(key), dry_run=True, top_k=1, jobs=2, root=root,
+                           roles=("forward", "dgrad", "wgrad"))
+    assert all(p.kernel for p in products), [p.result for p in products]
+    REGISTRY.use_store(root)
+    yield root
+    REGISTRY.use_store(None)
+
+
+def _rel_err(got, want) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+@pytest.mark.gpu
+def test_gpu_an_fp32_layer_in_a_bf16_autocast_region_trains_on_the_bf16_kernels(store):
+    # Before the autocast fix an fp32 layer in torch.autocast("cuda", bfloat16) ran its three products on torch in
+    # fp32 (fallbacks: dtype float32) and returned fp32; it now casts as torch.nn.Linear does and runs on kernels.
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(IN, OUT, device="cuda")
+    ours = Linear(IN, OUT, device="cuda")
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(TOKENS, IN, device="cuda")
+    g = torch.randn(TOKENS, OUT, device="cuda", dtype=torch.bfloat16)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        want, got = ref(x1), ours(x2)
+    assert got.dtype == want.dtype == torch.bfloat16
+    want.backward(g)
+    got.backward(g)
+    counts = gemmgen.stats()
+    assert counts["fallbacks"] == 0 and counts["kernel_calls_by_op"] == {"linear": 1, "mm": 2}, counts
+    exact = torch.nn.functional.linear(x, ref.weight, ref.bias)
+    assert _rel_err(got, exact) <= 2 * _rel_err(want, exact) + 2e-3
+    for mine, theirs in ((x2.grad, x1.grad), (ours.weight.grad, ref.weight.grad), (ours.bias.grad, ref.bias.grad)):
+        assert mine.dtype == torch.float32 and _rel_err(mine, theirs) < 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_jvp_through_a_layer_with_a_stored_kernel_keeps_the_tangent(store):
+    # A kernel writes no tangent: under jvp the custom op lost it silently (the Jacobian-vector product came back
+    # as zeros). Such calls now run on torch's ops, counted as a fallback.
+    torch.manual_seed(0)
+    ours = Linear(IN, OUT, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(TOKENS, IN, device="cuda", dtype=torch.bfloat16)
+    t = torch.randn_like(x)
+    _, tangent = torch.func.jvp(ours, (x,), (t,))
+    assert _rel_err(tangent, t.float() @ ours.weight.float().t()) < 1e-2
+    assert any("torch.func transform" in r for r in gemmgen.stats()["fallbacks_by_reason"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_f, out_f", [(0, OUT), (IN, 0)])
+def test_gpu_a_layer_with_an_empty_width_equals_torch_linear(store, in_f, out_f):
+    ref, ours = (m.to("cuda", torch.bfloat16) for m in twin_layers(in_f, out_f))
+    x = torch.randn(TOKENS, in_f, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+@pytest.mark.gpu
+def test_gpu_refused_views_at_many_token_counts_warn_once(store):
+    # Views whose rows a kernel's alignment cannot take (3 elements of gap) at several token counts: each is
+    # refused and counted, with at most one FallbackWarning for the stored kernel's refusals.
+    W = torch.randn(OUT, IN, device="cuda", dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for tokens in (TOKENS, TOKENS - 16, TOKENS - 32, TOKENS - 48):
+            X = torch.randn(tokens, IN + 3, device="cuda", dtype=torch.bfloat16)[:, :IN]
+            assert _rel_err(gemmgen.linear(X, W), X.float() @ W.float().t()) < 1e-2
+    assert gemmgen.stats()["fallbacks"] == 4
+    refusals = [w for w in caught if issubclass(w.category, stats.FallbackWarning) and "refused" in str(w.message)]
+    assert len(refusals) <= 1, [str(w.message) for w in refusals]
+
+
+@pytest.mark.gpu
+def test_gpu_a_jit_traced_layer_runs_the_stored_kernel(store):
+    torch.manual_seed(0)
+    ours = Linear(IN, OUT, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(TOKENS, IN, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        traced = torch.jit.trace(ours, (x,))
+        stats.reset_stats()
+        y = traced(x)
+    assert gemmgen.stats()["kernel_calls_by_op"] == {"linear": 1}, gemmgen.stats()
+    assert _rel_err(y, torch.nn.functional.linear(x.float(), ours.weight.float(), ours.bias.float())) < 1e-2
