@@ -409,3 +409,22 @@ def test_gpu_a_jit_traced_layer_runs_the_stored_kernel(store):
         y = traced(x)
     assert gemmgen.stats()["kernel_calls_by_op"] == {"linear": 1}, gemmgen.stats()
     assert _rel_err(y, torch.nn.functional.linear(x.float(), ours.weight.float(), ours.bias.float())) < 1e-2
+
+
+def test_bug_the_fallback_warning_pointed_into_plans_py_not_the_calling_line():
+    # stacklevel=3 named a line of gemmgen/torch/plans.py (the depth to the caller varies: layer, mm, custom op,
+    # autograd). The warning now names the first frame outside gemmgen's torch layer and torch: the model's line.
+    import inspect
+
+    layer = Linear(8, 4)
+    calls = [lambda: layer(torch.randn(2, 8)), lambda: gemmgen.mm(torch.randn(2, 8), torch.randn(8, 3)),
+             lambda: torch.ops.gemmgen.mm(torch.randn(2, 8), torch.randn(8, 3)),
+             lambda: layer(torch.randn(2, 8, requires_grad=True)).sum().backward()]
+    for call in calls:
+        stats.reset_stats(warnings_too=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        (warning,) = [w for w in caught if issubclass(w.category, stats.FallbackWarning)]
+        assert (warning.filename, warning.lineno) == (__file__, inspect.getsourcelines(call)[1]), \
+            (warning.filename, warning.lineno)

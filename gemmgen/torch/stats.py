@@ -4,6 +4,8 @@ Counted on the host when an op runs eagerly (or is captured): a CUDA graph's rep
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 
@@ -32,7 +34,20 @@ def fallback(op: str, reason: str, warn_key: "str | None" = None) -> None:
         _warned.add(key)
     if first:
         warnings.warn(f"gemmgen: {op} runs on torch instead of a gemmgen kernel: {reason} (warned once; "
-                      "gemmgen.stats() counts these)", FallbackWarning, stacklevel=3)
+                      "gemmgen.stats() counts these)", FallbackWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The stacklevel, for a warning issued in fallback(), of the first frame outside this package and torch: the
+    model's line that made the call (not a line of plans.py, whose depth below the caller varies)."""
+    inside = [os.path.dirname(os.path.abspath(__file__))]
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        inside.append(os.path.dirname(os.path.abspath(torch.__file__)))
+    frame, level = sys._getframe(2), 2   # fallback()'s caller is stacklevel 2
+    while frame is not None and any(os.path.abspath(frame.f_code.co_filename).startswith(d + os.sep) for d in inside):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
 
 
 def stats() -> dict:
