@@ -428,3 +428,17 @@ def test_bug_the_fallback_warning_pointed_into_plans_py_not_the_calling_line():
         (warning,) = [w for w in caught if issubclass(w.category, stats.FallbackWarning)]
         assert (warning.filename, warning.lineno) == (__file__, inspect.getsourcelines(call)[1]), \
             (warning.filename, warning.lineno)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: gemmgen.mm(torch.randn(3, 4).to_sparse(), torch.randn(4, 2)), "mm needs A dense"),
+    (lambda: gemmgen.mm(torch.randn(3, 4), torch.randn(4, 2).to_sparse_csr()), "mm needs B dense"),
+    (lambda: torch.ops.gemmgen.mm(torch.randn(3, 4).to_sparse(), torch.randn(4, 2)), "mm needs A dense"),
+    (lambda: Linear(4, 2)(torch.randn(3, 4).to_sparse()), "linear needs X dense"),
+    (lambda: gemmgen.linear(torch.randn(3, 4), torch.randn(2, 4), torch.randn(2).to_sparse()),
+     "linear needs bias dense"),
+])
+def test_bug_a_sparse_operand_raised_cannot_access_data_pointer(call, message):
+    # The plan's key reads data_ptr() first: "Cannot access data pointer of Tensor that doesn't have storage".
+    with pytest.raises(RuntimeError, match=f"gemmgen::{message} \\(torch.strided\\), but got torch.sparse"):
+        call()

@@ -114,8 +114,17 @@ def check_tensors(op: str, **operands) -> None:
             raise TypeError(f"gemmgen::{op} needs {name} to be a torch.Tensor, but got {type(x).__name__}")
 
 
+def check_dense(op: str, **operands) -> None:
+    """RuntimeError naming an operand that is not a dense (strided) tensor: a sparse or nested one has no data
+    pointer for a kernel, or for a plan's key."""
+    for name, x in operands.items():
+        torch._check(x is None or x.layout == torch.strided,
+                     lambda: f"gemmgen::{op} needs {name} dense (torch.strided), but got {x.layout}")
+
+
 def check_mm(A: Tensor, B: Tensor) -> None:
     check_tensors("mm", A=A, B=B)
+    check_dense("mm", A=A, B=B)
     torch._check(A.dim() == 2 and B.dim() == 2, lambda: f"gemmgen::mm needs 2-D A and B, but got {A.dim()}-D "
                                                          f"and {B.dim()}-D")
     torch._check(A.shape[1] == B.shape[0], lambda: f"gemmgen::mm needs A: M×K and B: K×N, but got A "
@@ -136,6 +145,7 @@ def _linear_ok(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> 
 
 def check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> None:
     check_tensors("linear", X=X, W=W)
+    check_dense("linear", X=X, W=W, bias=bias)
     torch._check(activation in ACTIVATIONS, lambda: f"gemmgen::linear activation must be one of "
                                                     f"{', '.join(ACTIVATIONS)}, but got {activation!r}")
     torch._check(X.dim() >= 1 and W.dim() == 2, lambda: f"gemmgen::linear needs X (..., in) and W [out, in], "
@@ -312,7 +322,12 @@ def _keep(key: tuple, plan) -> None:
 
 def mm(A: Tensor, B: Tensor) -> Tensor:
     """D = A·B on a gemmgen kernel when one is registered for the product, else torch.mm."""
-    key = (A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype, A.get_device())
+    try:
+        key = (A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype,
+               A.get_device())
+    except RuntimeError:   # no data pointer (a sparse or nested tensor): check_mm names the operand
+        check_mm(A, B)
+        raise
     plan = _plans.get(key)
     if plan is not None:
         return plan.mm(A, B)
@@ -372,9 +387,13 @@ def mm_row_sums(A: Tensor, B: Tensor) -> "tuple[Tensor, Tensor | None]":
 
 def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
     """Y = act(X·Wᵀ + b) on a gemmgen kernel when one is registered for the product, else torch."""
-    key = (X.data_ptr(), W.data_ptr(), X.shape, W.shape, X.stride(), W.stride(), X.dtype, W.dtype,
-           None if bias is None else (bias.data_ptr(), bias.shape, bias.stride(), bias.dtype),
-           activation, X.get_device())
+    try:
+        key = (X.data_ptr(), W.data_ptr(), X.shape, W.shape, X.stride(), W.stride(), X.dtype, W.dtype,
+               None if bias is None else (bias.data_ptr(), bias.shape, bias.stride(), bias.dtype),
+               activation, X.get_device())
+    except RuntimeError:   # no data pointer (a sparse or nested tensor): check_linear names the operand
+        check_linear(X, W, bias, activation)
+        raise
     plan = _plans.get(key)
     if plan is not None:
         return plan.linear(X, W, bias, activation)
@@ -409,5 +428,5 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
     return plan.linear(X, W, bias, activation)
 
 
-__all__ = ["PLANS_KEPT", "Refusal", "activate_", "check_linear", "check_mm", "check_tensors", "linear", "mm",
-           "mm_row_sums", "rows"]
+__all__ = ["PLANS_KEPT", "Refusal", "activate_", "check_dense", "check_linear", "check_mm", "check_tensors", "linear",
+           "mm", "mm_row_sums", "rows"]
