@@ -442,3 +442,24 @@ def test_bug_a_sparse_operand_raised_cannot_access_data_pointer(call, message):
     # The plan's key reads data_ptr() first: "Cannot access data pointer of Tensor that doesn't have storage".
     with pytest.raises(RuntimeError, match=f"gemmgen::{message} \\(torch.strided\\), but got torch.sparse"):
         call()
+
+
+# --- torch.compile: recompiles ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_bug_dynamic_compile_specialised_the_token_count_in_the_traced_backward(activation):
+    # plans.rows (d923d37) took the token count as Size.numel(), which specialises a dynamic size: with
+    # dynamic=True the layer recompiled for every new token count (torch.nn.Linear compiles once past 0 and 1).
+    import torch._dynamo.utils as dynamo_utils
+
+    def graphs(model) -> int:
+        torch._dynamo.reset()
+        dynamo_utils.counters.clear()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+        for shape in [(0,), (1,), (2,), (5,), (9,), (3, 0), (4, 7)]:
+            compiled(torch.randn(*shape, 16, requires_grad=True)).sum().backward()
+        return dynamo_utils.counters["stats"]["unique_graphs"]
+
+    ref, ours = twin_layers(16, 8, activation=activation)
+    want = graphs(torch.nn.Sequential(ref, torch.nn.SiLU() if activation == "silu" else torch.nn.Identity()))
+    assert graphs(ours) == want

@@ -20,6 +20,7 @@ dtype is served correctly by the same binding.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -166,9 +167,10 @@ def check_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -
 
 
 def rows(x: Tensor, width: int) -> Tensor:
-    """x (..., width) as a 2-D (tokens, width), a view where its strides allow. (reshape(-1, width) cannot infer
-    the token count when width is 0: a layer with in_features or out_features of 0.)"""
-    return x.reshape(x.shape[:-1].numel(), width)
+    """x (..., width) as a 2-D (tokens, width), a view where its strides allow. (reshape(-1, 0) cannot infer the
+    token count: a layer with in_features or out_features of 0. -1 otherwise: Size.numel() would specialise a
+    dynamic token count under torch.compile, which traces the backward through here.)"""
+    return x.reshape(-1, width) if width != 0 else x.reshape(math.prod(x.shape[:-1]), 0)
 
 
 def activate_(Y: Tensor, activation: str) -> Tensor:
