@@ -143,3 +143,40 @@ def test_a_manifest_problem_without_m_is_invalid_input_not_a_keyerror(tmp_path):
         Problem.from_dict({"N": 64, "K": 64})
     with pytest.raises(InvalidInput, match="a problem must be a mapping"):
         Problem.from_dict(None)
+
+
+@pytest.mark.parametrize("argv", [["lookup", "4096", "4096", "4096", "--gpu", "h100"],
+                                  ["lookup", "4000", "4096", "4096", "--gpu", "h100", "--json"]])
+@pytest.mark.parametrize("edit", [lambda r: r["winner"].pop("config"), lambda r: r["winner"].pop("kernel"),
+                                  lambda r: r["winner"].update(tflops="x"), lambda r: r.pop("gpu"),
+                                  lambda r: r["cublas"].pop("tflops")],
+                         ids=["no config", "no kernel", "tflops text", "no gpu", "no cublas tflops"])
+def test_lookup_skips_a_damaged_record_instead_of_a_traceback(capsys, tmp_path, argv, edit):
+    """Regression: lookup answered from a record whose winner lacked its config or kernel, or held tflops as
+    text, and ended in a KeyError or ValueError traceback; now such a record is skipped as unreadable."""
+    stored_record(tmp_path, edit)
+    line = one_line_error(capsys, argv)
+    assert "no tuning results stored" in line
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: r["winner"].pop("tflops"), "winner must give its kernel and a positive tflops"),
+    (lambda r: r["winner"].update(tflops="x"), "winner must give its kernel and a positive tflops"),
+    (lambda r: r.update(environment=None), "environment and search must be mappings"),
+    (lambda r: r.update(elapsed_s="x"), "elapsed_s must be a non-negative number"),
+])
+def test_suite_from_results_names_a_damaged_record_instead_of_a_traceback(capsys, tmp_path, edit, words):
+    """Regression: suite --from-results read a record's winner.tflops, environment and elapsed_s unchecked
+    (KeyError, TypeError, AttributeError, ValueError tracebacks); now the row says the record is damaged, and a
+    suite with no readable winner writes nothing and exits 2."""
+    from gemmgen.cli import main
+
+    stored_record(tmp_path, edit)
+    (tmp_path / "one.yaml").write_text("shapes:\n  - {name: a, M: 4096, N: 4096, K: 4096}\n")
+    line = one_line_error(capsys, ["suite", str(tmp_path / "one.yaml"), "--from-results", "--gpu", "h100",
+                                   "--dtypes", "bf16"])
+    assert "--from-results needs a stored winner" in line
+    from gemmgen.tune.suite import _unreadable
+
+    record = json.loads((tmp_path / "results" / "h100-sxm" / "tunes" / SHIPPED_RECORD.name).read_text())
+    assert _unreadable(record) == words

@@ -160,6 +160,34 @@ def _readable(record: dict) -> bool:
     return isinstance(trials, list) and all(isinstance(trial, dict) for trial in trials)
 
 
+def unanswerable(record: dict) -> str:
+    """'' when lookup can answer with a record (the GPU, the winner's kernel, configuration and times, cuBLAS's
+    times), else the first field that is wrong: such a record ended lookup in KeyError and ValueError tracebacks."""
+    if not isinstance(record.get("gpu"), str):
+        return "gpu must be the catalogue name of the GPU"
+    winner = record.get("winner")
+    if not isinstance(winner, dict) or not isinstance(winner.get("kernel"), str) \
+            or not isinstance(winner.get("config"), dict):
+        return "winner must give its kernel (text) and config (a mapping)"
+    for key, needed in (("median_time_s", True), ("tflops", True), ("min_time_s", False), ("max_time_s", False)):
+        if not positive_number(winner.get(key), needed):
+            return f"winner.{key} must be a positive number"
+    if winner.get("min_time_s") is not None and not positive_number(winner.get("rounds"), True):
+        return "winner.rounds must be a positive number"
+    cublas = record.get("cublas")
+    if cublas is not None and not (isinstance(cublas, dict) and positive_number(cublas.get("time_s"), False)
+                                   and positive_number(cublas.get("tflops"), cublas.get("time_s") is not None)):
+        return "cublas must be a mapping of positive time_s and tflops"
+    return ""
+
+
+def positive_number(value, needed: bool) -> bool:
+    """Whether a record's field is a finite number above 0, or absent (None) where not `needed`."""
+    if value is None:
+        return not needed
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def _operands_key(problem: Problem, alignment: bool = True) -> tuple:
     """What a winner's kernel is compiled for besides the shape: dtypes, layouts, the epilogue, and (`alignment`)
     the rows' alignment, which the leading dimensions decide (a view with odd ones needs another kernel than its
@@ -184,10 +212,9 @@ def lookup(problem: Problem, gpu: "Gpu | str") -> Answer:
     want, like = _operands_key(problem), _operands_key(problem, alignment=False)
     best = None
     for path, record in records:
-        try:
-            held = Problem.from_dict(record["problem"])
-        except (InvalidInput, KeyError, TypeError):
+        if unanswerable(record):
             continue
+        held = Problem.from_dict(record["problem"])
         same = _operands_key(held) == want
         similar = same or _operands_key(held, alignment=False) == like
         distance = log_distance(problem, held)

@@ -22,7 +22,7 @@ from ..model.errors import InvalidInput, UserError
 from ..model.problem import Layout, Problem, parse_dim
 from ..model.atomic import atomic_write
 from ..model.files import load_yaml, read_text
-from .results import gpu_dir, now, problem_key, record_path, write_json_atomic
+from .results import gpu_dir, now, positive_number, problem_key, record_path, write_json_atomic
 from .serve_check import ShapeCheck, summary
 
 
@@ -469,10 +469,13 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
                 record = None
-            w = (record or {}).get("winner")
+            fault = _unreadable(record) if isinstance(record, dict) else ""
+            w = None if fault else (record or {}).get("winner")
             if not w:
+                note = "not tuned yet" if record is None else (
+                    f"damaged record ({fault})" if fault else "no winner in its record")
                 rows.append(row_for(shape, dtype, tflops=None, cublas_tflops=None, ratio=None, tuning_s=0.0,
-                                    note="not tuned yet" if record is None else "no winner in its record"))
+                                    note=note))
                 continue
             device = device or record.get("environment", {}).get("gpu_name", "")
             cublas = (record.get("cublas") or {}).get("tflops")
@@ -493,6 +496,23 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
                                 predicted_tflops=shape.problem(dtype).flops / pred / 1e12 if pred else None,
                                 note=note))
     return SuiteReport(gpu, source, now(), tuple(rows), False, device, from_results=True)
+
+
+def _unreadable(record: dict) -> str:
+    """'' when the table can read a stored record's winner, cuBLAS, timing and tuning time, else the first field
+    that is wrong: a record edited or cut short ended suite --from-results in a KeyError or TypeError."""
+    w = record.get("winner")
+    if w and not (isinstance(w, dict) and isinstance(w.get("kernel"), str) and positive_number(w.get("tflops"), True)
+                  and positive_number(w.get("predicted_time_s"), False)):
+        return "winner must give its kernel and a positive tflops"
+    cublas = record.get("cublas")
+    if cublas is not None and not (isinstance(cublas, dict) and positive_number(cublas.get("tflops"), False)):
+        return "cublas.tflops must be a positive number"
+    if not all(isinstance(record.get(key, {}), dict) for key in ("environment", "search")):
+        return "environment and search must be mappings"
+    if not (positive_number(record.get("elapsed_s"), False) or record.get("elapsed_s") == 0):
+        return "elapsed_s must be a non-negative number"
+    return ""
 
 
 def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "list[str]", measurer, engines,
