@@ -463,3 +463,25 @@ def test_bug_dynamic_compile_specialised_the_token_count_in_the_traced_backward(
     ref, ours = twin_layers(16, 8, activation=activation)
     want = graphs(torch.nn.Sequential(ref, torch.nn.SiLU() if activation == "silu" else torch.nn.Identity()))
     assert graphs(ours) == want
+
+
+# --- nested (jagged) tensors ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bug_a_jagged_nested_input_raised_not_implemented(activation, compiled):
+    # torch.nn.Linear takes variable-length sequences as a torch.jagged nested tensor; gemmgen's raised
+    # NotImplementedError("gemmgen.linear.default") from the nested tensor's dispatch. Its values are the tokens:
+    # one product, rebuilt on the same offsets.
+    ref, ours = twin_layers(4, 3, activation=activation)
+    parts = [torch.randn(3, 4), torch.randn(2, 4), torch.randn(1, 4)]
+    x1, x2 = (torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True) for _ in range(2))
+    torch._dynamo.reset()
+    layer = torch.compile(ours, backend="aot_eager", fullgraph=True) if compiled else ours
+    got, want = layer(x1), torch_act(ref(x2), activation)
+    assert got.is_nested and got.shape[0] == 3 and got.layout == torch.jagged
+    torch.testing.assert_close(got.values(), want.values())
+    got.values().sum().backward()
+    want.values().sum().backward()
+    torch.testing.assert_close(x1.grad.values(), x2.grad.values())
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad)

@@ -223,11 +223,24 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
                                         (bias is not None and bias.requires_grad)):
             return _Linear.apply(X, W, bias, activation)
         return plans.linear(X, W, bias, activation)
+    if isinstance(X, Tensor) and X.is_nested:
+        return _nested_linear(X, W, bias, activation)
     if _transformed():
         check_linear(X, W, bias, activation)
         stats.fallback("linear", TRANSFORMED)
         return _TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
     return torch.ops.gemmgen.linear(X, W, bias, activation)
+
+
+def _nested_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
+    """linear() of a nested tensor of torch.jagged layout (variable-length sequences, as torch.nn.Linear takes):
+    its packed values are the tokens, one product, rebuilt on X's offsets."""
+    if X.layout != torch.jagged:
+        raise ValueError(f"gemmgen::linear takes a nested X of layout torch.jagged (its values are the tokens), but "
+                         f"got {X.layout}")
+    Y = linear(X.values(), W, bias, activation)
+    return torch.nested.nested_tensor_from_jagged(Y, offsets=X.offsets(), lengths=X.lengths(),
+                                                  jagged_dim=X._ragged_idx)
 
 
 def mm(A, B):
