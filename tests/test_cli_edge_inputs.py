@@ -180,3 +180,43 @@ def test_suite_from_results_names_a_damaged_record_instead_of_a_traceback(capsys
 
     record = json.loads((tmp_path / "results" / "h100-sxm" / "tunes" / SHIPPED_RECORD.name).read_text())
     assert _unreadable(record) == words
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda c: c.cta_level(c.Shape3(0, 256, 64)), "CTA tile M must be an integer from 1"),
+    (lambda c: c.smem_level(c.Shape3(0, 0, 0)), "warp tile M must be an integer from 1"),
+    (lambda c: c.warp_level(c.Shape3(64, 64, 32), c.Shape3(16, 8, 0)), "MMA shape K must be an integer from 1"),
+    (lambda c: c.cta_level(c.Shape3(128, 256, 64), 0), "element bytes must be an integer from 1 to 8"),
+    (lambda c: c.cta_level(c.Shape3(128, 256, 64), "bf16", "x"), "peak_per_sm must be a finite number"),
+    (lambda c: c.cta_level(c.Shape3(128, 256, 64), "bf16", float("nan")), "peak_per_sm must be a finite number"),
+    (lambda c: c.cta_level(c.Shape3(128, 256, 64), "bf16", 1.0, 0), "multicast_m must be a finite number"),
+    (lambda c: c.mma_level(c.Shape3(16, 8, 16), "bf16", 1.0, 0), "acc_bytes must be an integer from 1 to 8"),
+    (lambda c: c.roofline(None, "h100"), "roofline needs a Problem"),
+    (lambda c: c.peak_per_sm(None, "bf16"), "GPU must be one of the catalogue's"),
+])
+def test_the_calculator_refuses_bad_arguments_naming_them(call, words):
+    """Regression: from Python, a zero extent, element size or multicast was a ZeroDivisionError, a negative one a
+    negative intensity, a text peak a TypeError, and roofline(None, gpu) an AttributeError."""
+    import types
+
+    from gemmgen import Shape3
+    from gemmgen.calc import intensity
+    from gemmgen.model.errors import InvalidInput
+
+    calc = types.SimpleNamespace(Shape3=Shape3, **{n: getattr(intensity, n) for n in intensity.__all__})
+    with pytest.raises(InvalidInput, match=words):
+        call(calc)
+
+
+def test_the_calculator_takes_tile_strings_and_gpu_names():
+    """Regression: cta_level('128x256x64') and roofline(problem, 'h100') were AttributeErrors; the CLI's spellings
+    now work from Python too, with the same results as Shape3 and Gpu arguments."""
+    from gemmgen import Problem, Shape3, lookup_gpu
+    from gemmgen.calc.intensity import cta_level, peak_per_sm, roofline
+
+    h100 = lookup_gpu("h100")
+    assert cta_level("128x256x64", "bf16", peak_per_sm("h100", "bf16")) == \
+        cta_level(Shape3(128, 256, 64), "bf16", peak_per_sm(h100, "bf16"))
+    assert cta_level((128, 256, 64)).intensity == pytest.approx(85.333, abs=1e-3)
+    problem = Problem.create(4096, 4096, 4096)
+    assert roofline(problem, "h100") == roofline(problem, h100)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model.arch import DType, Gpu
+from ..model import parse
+from ..model.arch import DType, Gpu, lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
 from ..model.tiles import Shape3
@@ -59,11 +60,33 @@ class Level:
 
 
 def _elt_bytes(dtype: "DType | str | int") -> int:
-    return dtype if isinstance(dtype, int) else DType.parse(dtype).bytes
+    if isinstance(dtype, DType):
+        return dtype.bytes
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        return parse.integer("element bytes", dtype, 1, 8)
+    return DType.parse(dtype).bytes
+
+
+# The checks below of the calculator's arguments return at once for what the model passes (rank/predict calls
+# every level once per configuration ranked); anything else goes through the parsers.
+def _shape(value, what: str) -> Shape3:
+    """A tile or instruction shape (a Shape3, 'MxNxK' or three integers), each extent positive: a zero one divided
+    by zero, and a string or tuple was an AttributeError."""
+    if isinstance(value, Shape3):
+        if all(type(v) is int and v > 0 for v in (value.m, value.n, value.k)):
+            return value
+        value = (value.m, value.n, value.k)
+    return Shape3.parse(value, what)
+
+
+def _real(what: str, value, lo: float, lo_open: bool = False) -> float:
+    if type(value) in (int, float) and (value > lo if lo_open else value >= lo) and math.isfinite(value):
+        return value
+    return parse.real(what, value, lo, lo_open=lo_open)
 
 
 def cta_level(cta: Shape3, dtype: "DType | str | int" = "bf16", peak_per_sm: float = 1.0,
-              multicast_m: int = 1, multicast_n: int = 1) -> Level:
+              multicast_m: float = 1, multicast_n: float = 1) -> Level:
     """Global (L2/DRAM) -> shared memory at the CTA tile.
 
     One k-step of a CTA does 2*BM*BN*BK FLOP and loads an A tile (BM*BK) and a B tile (BK*BN):
@@ -71,7 +94,10 @@ def cta_level(cta: Shape3, dtype: "DType | str | int" = "bf16", peak_per_sm: flo
     With a cluster's TMA multicast, A is shared by the `multicast_n` CTAs along N and B by the
     `multicast_m` CTAs along M, so each CTA's share of the L2 traffic shrinks by those factors.
     """
-    elt = _elt_bytes(dtype)
+    cta, elt = _shape(cta, "CTA tile"), _elt_bytes(dtype)
+    peak_per_sm = _real("peak_per_sm", peak_per_sm, 0.0, lo_open=True)
+    # The model passes the multicast it realizes (1.8 for a 2-CTA cluster): a real number, at least 1.
+    multicast_m, multicast_n = _real("multicast_m", multicast_m, 1.0), _real("multicast_n", multicast_n, 1.0)
     a = cta.m * cta.k * elt / multicast_n
     b = cta.k * cta.n * elt / multicast_m
     note = "A and B tiles per CTA k-step (BM*BK + BK*BN elements)"
@@ -89,7 +115,8 @@ def smem_level(warp: Shape3, dtype: "DType | str | int" = "bf16", peak_per_sm: f
     wgmma: each m64nNk16 instruction of a warpgroup reads its 64x16 A slice and the whole
     16xN B slice from shared memory, so B is read WM/64 times: FLOP/byte = 2*WN / ((1 + WN/64) * elt).
     """
-    elt = _elt_bytes(dtype)
+    warp, elt = _shape(warp, "warp tile"), _elt_bytes(dtype)
+    peak_per_sm = _real("peak_per_sm", peak_per_sm, 0.0, lo_open=True)
     flops = 2.0 * warp.m * warp.n * warp.k
     if reads not in ("fragments", "wgmma"):
         raise InvalidInput("shared-memory reads must be 'fragments' or 'wgmma'", reads)
@@ -111,7 +138,8 @@ def warp_level(warp: Shape3, mma: Shape3, peak_per_sm: float = SEED_PEAK_PER_SM,
     input element size, FLOP/byte = (2/elt_bytes) / (1/WM + 1/WN + 1/MmaK); for 16-bit inputs that
     is exactly the note's 1 / (1/WM + 1/WN + 1/MmaK), and bytes/clock = peak_per_sm / intensity.
     """
-    elt = _elt_bytes(dtype)
+    warp, mma, elt = _shape(warp, "warp tile"), _shape(mma, "MMA shape"), _elt_bytes(dtype)
+    peak_per_sm = _real("peak_per_sm", peak_per_sm, 0.0, lo_open=True)
     flops = 2.0 * warp.m * warp.n * warp.k
     # Written as the note's closed form so the table reproduces digit for digit.
     intensity = (2.0 / elt) / (1.0 / warp.m + 1.0 / warp.n + 1.0 / mma.k)
@@ -125,15 +153,17 @@ def mma_level(mma: Shape3, dtype: "DType | str | int" = "bf16", peak_per_sm: flo
 
     FLOP/byte = 2*m*n*k / ((m*k + k*n)*elt_bytes + 2*m*n*acc_bytes); m16n8k16 bf16 gives 2.286.
     """
-    elt = _elt_bytes(dtype)
+    mma, elt = _shape(mma, "MMA shape"), _elt_bytes(dtype)
+    peak_per_sm = _real("peak_per_sm", peak_per_sm, 0.0, lo_open=True)
+    acc_bytes = parse.integer("acc_bytes", acc_bytes, 1, 8)
     bytes_ = (mma.m * mma.k + mma.k * mma.n) * elt + 2 * mma.m * mma.n * acc_bytes
     return Level("registers->MMA", mma, 2.0 * mma.m * mma.n * mma.k, bytes_, peak_per_sm,
                  "A, B fragments and fp32 C in, D out per instruction")
 
 
 def peak_per_sm(gpu: Gpu, dtype: "DType | str") -> float:
-    """Dense tensor FLOP per clock per SM of `gpu` for `dtype`, from the catalogue."""
-    return gpu.tensor_flop_per_clock_per_sm(dtype)
+    """Dense tensor FLOP per clock per SM of `gpu` (a Gpu or a catalogue name) for `dtype`, from the catalogue."""
+    return lookup_gpu(gpu).tensor_flop_per_clock_per_sm(dtype)
 
 
 def seed_table(peak: float = SEED_PEAK_PER_SM, mma: Shape3 = SEED_MMA,
@@ -188,7 +218,12 @@ class Roofline:
 def roofline(problem: Problem, gpu: Gpu, prediction=None) -> Roofline:
     """The problem's minimum-traffic roofline on `gpu`; `prediction` (rank.predict's, for one configuration)
     travels with it when given. A mixed fp8 pair runs at the slower of its two inputs' rates (the catalogue
-    gives e4m3 and e5m2 the same fp8 rate); min_bytes counts each operand at its own element size."""
+    gives e4m3 and e5m2 the same fp8 rate); min_bytes counts each operand at its own element size. `gpu` is a Gpu
+    or a catalogue name."""
+    if not isinstance(problem, Problem):
+        raise InvalidInput("roofline needs a Problem (gemmgen.Problem.create(M, N, K, dtype, ...))",
+                           type(problem).__name__)
+    gpu = lookup_gpu(gpu)
     peak = min(gpu.tensor_peak(problem.a_dtype), gpu.tensor_peak(problem.b_dtype))
     return Roofline(problem, gpu, peak, gpu.dram_bandwidth, problem.flops,
                     problem.min_bytes, prediction)
