@@ -78,8 +78,8 @@ def _autocast(device_type: str, *tensors):
     floating ones on that device (float64 aside) cast to its dtype, so gemmgen.nn.Linear in an autocast region
     computes (on bf16/f16 kernels) and returns what torch.nn.Linear does; else as given. (torch.ops.gemmgen.* take
     the dtypes they are given.)"""
-    if not torch.is_autocast_enabled(device_type):
-        return tensors
+    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+        return tensors   # (meta tensors: a device type with no autocast, which is_autocast_enabled refuses)
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 and
                  t.device.type == device_type else t for t in tensors)
