@@ -51,8 +51,8 @@ class Linear(torch.nn.Linear):
         # Under torch.jit.trace one graph must serve both grad modes, and torch.fx's proxies have no requires_grad
         # to branch on: both record the fused op, whose backward recomputes Z.
         if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and not torch.jit.is_tracing() and \
-                not _fx_tracing() and (x.requires_grad or self.weight.requires_grad or
-                 (self.bias is not None and self.bias.requires_grad)):
+                not _fx_tracing() and \
+                (x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)):
             z = ops.linear(x, self.weight, self.bias, "none")
             if self.activation == "gelu":
                 return torch.nn.functional.gelu(z, approximate="tanh")
