@@ -220,3 +220,20 @@ def test_the_calculator_takes_tile_strings_and_gpu_names():
     assert cta_level((128, 256, 64)).intensity == pytest.approx(85.333, abs=1e-3)
     problem = Problem.create(4096, 4096, 4096)
     assert roofline(problem, "h100") == roofline(problem, h100)
+
+
+def test_numpy_scalars_are_numbers_to_the_api():
+    """Regression: Problem.create(*array.shape-like NumPy integers) was refused ('M must be a positive integer, but
+    got np.int64(64)'), and alpha=np.float32(2) ('must be a finite number'); NumPy's bool is still no number."""
+    import numpy as np
+
+    from gemmgen import Problem
+    from gemmgen.model.errors import InvalidInput
+
+    problem = Problem.create(np.int64(64), np.int32(128), np.uint16(32), alpha=np.float32(2.0), beta=np.int8(1))
+    assert (problem.m, problem.n, problem.k, problem.epilogue.alpha) == (64, 128, 32, 2.0)
+    assert type(problem.m) is int and type(problem.epilogue.alpha) is float
+    with pytest.raises(InvalidInput, match="M must be a positive integer"):
+        Problem.create(np.bool_(True), 64, 64)
+    with pytest.raises(InvalidInput, match="alpha must be a finite number"):
+        Problem.create(64, 64, 64, alpha=np.float32("inf"))

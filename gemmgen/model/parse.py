@@ -8,6 +8,7 @@ is an error, never "unset". Each refusal is an InvalidInput naming the rule and 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from typing import Iterable, Mapping
 
@@ -47,8 +48,8 @@ def integer(what: str, value, lo: "int | None" = None, hi: "int | None" = INT64_
         rule = f"{what} must be an integer{_range_text(lo, hi)}"
     if isinstance(value, bool):
         raise InvalidInput(rule, value)
-    if isinstance(value, int):
-        number = value
+    if isinstance(value, numbers.Integral):  # a NumPy integer (a shape taken from an array) is an integer too
+        number = int(value)
     elif isinstance(value, str) and _INT.match(value):
         if len(value.lstrip("+-").lstrip("0")) > _MAX_DIGITS:
             raise InvalidInput(rule, _short(value))
@@ -66,7 +67,7 @@ def real(what: str, value, lo: "float | None" = None, hi: "float | None" = None,
     rule = f"{what} must be a finite number{_range_text(lo, hi, lo_open)}"
     if isinstance(value, bool):
         raise InvalidInput(rule, value)
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):  # int, float, NumPy's scalars
         try:
             number = float(value)
         except OverflowError:
