@@ -237,3 +237,11 @@ def test_numpy_scalars_are_numbers_to_the_api():
         Problem.create(np.bool_(True), 64, 64)
     with pytest.raises(InvalidInput, match="alpha must be a finite number"):
         Problem.create(64, 64, 64, alpha=np.float32("inf"))
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", "9" * 45])
+def test_a_dimension_past_2_63_names_the_limit(capsys, text):
+    """Regression: 'M must be a positive integer, but got 9223372036854775808' read as if the value were not a
+    positive integer; the message now says the limit."""
+    line = one_line_error(capsys, ["roofline", text, "1", "1", "--gpu", "h100"])
+    assert "M must be a positive integer" in line and "at most 2^63-1 = 9223372036854775807" in line

@@ -42,8 +42,12 @@ def _range_text(lo, hi, lo_open: bool = False) -> str:
 
 def integer(what: str, value, lo: "int | None" = None, hi: "int | None" = INT64_MAX) -> int:
     """`value` (an int, or ASCII decimal text) as an int within [lo, hi]."""
+    # The short rule leaves out the upper limit, so a number past it is told the limit ('M must be a positive
+    # integer, but got 9223372036854775808' read as if the number were not one).
+    too_big = ""
     if hi == INT64_MAX and lo in (0, 1):
         rule = f"{what} must be a {'positive' if lo else 'non-negative'} integer"
+        too_big = f"at most 2^63-1 = {INT64_MAX}"
     else:
         rule = f"{what} must be an integer{_range_text(lo, hi)}"
     if isinstance(value, bool):
@@ -52,12 +56,14 @@ def integer(what: str, value, lo: "int | None" = None, hi: "int | None" = INT64_
         number = int(value)
     elif isinstance(value, str) and _INT.match(value):
         if len(value.lstrip("+-").lstrip("0")) > _MAX_DIGITS:
-            raise InvalidInput(rule, _short(value))
+            raise InvalidInput(rule, _short(value), too_big if not value.startswith("-") else "")
         number = int(value)
     else:
         raise InvalidInput(rule, _short(value))
-    if (lo is not None and number < lo) or (hi is not None and number > hi):
+    if lo is not None and number < lo:
         raise InvalidInput(rule, _short(value))
+    if hi is not None and number > hi:
+        raise InvalidInput(rule, _short(value), too_big)
     return number
 
 
