@@ -55,6 +55,8 @@ def test_negative_numbers_in_exponent_form_are_values_not_flags(capsys):
     assert "--alpha must be a finite number" in line and "'-inf'" in line
     line = one_line_error(capsys, ["roofline", "-1e3", "64", "64", "--gpu", "h100"])
     assert "M must be a positive integer" in line and "'-1e3'" in line
+    line = one_line_error(capsys, ["tune", "--m", "-1..8", "--n", "64", "--k", "64", "--gpu", "h100", "--dry-run"])
+    assert "--m must be LO..HI with positive integers" in line and "'-1..8'" in line
 
 
 SM90_CONFIG = {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4,

@@ -23,10 +23,10 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # argparse (before 3.14) takes '-1e-3' and '-inf' for flags ('--beta -1e-3: expected one argument'); no
-        # gemmgen flag looks like a number, so every negative number is a value, for parse.real to judge.
-        self._negative_number_matcher = re.compile(
-            r"-(([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|infinity|nan)\Z", re.IGNORECASE)
+        # argparse (before 3.14) takes '-1e-3', '-1..8' and '-inf' for flags ('--beta -1e-3: expected one
+        # argument'); no gemmgen flag starts like a number, so whatever does is a value, for the parsers to judge
+        # (3.14's own rule, plus -inf and -nan).
+        self._negative_number_matcher = re.compile(r"-\.?[0-9]|-(inf|infinity|nan)\Z", re.IGNORECASE)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
