@@ -247,3 +247,13 @@ def test_a_dimension_past_2_63_names_the_limit(capsys, text):
     positive integer; the message now says the limit."""
     line = one_line_error(capsys, ["roofline", text, "1", "1", "--gpu", "h100"])
     assert "M must be a positive integer" in line and "at most 2^63-1 = 9223372036854775807" in line
+
+
+@pytest.mark.parametrize("argv, prog", [(["space", "--gpu", "h100", "--math", "3xtf32"], "gemmgen space"),
+                                        (["tune", "64", "64", "64", "64", "--gpu", "h100", "--dry-run"], "gemmgen tune"),
+                                        (["--bogus"], "gemmgen")])
+def test_an_unknown_argument_is_named_by_its_commands_parser(capsys, argv, prog):
+    """Regression: 'gemmgen space --math 3xtf32' said 'gemmgen: error: unrecognized arguments ... (see gemmgen
+    --help)', which does not list the command's flags; now the command's own parser says it."""
+    line = one_line_error(capsys, argv)
+    assert line.startswith(f"{prog}: error: unrecognized arguments") and f"(see {prog} --help)" in line

@@ -71,7 +71,11 @@ def _emptied_flag(parser: argparse.ArgumentParser, args) -> "str | None":
 def main(argv: "list[str] | None" = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # argparse says so as `gemmgen`, pointing at the wrong --help; the command's parser says it
+            command = getattr(args, "command", None)
+            (_subparser(parser, command) if command else parser).error(
+                f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as exc:  # a usage error (one line, status 2), --help or --version (0): a status, as below
         return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
