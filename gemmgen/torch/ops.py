@@ -71,6 +71,9 @@ def _transformed() -> bool:
 
 
 _any_autocast = getattr(_C, "_is_any_autocast_enabled", lambda: False)
+# Device types with autocast (not meta), found at import: dynamo in torch 2.11 cannot trace the question itself.
+_AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu",
+                                          "privateuseone") if torch.amp.is_autocast_available(d))
 
 
 def _autocast(device_type: str, *tensors):
@@ -78,7 +81,7 @@ def _autocast(device_type: str, *tensors):
     floating ones on that device (float64 aside) cast to its dtype, so gemmgen.nn.Linear in an autocast region
     computes (on bf16/f16 kernels) and returns what torch.nn.Linear does; else as given. (torch.ops.gemmgen.* take
     the dtypes they are given.)"""
-    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+    if not (device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type)):
         return tensors   # (meta tensors: a device type with no autocast, which is_autocast_enabled refuses)
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 and
