@@ -257,3 +257,18 @@ def test_an_unknown_argument_is_named_by_its_commands_parser(capsys, argv, prog)
     --help)', which does not list the command's flags; now the command's own parser says it."""
     line = one_line_error(capsys, argv)
     assert line.startswith(f"{prog}: error: unrecognized arguments") and f"(see {prog} --help)" in line
+
+
+@pytest.mark.parametrize("text, words", [("{not json", "k.json is not readable JSON"),
+                                         ('{"format": "gemmgen-manifest/2"}', "k.json has format 'gemmgen-manifest/2'")])
+def test_a_bundle_folder_whose_manifest_was_skipped_says_why(tmp_path, text, words):
+    """Regression: a folder whose only manifest was cut short or of a newer format said only 'must hold exactly one
+    gemmgen-manifest/1 .json', as if it held none; the error now names the file and why it was passed over."""
+    import gemmgen
+    from gemmgen.model.errors import InvalidInput
+
+    (tmp_path / "k.json").write_text(text)
+    (tmp_path / "notes.json").write_text('{"format": "something else"}')  # not a manifest at all: not mentioned
+    with pytest.raises(InvalidInput, match="exactly one gemmgen-manifest/1") as caught:
+        gemmgen.load(tmp_path)
+    assert words in str(caught.value) and "notes.json" not in str(caught.value)

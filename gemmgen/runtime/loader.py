@@ -40,13 +40,18 @@ def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
         return path
     if not path.is_dir():
         raise InvalidInput("a kernel bundle must be a folder or a manifest .json file", str(path))
-    found = []
+    found, passed_over = [], []
     for candidate in sorted(path.glob("*.json")):
         try:
-            if json.loads(candidate.read_text()).get("format") == MANIFEST_FORMAT:
-                found.append(candidate)
-        except (OSError, ValueError, AttributeError):
+            payload = json.loads(candidate.read_text())
+        except (OSError, ValueError) as exc:
+            passed_over.append(f"{candidate.name} is not readable JSON ({str(exc).splitlines()[0][:80]})")
             continue
+        form = payload.get("format") if isinstance(payload, dict) else None
+        if form == MANIFEST_FORMAT:
+            found.append(candidate)
+        elif isinstance(form, str) and form.startswith("gemmgen-manifest/"):
+            passed_over.append(f"{candidate.name} has format {form!r}")
     if name is not None:
         named = [p for p in found if p.stem == name]
         if not named:
@@ -54,8 +59,9 @@ def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
         return named[0]
     if len(found) != 1:
         names = [p.stem for p in found]
+        # A damaged or newer manifest was skipped without a word: say which, when it may be the one meant.
         raise InvalidInput(f"a bundle folder must hold exactly one {MANIFEST_FORMAT} .json (or pass the file, or "
-                           "name=KERNEL)", names or str(path))
+                           "name=KERNEL)", names or str(path), "; ".join(passed_over[:2]) if not found else "")
     return found[0]
 
 
