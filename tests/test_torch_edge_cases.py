@@ -91,6 +91,20 @@ def test_bug_a_none_operand_under_fake_tensors_is_named_too():
         torch.ops.gemmgen.mm(None, torch.ones(2, 2))
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda: gemmgen.mm(torch.randn(3, 4).to_sparse(), torch.randn(4, 2)), "mm needs A dense"),
+    (lambda: gemmgen.mm(torch.randn(3, 4), torch.randn(4, 2).to_sparse_csr()), "mm needs B dense"),
+    (lambda: torch.ops.gemmgen.mm(torch.randn(3, 4).to_sparse(), torch.randn(4, 2)), "mm needs A dense"),
+    (lambda: Linear(4, 2)(torch.randn(3, 4).to_sparse()), "linear needs X dense"),
+    (lambda: gemmgen.linear(torch.randn(3, 4), torch.randn(2, 4), torch.randn(2).to_sparse()),
+     "linear needs bias dense"),
+])
+def test_bug_a_sparse_operand_raised_cannot_access_data_pointer(call, message):
+    # The plan's key reads data_ptr() first: "Cannot access data pointer of Tensor that doesn't have storage".
+    with pytest.raises(RuntimeError, match=f"gemmgen::{message} \\(torch.strided\\), but got torch.sparse"):
+        call()
+
+
 # --- double backward --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", [ops.linear, torch.ops.gemmgen.linear])
@@ -236,6 +250,17 @@ def test_bug_mm_under_autocast_returned_a_dtype_that_depended_on_the_compile_bac
     torch.testing.assert_close(bare, A @ B)
 
 
+def test_bug_meta_tensors_in_an_autocast_region_raised_unknown_device_type():
+    # The autocast cast (2f51123) asked torch.is_autocast_enabled("meta"), which raises "unknown device type for
+    # autocast": a model materialised on the meta device could not run in an autocast region. As torch.nn.Linear,
+    # meta tensors are not cast.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = Linear(4, 3, device="meta", activation="gelu")(torch.randn(2, 4, device="meta"))
+        want = torch.nn.Linear(4, 3, device="meta")(torch.randn(2, 4, device="meta"))
+        assert got.shape == want.shape and got.dtype == want.dtype and got.is_meta
+        assert gemmgen.mm(torch.randn(2, 4, device="meta"), torch.randn(4, 3, device="meta")).shape == (2, 3)
+
+
 # --- the one-time fallback warning ------------------------------------------------------------------------------
 
 def test_bug_a_kernel_refusing_token_counts_warned_once_per_count():
@@ -272,6 +297,25 @@ def test_bug_a_kernel_refusing_token_counts_warned_once_per_count():
         REGISTRY.clear()
 
 
+def test_bug_the_fallback_warning_pointed_into_plans_py_not_the_calling_line():
+    # stacklevel=3 named a line of gemmgen/torch/plans.py (the depth to the caller varies: layer, mm, custom op,
+    # autograd). The warning now names the first frame outside gemmgen's torch layer and torch: the model's line.
+    import inspect
+
+    layer = Linear(8, 4)
+    calls = [lambda: layer(torch.randn(2, 8)), lambda: gemmgen.mm(torch.randn(2, 8), torch.randn(8, 3)),
+             lambda: torch.ops.gemmgen.mm(torch.randn(2, 8), torch.randn(8, 3)),
+             lambda: layer(torch.randn(2, 8, requires_grad=True)).sum().backward()]
+    for call in calls:
+        stats.reset_stats(warnings_too=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        (warning,) = [w for w in caught if issubclass(w.category, stats.FallbackWarning)]
+        assert (warning.filename, warning.lineno) == (__file__, inspect.getsourcelines(call)[1]), \
+            (warning.filename, warning.lineno)
+
+
 # --- torch.jit.trace and torch.fx -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("activation", ACTS)
@@ -304,6 +348,49 @@ def test_bug_fx_symbolic_trace_of_a_gelu_layer_raised_trace_error(activation):
     assert "gemmgen.linear" in graph.code
     x = torch.randn(2, 6)
     torch.testing.assert_close(graph(x), torch.relu(torch_act(ref(x), activation)))
+
+
+# --- torch.compile: recompiles ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_bug_dynamic_compile_specialised_the_token_count_in_the_traced_backward(activation):
+    # plans.rows (d923d37) took the token count as Size.numel(), which specialises a dynamic size: with
+    # dynamic=True the layer recompiled for every new token count (torch.nn.Linear compiles once past 0 and 1).
+    import torch._dynamo.utils as dynamo_utils
+
+    def graphs(model) -> int:
+        torch._dynamo.reset()
+        dynamo_utils.counters.clear()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+        for shape in [(0,), (1,), (2,), (5,), (9,), (3, 0), (4, 7)]:
+            compiled(torch.randn(*shape, 16, requires_grad=True)).sum().backward()
+        return dynamo_utils.counters["stats"]["unique_graphs"]
+
+    ref, ours = twin_layers(16, 8, activation=activation)
+    want = graphs(torch.nn.Sequential(ref, torch.nn.SiLU() if activation == "silu" else torch.nn.Identity()))
+    assert graphs(ours) == want
+
+
+# --- nested (jagged) tensors ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bug_a_jagged_nested_input_raised_not_implemented(activation, compiled):
+    # torch.nn.Linear takes variable-length sequences as a torch.jagged nested tensor; gemmgen's raised
+    # NotImplementedError("gemmgen.linear.default") from the nested tensor's dispatch. Its values are the tokens:
+    # one product, rebuilt on the same offsets.
+    ref, ours = twin_layers(4, 3, activation=activation)
+    parts = [torch.randn(3, 4), torch.randn(2, 4), torch.randn(1, 4)]
+    x1, x2 = (torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True) for _ in range(2))
+    torch._dynamo.reset()
+    layer = torch.compile(ours, backend="aot_eager", fullgraph=True) if compiled else ours
+    got, want = layer(x1), torch_act(ref(x2), activation)
+    assert got.is_nested and got.shape[0] == 3 and got.layout == torch.jagged
+    torch.testing.assert_close(got.values(), want.values())
+    got.values().sum().backward()
+    want.values().sum().backward()
+    torch.testing.assert_close(x1.grad.values(), x2.grad.values())
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
 
 
 # --- on the GPU: what only the kernel path shows ----------------------------------------------------------------
@@ -411,82 +498,6 @@ def test_gpu_a_jit_traced_layer_runs_the_stored_kernel(store):
     assert _rel_err(y, torch.nn.functional.linear(x.float(), ours.weight.float(), ours.bias.float())) < 1e-2
 
 
-def test_bug_the_fallback_warning_pointed_into_plans_py_not_the_calling_line():
-    # stacklevel=3 named a line of gemmgen/torch/plans.py (the depth to the caller varies: layer, mm, custom op,
-    # autograd). The warning now names the first frame outside gemmgen's torch layer and torch: the model's line.
-    import inspect
-
-    layer = Linear(8, 4)
-    calls = [lambda: layer(torch.randn(2, 8)), lambda: gemmgen.mm(torch.randn(2, 8), torch.randn(8, 3)),
-             lambda: torch.ops.gemmgen.mm(torch.randn(2, 8), torch.randn(8, 3)),
-             lambda: layer(torch.randn(2, 8, requires_grad=True)).sum().backward()]
-    for call in calls:
-        stats.reset_stats(warnings_too=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            call()
-        (warning,) = [w for w in caught if issubclass(w.category, stats.FallbackWarning)]
-        assert (warning.filename, warning.lineno) == (__file__, inspect.getsourcelines(call)[1]), \
-            (warning.filename, warning.lineno)
-
-
-@pytest.mark.parametrize("call, message", [
-    (lambda: gemmgen.mm(torch.randn(3, 4).to_sparse(), torch.randn(4, 2)), "mm needs A dense"),
-    (lambda: gemmgen.mm(torch.randn(3, 4), torch.randn(4, 2).to_sparse_csr()), "mm needs B dense"),
-    (lambda: torch.ops.gemmgen.mm(torch.randn(3, 4).to_sparse(), torch.randn(4, 2)), "mm needs A dense"),
-    (lambda: Linear(4, 2)(torch.randn(3, 4).to_sparse()), "linear needs X dense"),
-    (lambda: gemmgen.linear(torch.randn(3, 4), torch.randn(2, 4), torch.randn(2).to_sparse()),
-     "linear needs bias dense"),
-])
-def test_bug_a_sparse_operand_raised_cannot_access_data_pointer(call, message):
-    # The plan's key reads data_ptr() first: "Cannot access data pointer of Tensor that doesn't have storage".
-    with pytest.raises(RuntimeError, match=f"gemmgen::{message} \\(torch.strided\\), but got torch.sparse"):
-        call()
-
-
-# --- torch.compile: recompiles ----------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("activation", ["none", "silu"])
-def test_bug_dynamic_compile_specialised_the_token_count_in_the_traced_backward(activation):
-    # plans.rows (d923d37) took the token count as Size.numel(), which specialises a dynamic size: with
-    # dynamic=True the layer recompiled for every new token count (torch.nn.Linear compiles once past 0 and 1).
-    import torch._dynamo.utils as dynamo_utils
-
-    def graphs(model) -> int:
-        torch._dynamo.reset()
-        dynamo_utils.counters.clear()
-        compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
-        for shape in [(0,), (1,), (2,), (5,), (9,), (3, 0), (4, 7)]:
-            compiled(torch.randn(*shape, 16, requires_grad=True)).sum().backward()
-        return dynamo_utils.counters["stats"]["unique_graphs"]
-
-    ref, ours = twin_layers(16, 8, activation=activation)
-    want = graphs(torch.nn.Sequential(ref, torch.nn.SiLU() if activation == "silu" else torch.nn.Identity()))
-    assert graphs(ours) == want
-
-
-# --- nested (jagged) tensors ------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("activation", ACTS)
-@pytest.mark.parametrize("compiled", [False, True])
-def test_bug_a_jagged_nested_input_raised_not_implemented(activation, compiled):
-    # torch.nn.Linear takes variable-length sequences as a torch.jagged nested tensor; gemmgen's raised
-    # NotImplementedError("gemmgen.linear.default") from the nested tensor's dispatch. Its values are the tokens:
-    # one product, rebuilt on the same offsets.
-    ref, ours = twin_layers(4, 3, activation=activation)
-    parts = [torch.randn(3, 4), torch.randn(2, 4), torch.randn(1, 4)]
-    x1, x2 = (torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True) for _ in range(2))
-    torch._dynamo.reset()
-    layer = torch.compile(ours, backend="aot_eager", fullgraph=True) if compiled else ours
-    got, want = layer(x1), torch_act(ref(x2), activation)
-    assert got.is_nested and got.shape[0] == 3 and got.layout == torch.jagged
-    torch.testing.assert_close(got.values(), want.values())
-    got.values().sum().backward()
-    want.values().sum().backward()
-    torch.testing.assert_close(x1.grad.values(), x2.grad.values())
-    torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_inductor_compiled_layer_runs_the_stored_kernels(store, mode):
@@ -510,14 +521,3 @@ def test_gpu_inductor_compiled_layer_runs_the_stored_kernels(store, mode):
     ref(x_ref).float().pow(2).sum().backward()
     assert _rel_err(x.grad, x_ref.grad) < 2e-2 and _rel_err(ours.weight.grad, ref.weight.grad) < 2e-2
     assert gemmgen.stats()["fallbacks"] == 0, gemmgen.stats()
-
-
-def test_bug_meta_tensors_in_an_autocast_region_raised_unknown_device_type():
-    # The autocast cast (2f51123) asked torch.is_autocast_enabled("meta"), which raises "unknown device type for
-    # autocast": a model materialised on the meta device could not run in an autocast region. As torch.nn.Linear,
-    # meta tensors are not cast.
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = Linear(4, 3, device="meta", activation="gelu")(torch.randn(2, 4, device="meta"))
-        want = torch.nn.Linear(4, 3, device="meta")(torch.randn(2, 4, device="meta"))
-        assert got.shape == want.shape and got.dtype == want.dtype and got.is_meta
-        assert gemmgen.mm(torch.randn(2, 4, device="meta"), torch.randn(4, 3, device="meta")).shape == (2, 3)
