@@ -272,3 +272,13 @@ def test_a_bundle_folder_whose_manifest_was_skipped_says_why(tmp_path, text, wor
     with pytest.raises(InvalidInput, match="exactly one gemmgen-manifest/1") as caught:
         gemmgen.load(tmp_path)
     assert words in str(caught.value) and "notes.json" not in str(caught.value)
+
+
+@pytest.mark.parametrize("text, words", [("shapes: []\n", "got shapes: []"), ("shapes:\n", "got shapes: None"),
+                                         ("shape:\n  - {name: a, M: 1, N: 1, K: 1}\n", "got no 'shapes' key")])
+def test_a_suite_without_a_shapes_list_says_what_it_holds(capsys, tmp_path, text, words):
+    """Regression: `shapes: []`, `shapes:` and a misspelt `shape:` were all reported as '(got dict)', the type of
+    the file's top level, not what stood where the list should."""
+    (tmp_path / "s.yaml").write_text(text)
+    line = one_line_error(capsys, ["suite", str(tmp_path / "s.yaml"), "--gpu", "h100", "--dry-run"])
+    assert "must map 'shapes' to a non-empty list" in line and words in line

@@ -79,7 +79,10 @@ def load_shapes(path: "str | Path") -> "list[Shape]":
     except InvalidInput as exc:
         raise SuiteFileError(where, exc.rule, exc.hint) from None
     if not isinstance(data, dict) or not isinstance(data.get("shapes"), list) or not data["shapes"]:
-        raise SuiteFileError(where, "the suite file must map 'shapes' to a non-empty list", type(data).__name__)
+        # Say what stands where the list should ('got dict' for `shapes: []` named the file's top level).
+        held = type(data).__name__ if not isinstance(data, dict) else (
+            "no 'shapes' key" if "shapes" not in data else f"shapes: {data['shapes']!r}"[:60])
+        raise SuiteFileError(where, "the suite file must map 'shapes' to a non-empty list", held)
     suite = data.get("suite", Path(where).stem)
     if not isinstance(suite, str) or not suite or not suite.isprintable() or "|" in suite:
         raise SuiteFileError(where, "the suite's name (suite:) must be printable text without '|'", repr(suite))
