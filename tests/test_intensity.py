@@ -239,3 +239,21 @@ def test_calculator_imports_neither_cuda_python_nor_optuna():
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_part_empty_last_wave_is_not_held_to_the_power_limit(h100):
+    # Measured on the H100 (2026-11-27): at 8192x4096x4096 rc, 832 tiles of 128x320 (6.3 waves) ran 6% slower than
+    # 1024 of 128x256 (7.8 waves) where the energy of the whole grid had them level; the last wave's few busy SMs
+    # run at their clock, and only full waves stretch to their share of the energy.
+    problem = Problem.create(8192, 4096, 4096, "bf16", "row", "col")
+    wide = make_config("sm90_wgmma", "128x320x64", "64x320x64", "64x320x16", 3, warp_specialized=True,
+                       persistent=True, raster={"order": "col", "group": 8})
+    pair = make_config("sm90_wgmma", "128x256x64", "64x256x64", "64x256x16", 4, warp_specialized=True,
+                       persistent=True, raster={"order": "row", "group": 1}, cluster="2x1")
+    w, p = predict(problem, wide, h100), predict(problem, pair, h100)
+    assert w.bound == "power" and w.wave_efficiency < 0.95
+    assert w.power_bound_s > max(w.compute_s, w.power_s)      # the tail adds to the stretched full waves
+    assert w.time_s > p.time_s                               # as measured
+    # One part-empty wave never draws past the limit: the ceiling then leaves the compute time as it is.
+    tiny = predict(Problem.create(16, 4096, 4096, "bf16"), wide, h100)
+    assert tiny.power_bound_s == pytest.approx(tiny.compute_s)

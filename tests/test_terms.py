@@ -41,7 +41,7 @@ def test_no_terms_leave_the_physical_time_unchanged():
     for config in sm90_configs(SQ, 10):
         pred = predict(SQ, config, GPU)
         assert pred.correction == 1.0
-        assert pred.time_s == pytest.approx(max(pred.compute_s, pred.memory_s, pred.power_s) + pred.overhead_s,
+        assert pred.time_s == pytest.approx(max(pred.compute_s, pred.memory_s, pred.power_bound_s) + pred.overhead_s,
                                             rel=1e-12)
 
 

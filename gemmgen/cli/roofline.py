@@ -128,7 +128,8 @@ def run(args) -> int:
         # The third ceiling: held at the board power limit, energy per second sets the clock (rank/predict.py).
         clock_bound = max(top_pred.compute_s, top_pred.memory_s)
         print(f"power: at the {gpu.power_limit_w:.0f} W limit the pick's energy needs {top_pred.power_s * 1e6:.1f} us "
-              f"against {clock_bound * 1e6:.1f} us at the datasheet clock"
+              f"against {clock_bound * 1e6:.1f} us at the datasheet clock (wave by wave, with the last wave's empty "
+              f"slots at their own draw: {top_pred.power_bound_s * 1e6:.1f} us)"
               + (": power-bound, so fewer bytes moved per FLOP is what speeds it up" if top_pred.bound == "power"
                  else ": not binding"))
     if args.plot:

@@ -179,13 +179,16 @@ class Prediction:
     tensor_efficiency: float  # achieved fraction of the tensor peak in the main loop (before waves)
     compute_s: float
     memory_s: float
-    power_s: float
+    power_s: float    # the energy's time at the board's power limit (0: no limit in the catalogue)
     overhead_s: float
     dram_rate: float  # bytes/s the grid can pull
     levels: "tuple[Level, ...]" = field(default=())
     correction: float = 1.0  # the learned terms' factor already in time_s (rank/terms.py); 1 without terms
     prepass_bytes: float = 0.0  # DRAM bytes of the pre-pass (packed or transposed operands), inside overhead_s
     prepass_s: float = 0.0      # its time at the copy rate, launch included (part of overhead_s)
+    # The main loop at the power limit, wave by wave (full waves stretched to their energy's share, the part-empty
+    # last wave at its own draw): time_s is max(compute_s, memory_s, power_bound_s) + overhead_s, times correction.
+    power_bound_s: float = 0.0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -391,9 +394,20 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     # unpromoted one when both are power-bound).
     if power_s:   # no ceiling on this GPU: nothing to stretch
         power_s += compute_s * (1.0 - busy_fraction)
-    main = max(compute_s, memory_s, power_s)
+        # The ceiling holds wave by wave: a full wave takes the longer of its compute and its share of the energy,
+        # while a part-empty last wave draws in proportion to its busy slots, and its few SMs run at their clock,
+        # not the power's (8192x4096x4096 on the H100: 832 tiles of 128x320, 6.3 waves, ran 6% slower than 1024
+        # tiles of 128x256, 7.8 waves, where the energy over all waves had them level; docs/perf-notes.md).
+        full = math.floor(waves)
+        wave_s = compute_s * wave_eff / waves                  # one full wave's compute
+        tail_s = max(0.0, compute_s - full * wave_s)           # the last wave's (a Stream-K slice's: shorter)
+        share_s = power_s / waves                              # one full wave's energy at the ceiling
+        stretched_s = full * max(wave_s, share_s) + (max(tail_s, (waves - full) * share_s) if tail_s > 0 else 0.0)
+    else:
+        stretched_s = 0.0
+    main = max(compute_s, memory_s, stretched_s)
     bound = "compute" if compute_s >= memory_s else "memory"
-    if power_s > max(compute_s, memory_s):
+    if stretched_s > max(compute_s, memory_s):
         bound = "power"
     if prepass_s > main:
         # The copy before the main loop takes longer than the main loop itself (a transposed operand of a
@@ -416,7 +430,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
         tiled_intensity=problem.flops / tiled_bytes, tiles=tiles, units=units, waves=waves,
         wave_efficiency=wave_eff, ctas_per_sm=per_sm, occupancy=occupancy, tensor_efficiency=achieved,
         compute_s=compute_s, memory_s=memory_s, power_s=power_s, overhead_s=overhead, dram_rate=dram_rate, levels=levels,
-        correction=corr, prepass_bytes=float(prepass.dram_bytes), prepass_s=prepass_s)
+        correction=corr, prepass_bytes=float(prepass.dram_bytes), prepass_s=prepass_s, power_bound_s=stretched_s)
 
 
 
