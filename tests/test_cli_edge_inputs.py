@@ -282,3 +282,25 @@ def test_a_suite_without_a_shapes_list_says_what_it_holds(capsys, tmp_path, text
     (tmp_path / "s.yaml").write_text(text)
     line = one_line_error(capsys, ["suite", str(tmp_path / "s.yaml"), "--gpu", "h100", "--dry-run"])
     assert "must map 'shapes' to a non-empty list" in line and words in line
+
+
+def test_a_config_files_boolean_knob_given_as_text_is_refused_not_read_as_true():
+    # bool("false") is True: `persistent: "false"` in a config file named the kernel _pers (found 2026-11-27).
+    from gemmgen import TileConfig
+    from gemmgen.model.errors import InvalidInput
+
+    base = {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4,
+            "warp_specialized": True, "persistent": True}
+    for knob in ("persistent", "warp_specialized"):
+        for text in ("false", "no", 0):
+            with pytest.raises(InvalidInput, match=f"{knob} must be true or false"):
+                TileConfig.from_dict({**base, knob: text})
+    assert not TileConfig.from_dict({**base, "persistent": False}).persistent
+
+
+def test_a_kernel_class_with_bias_as_text_is_refused():
+    from gemmgen.model.errors import InvalidInput
+    from gemmgen.model.linear import KernelClass
+
+    with pytest.raises(InvalidInput, match="bias must be true or false"):
+        KernelClass.from_dict({"dtype": "bf16", "a_layout": "row", "b_layout": "col", "bias": "false"})

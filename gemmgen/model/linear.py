@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .arch import DType
 from .errors import InvalidInput
+from .tiles import parse_bool
 from .problem import Activation, Epilogue, Layout, Problem, parse_dim
 
 CLASS_FORMAT = "gemmgen-kernel-class/1"
@@ -86,8 +87,8 @@ class KernelClass:
         try:
             dims = {axis: None if raw.get(axis) is None else parse_dim(axis.upper(), raw[axis]) for axis in "mnk"}
             return cls(DType.parse(raw["dtype"]), Layout.parse(raw["a_layout"]), Layout.parse(raw["b_layout"]),
-                       bool(raw.get("bias", False)), Activation.parse(raw.get("activation")), **dims,
-                       row_sums=bool(raw.get("row_sums", False)))
+                       parse_bool("bias", raw.get("bias", False)), Activation.parse(raw.get("activation")), **dims,
+                       row_sums=parse_bool("row_sums", raw.get("row_sums", False)))
         except KeyError as exc:
             raise InvalidInput("a kernel class must name dtype, a_layout and b_layout", f"missing {exc}") from None
 

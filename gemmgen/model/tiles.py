@@ -275,8 +275,10 @@ class TileConfig:
 
     @classmethod
     def parse_knobs(cls, raw: dict) -> dict:
-        """The family's knobs from their dict form (the family type checks each value)."""
-        return raw
+        """The family's knobs from their dict form (a family type checks its own; here a knob whose default is a
+        bool must be one: bool() of the text "false" is True)."""
+        return {name: parse_bool(name, value) if isinstance(cls.KNOBS.get(name), bool) else value
+                for name, value in raw.items()}
 
     def to_yaml(self) -> str:
         import yaml  # the model is imported by the runtime, which must not need PyYAML

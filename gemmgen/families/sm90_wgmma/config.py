@@ -104,7 +104,9 @@ class Sm90Config(TileConfig, family="sm90_wgmma"):
 
     @classmethod
     def parse_knobs(cls, raw: dict) -> dict:
-        return {"warp_specialized": bool(raw["warp_specialized"]), "persistent": bool(raw["persistent"]),
+        # parse_bool, never bool(): a config file's `persistent: "false"` is text, and bool() of text is True.
+        return {"warp_specialized": parse_bool("warp_specialized", raw["warp_specialized"]),
+                "persistent": parse_bool("persistent", raw["persistent"]),
                 "schedule": parse_enum(Schedule, "schedule", raw["schedule"]),
                 "store_warp": parse_bool("store_warp", raw["store_warp"]),
                 "swap_ab": parse_bool("swap_ab", raw["swap_ab"]),
