@@ -12,16 +12,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from cli_helpers import one_line_error  # noqa: E402
+from cli_helpers import isolated_env, one_line_error  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "0.5")
-    monkeypatch.chdir(tmp_path)
+def _isolated(isolated_env, monkeypatch):
+    monkeypatch.chdir(isolated_env)
 
 
 @pytest.fixture

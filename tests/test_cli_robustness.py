@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from gemmgen.cli import main  # noqa: E402
-from cli_helpers import one_line_error  # noqa: E402
+from cli_helpers import isolated_env, one_line_error  # noqa: E402,F401
 from gemmgen.model.arch import lookup_gpu  # noqa: E402
 from gemmgen.model.errors import InvalidInput  # noqa: E402
 from gemmgen.model.problem import Problem  # noqa: E402
@@ -24,11 +24,8 @@ SHIPPED = HERE.parent / "results" / "h100-sxm"
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("GEMMGEN_DB_TIMEOUT", "0.5")
+def _isolated(isolated_env):
+    return isolated_env
 
 
 def store_record(m: int, n: int, k: int, tflops: float, cublas: float = 40.0) -> None:

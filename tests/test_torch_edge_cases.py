@@ -13,22 +13,10 @@ torch = pytest.importorskip("torch")
 import gemmgen  # noqa: E402
 from gemmgen.torch import ops, stats  # noqa: E402
 from gemmgen.torch.nn import Linear  # noqa: E402
+from torch_helpers import linear_store, quiet_fallbacks, torch_act  # noqa: E402,F401
 
 F = torch.nn.functional
 ACTS = ["none", "relu", "gelu", "silu"]
-
-
-def torch_act(z, activation):
-    return {"none": lambda t: t, "relu": torch.relu, "silu": F.silu,
-            "gelu": lambda t: F.gelu(t, approximate="tanh")}[activation](z)
-
-
-@pytest.fixture(autouse=True)
-def quiet_fallbacks():
-    stats.reset_stats(warnings_too=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.FallbackWarning)
-        yield
 
 
 def twin_layers(in_f, out_f, bias=True, activation="none", dtype=torch.float32):
@@ -402,23 +390,7 @@ IN, OUT, TOKENS = 520, 776, 333   # as tests/test_torch_gpu.py: 8-aligned, not t
 def store(tmp_path_factory):
     """A kernel store holding Linear(IN, OUT, bias)'s three products (no activation), tuned at TOKENS: the model's
     picks, compiled for this GPU."""
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    from gemmgen.model.linear import LinearLayer
-    from gemmgen.torch.registry import REGISTRY, gpu_key
-    from gemmgen.tune.linear import tune_linear
-
-    key = gpu_key(0)
-    if key is None:
-        pytest.skip(f"{torch.cuda.get_device_name(0)} is not in gemmgen's catalogue")
-    root = tmp_path_factory.mktemp("kernels")
-    layer = LinearLayer.create(IN, OUT, "bf16", True, "none", TOKENS)
-    products = tune_linear(layer, gemmgen.lookup_gpu(key), dry_run=True, top_k=1, jobs=2, root=root,
-                           roles=("forward", "dgrad", "wgrad"))
-    assert all(p.kernel for p in products), [p.result for p in products]
-    REGISTRY.use_store(root)
-    yield root
-    REGISTRY.use_store(None)
+    yield from linear_store(tmp_path_factory, IN, OUT, TOKENS)
 
 
 def _rel_err(got, want) -> float:

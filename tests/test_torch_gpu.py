@@ -6,14 +6,13 @@ stored in a temporary kernel store: this checks correctness and dispatch, not sp
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import gemmgen  # noqa: E402
-from gemmgen.torch import stats  # noqa: E402
+from torch_helpers import linear_store, torch_act  # noqa: E402
+from torch_helpers import quiet_fallbacks  # noqa: E402,F401
 
 pytestmark = pytest.mark.gpu
 
@@ -24,37 +23,10 @@ IN, OUT, TOKENS = 520, 776, 333  # 8-aligned (the kernels' vector width), not mu
 def store(tmp_path_factory):
     """A kernel store holding the three products of Linear(IN, OUT, bias) for each activation, tuned at TOKENS
     (the weight gradient writing the bias gradient too)."""
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    from gemmgen.model.linear import LinearLayer
-    from gemmgen.torch.registry import REGISTRY, gpu_key
-    from gemmgen.tune.linear import tune_linear
-
-    key = gpu_key(0)
-    if key is None:
-        pytest.skip(f"{torch.cuda.get_device_name(0)} is not in gemmgen's catalogue")
-    root = tmp_path_factory.mktemp("kernels")
-    for activation in ("none", "relu", "gelu", "silu"):
-        layer = LinearLayer.create(IN, OUT, "bf16", True, activation, TOKENS)
-        products = tune_linear(layer, gemmgen.lookup_gpu(key), dry_run=True, top_k=1, jobs=2, root=root,
-                               roles=("forward",) if activation != "none" else ("forward", "dgrad", "wgrad"))
-        assert all(p.kernel for p in products), [p.result for p in products]
-    REGISTRY.use_store(root)
-    yield root
-    REGISTRY.use_store(None)
+    yield from linear_store(tmp_path_factory, IN, OUT, TOKENS, ("none", "relu", "gelu", "silu"))
 
 
-@pytest.fixture(autouse=True)
-def fresh_stats():
-    stats.reset_stats(warnings_too=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.FallbackWarning)
-        yield
-
-
-def act(z, activation):
-    return {"none": lambda t: t, "relu": torch.relu, "silu": torch.nn.functional.silu,
-            "gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation](z)
+act = torch_act
 
 
 def run(layer, x, g, reference=None):

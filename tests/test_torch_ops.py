@@ -22,21 +22,11 @@ from gemmgen.model.problem import Activation, Layout  # noqa: E402
 from gemmgen.torch import ops, stats  # noqa: E402
 from gemmgen.torch.nn import Linear  # noqa: E402
 from gemmgen.torch.registry import KernelRegistry  # noqa: E402
+from torch_helpers import quiet_fallbacks, torch_act  # noqa: E402,F401
 
 ACTS = ["none", "relu", "gelu", "silu"]
 
 
-def torch_act(z, activation):
-    return {"none": lambda t: t, "relu": torch.relu, "silu": torch.nn.functional.silu,
-            "gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation](z)
-
-
-@pytest.fixture(autouse=True)
-def quiet_fallbacks():
-    stats.reset_stats(warnings_too=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.FallbackWarning)
-        yield
 
 
 # --- the ops' contracts -----------------------------------------------------------------------------------------
