@@ -275,7 +275,9 @@ def test_eager_fast_path_steps_aside_for_modes_fake_and_meta_tensors():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     A = torch.randn(3, 3)
-    assert ops._eager(A, torch.nn.Parameter(A), None)
+    assert ops._eager(A, torch.nn.Parameter(A))
+    # None for an operand goes to the custom op, whose check names it (linear passes its bias only when it has one).
+    assert not ops._eager(A, torch.nn.Parameter(A), None)
     assert not ops._eager(A.to("meta"), A)
 
     class Seen(TorchDispatchMode):

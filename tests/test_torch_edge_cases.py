@@ -381,6 +381,14 @@ def test_bug_a_jagged_nested_input_raised_not_implemented(activation, compiled):
     torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
 
 
+def test_from_linear_keeps_the_layers_training_mode():
+    # Found 2026-11-27: from_linear built a module in training mode whatever the layer's, so swapping the layers of
+    # an eval-mode model into gemmgen ones left them in training mode.
+    ref = torch.nn.Linear(8, 4).eval()
+    assert not Linear.from_linear(ref).training
+    assert Linear.from_linear(ref.train()).training
+
+
 # --- on the GPU: what only the kernel path shows ----------------------------------------------------------------
 
 IN, OUT, TOKENS = 520, 776, 333   # as tests/test_torch_gpu.py: 8-aligned, not tile multiples

@@ -35,12 +35,14 @@ class Linear(torch.nn.Linear):
 
     @classmethod
     def from_linear(cls, layer: torch.nn.Linear, activation: "str | None" = None) -> "Linear":
-        """A gemmgen Linear sharing `layer`'s parameters (no copy)."""
+        """A gemmgen Linear sharing `layer`'s parameters (no copy) and its training mode (hooks are the module's own:
+        register them on the new layer; a parametrized weight is read once, as a plain tensor)."""
         out = cls.__new__(cls)
         torch.nn.Module.__init__(out)
         out.in_features, out.out_features = layer.in_features, layer.out_features
         out.weight = layer.weight
         out.bias = layer.bias
+        out.train(layer.training)   # a swap done on an eval-mode model leaves it in eval mode
         activation = "none" if activation is None else str(activation).lower()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, but got {activation!r}")
