@@ -389,6 +389,18 @@ def test_from_linear_keeps_the_layers_training_mode():
     assert Linear.from_linear(ref.train()).training
 
 
+def test_relu_backward_passes_the_gradient_where_the_output_is_nan_as_torch_does():
+    # Found 2026-11-27: the ReLU backward was where(Y > 0, dY, 0), which zeroes the gradient at a NaN output where
+    # torch's threshold_backward passes it on.
+    W = torch.randn(3, 4)
+    x = torch.randn(5, 4)
+    x[0, 0] = float("nan")
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    ops.linear(xs[0], W, None, "relu").sum().backward()
+    torch.relu(F.linear(xs[1], W)).sum().backward()
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, equal_nan=True)
+
+
 # --- on the GPU: what only the kernel path shows ----------------------------------------------------------------
 
 IN, OUT, TOKENS = 520, 776, 333   # as tests/test_torch_gpu.py: 8-aligned, not tile multiples

@@ -162,7 +162,8 @@ def _linear_backward(ctx, dY: Tensor):
     X, W, bias, Y = ctx.saved_tensors
     activation = ctx.activation
     if activation == "relu":
-        dZ = torch.where(Y > 0, dY, torch.zeros_like(dY))
+        # torch's own ReLU backward: the gradient passes where Y > 0 is not false (a NaN output passes it on)
+        dZ = torch.ops.aten.threshold_backward(dY, Y, 0)
     elif activation in ("gelu", "silu"):
         Z = linear(X, W, bias, "none")  # the pre-activation, recomputed
         if activation == "gelu":
