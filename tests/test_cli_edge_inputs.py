@@ -300,3 +300,17 @@ def test_a_kernel_class_with_bias_as_text_is_refused():
 
     with pytest.raises(InvalidInput, match="bias must be true or false"):
         KernelClass.from_dict({"dtype": "bf16", "a_layout": "row", "b_layout": "col", "bias": "false"})
+
+
+@pytest.mark.parametrize("blocked", ["data", "data/kernels/h100-sxm"])
+def test_tune_linear_names_gemmgen_data_when_its_kernel_store_is_a_file(capsys, isolated_env, blocked):
+    """Regression: a kernel store under a file (GEMMGEN_DATA itself, or its kernels/<gpu>) was found only at the
+    first export, after every bucket was ranked, and reported as '--out must be a directory' (a flag tune-linear
+    does not have) naming a hidden staging folder."""
+    target = isolated_env / blocked
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("")
+    line = one_line_error(capsys, ["tune-linear", "64", "64", "--tokens", "1..64", "--gpu", "h100", "--dry-run",
+                                   "--top-k", "1"])
+    assert "GEMMGEN_DATA must name a folder" in line and "kernels/h100-sxm" in line and "Not a directory" in line
+    assert "--out" not in line

@@ -78,12 +78,14 @@ def run(args) -> int:
     if args.dry_run:
         gpu = lookup_gpu(args.gpu)
         check_products(layer, gpu)
+        check_store(gpu)
         products = tune_linear(layer, gpu, dry_run=True, top_k=options.top_k, jobs=options.jobs,
                                bucketing=bucketing)
     else:
         gpu, measurer, device = measurer_for(args, args.gpu)
         try:
             check_products(layer, gpu)
+            check_store(gpu)
         except InvalidInput:
             measurer.close()
             raise
@@ -110,6 +112,21 @@ def check_products(layer: LinearLayer, gpu) -> None:
     for role, problem in layer.problems().items():
         check_named(replace(problem, epilogue=Epilogue()), gpu,
                     f"the {role} product {problem.m}x{problem.n}x{problem.k}")
+
+
+def check_store(gpu) -> None:
+    """InvalidInput naming the kernel store (and GEMMGEN_DATA when set) when its GPU folder cannot be written:
+    checked before any product is ranked or tuned, not at the first export, which named a staging folder and an
+    --out flag this command does not have."""
+    import os
+
+    from ..model import paths
+    from ..model.files import writable_dir
+
+    rule = ("GEMMGEN_DATA must name a folder whose kernels/<gpu>/ gemmgen can create and write (the kernel store)"
+            if os.environ.get("GEMMGEN_DATA") else
+            "the kernel store must be a folder gemmgen can create and write (set GEMMGEN_DATA to move it)")
+    writable_dir(rule, paths.kernels_dir() / gpu.key)
 
 
 def print_products(layer: LinearLayer, products, dry_run: bool) -> None:
