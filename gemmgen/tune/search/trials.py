@@ -42,6 +42,11 @@ class TrialLoop:
                 for trial, *_ in ([self.current] if self.current else []) + list(inflight):
                     params = dict(trial.params)
                     try:
+                        # Ctrl-C may land between a measurement's attributes and its tell: a FAIL still saying
+                        # measured would claim its configuration for good and prune the requeued twin.
+                        if trial.user_attrs.get("measured"):
+                            for key in ("measured", "time_s", "rel_error", "fail_reason", "fail_kind"):
+                                trial.set_user_attr(key, None)
                         self._finish(trial, None, "FAIL", fail_reason="interrupted before it was measured",
                                      cancelled=True)
                     except (RuntimeError, ValueError):
