@@ -314,3 +314,27 @@ def test_tune_linear_names_gemmgen_data_when_its_kernel_store_is_a_file(capsys, 
                                    "--top-k", "1"])
     assert "GEMMGEN_DATA must name a folder" in line and "kernels/h100-sxm" in line and "Not a directory" in line
     assert "--out" not in line
+
+
+def test_a_replayed_suite_never_replaces_the_gpus_measured_table(capsys, isolated_env):
+    """Regression: `suite FILE --replay T` wrote its simulated figures to results/<gpu>/suite.md, over the table
+    measured on the GPU (run in a checkout, the shipped H100 table), unmarked and headed 'cuBLAS measured in the
+    same run'. A replayed run's table is now suite-replay.md beside it, each row noted as simulated."""
+    from gemmgen.cli import main
+    from test_cli_tune import replay_file
+
+    folder = isolated_env / "results" / "h100-sxm"
+    folder.mkdir(parents=True)
+    shapes = isolated_env / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
+    measured = {"format": "gemmgen-suite/1", "rows": [{"suite": "shapes", "name": "tiny"}]}
+    (folder / "suite.json").write_text(json.dumps(measured))
+    (folder / "suite.md").write_text("the table measured on the GPU\n")
+    assert main(["suite", str(shapes), "--gpu", "h100", "--replay", str(replay_file(isolated_env)), "--dtypes",
+                 "bf16", "--trials", "2", "--top-k", "2", "--finalists", "1", "--rounds", "1", "--jobs", "1",
+                 "--no-progress"]) == 0
+    assert f"written: {folder / 'suite-replay.md'}" in capsys.readouterr().out
+    assert (folder / "suite.md").read_text() == "the table measured on the GPU\n"
+    assert json.loads((folder / "suite.json").read_text()) == measured
+    [row] = json.loads((folder / "suite-replay.json").read_text())["rows"]
+    assert row["note"].startswith("simulated (replayed timings)")

@@ -246,13 +246,15 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
     printed = capsys.readouterr().out
     assert "tiny" in printed and "geomean ratio to cuBLAS" in printed
     [js] = (tmp_path / "results" / "h100-sxm").glob("suite*.json")
-    assert js.name == "suite.json"  # the latest report per GPU, replaced by the next run
+    assert js.name == "suite-replay.json"  # simulated: beside the GPU's table, never over it
     report = json.loads(js.read_text())
     row, twin = report["rows"]
     assert row["tflops"] and row["cublas_tflops"] and row["ratio"] == pytest.approx(row["tflops"] / row["cublas_tflops"])
     assert report["geomean_ratio"]["all"] == pytest.approx(row["ratio"])
     assert js.with_suffix(".md").read_text().count("| tiny |") == 1
-    assert twin["name"] == "twin" and twin["note"] == "same problem as tiny" and twin["tuning_s"] == 0
+    assert row["note"] == "simulated (replayed timings)"
+    assert twin["name"] == "twin" and twin["note"] == "same problem as tiny; simulated (replayed timings)"
+    assert twin["tuning_s"] == 0
     assert (twin["tflops"], twin["cublas_tflops"], twin["kernel"]) == (row["tflops"], row["cublas_tflops"], row["kernel"])
 
     # A suite tuned in parts: the table is rebuilt from the stored records, and lookup answers each shape.

@@ -367,6 +367,8 @@ def tune_row(shape: Shape, dtype: str, gpu: Gpu, measurer, options, *, engines, 
     tflops = w.tflops if w else None
     checks = _check_winner(result, engines, measurer, check_shapes) if w is not None and check_shapes else ()
     note = (f"{options.timing} timing" if options.timing != "burst" else "") if w else "no configuration ran correctly"
+    if options.replay:  # as --from-results marks a replayed record: these figures were never measured
+        note = "; ".join(filter(None, ("simulated (replayed timings)", note)))
     return row_for(shape, dtype, tflops=tflops, cublas_tflops=cublas, ratio=tflops / cublas if tflops and cublas
                    else None, tuning_s=result.elapsed_s, kernel=w.kernel if w else "",
                    predicted_tflops=problem.flops / w.predicted_time_s / 1e12 if w and w.predicted_time_s else None,
