@@ -282,6 +282,24 @@ def test_a_dispatch_folder_whose_kernel_does_not_serve_its_bucket_is_refused_on_
         load_dispatch(tmp_path / "dry")
 
 
+def test_a_dispatch_bucket_naming_a_kernel_not_in_the_folder_is_refused_naming_it(tmp_path):
+    # Found 2026-11-27: the refusal was find_manifest's 'name must be one of the folder's kernels' with every name in
+    # the folder, though the user passed no name; it now says the bucket's kernel has no manifest there.
+    from test_cli_tune import _sass_tools
+
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    assert main(["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100", "--dry-run", "--jobs", "0",
+                 "--out", str(tmp_path / "dry")]) == 0
+    path = tmp_path / "dry" / "dispatch.json"
+    table = json.loads(path.read_text())
+    table["tables"][0]["buckets"][0]["kernel"] = "gemmgen_no_such_kernel"
+    path.write_text(json.dumps(table))
+    with pytest.raises(InvalidInput, match="must have its manifest") as caught:
+        load_dispatch(tmp_path / "dry")
+    assert "gemmgen_no_such_kernel" in str(caught.value)
+
+
 @pytest.mark.parametrize("argv, words", [
     (["tune", "--m", "8..2", "--n", "64", "--k", "64"], "--m must have LO <= HI"),
     (["tune", "--m", "1..8", "--n", "64"], "a range needs all three"),

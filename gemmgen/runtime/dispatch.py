@@ -143,7 +143,13 @@ def read_dispatch(folder: "str | Path") -> "tuple[dict, dict[tuple[int, int], Ta
     for table in tables.values():
         for i, name in enumerate(table.kernels):
             if name not in bundles:
-                manifest, cubin, manifest_path = read_bundle(folder, name)
+                # Each kernel's manifest is <name>.json beside dispatch.json: read it directly (finding it by name
+                # parsed every JSON file of the folder once per kernel), and name the bucket that points nowhere.
+                manifest_file = folder / f"{name}.json"
+                if not manifest_file.is_file():
+                    raise InvalidInput("every kernel a dispatch.json bucket names must have its manifest "
+                                       "<kernel>.json in the folder", name, f"no {manifest_file.name}")
+                manifest, cubin, manifest_path = read_bundle(manifest_file)
                 if not _same_operands(manifest["problem"], payload["problem"]):
                     raise InvalidInput("every kernel of a dispatch folder must have dispatch.json's dtypes, "
                                        "layouts and epilogue", name)
