@@ -260,14 +260,19 @@ def test_a_bucketed_tune_exports_one_folder_that_dispatches_by_shape(capsys, tmp
     assert sum(len(b["tuned_at"]) for b in merged) == 5
 
 
-def test_a_dispatch_folder_whose_kernel_does_not_serve_its_bucket_is_refused_on_load(tmp_path):
+def _dry_dispatch_folder(tmp_path) -> Path:
+    """A dispatch folder of the model's picks for M in 1..16 at N = K = 256 (dry run); its dispatch.json's path."""
     from test_cli_tune import _sass_tools
 
     if _sass_tools():
         pytest.skip("NVRTC unavailable")
     assert main(["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100", "--dry-run", "--jobs", "0",
                  "--out", str(tmp_path / "dry")]) == 0
-    path = tmp_path / "dry" / "dispatch.json"
+    return tmp_path / "dry" / "dispatch.json"
+
+
+def test_a_dispatch_folder_whose_kernel_does_not_serve_its_bucket_is_refused_on_load(tmp_path):
+    path = _dry_dispatch_folder(tmp_path)
     table = json.loads(path.read_text())
     assert table["tables"][0]["buckets"][-1]["m_max"] == 16
     swapped = [b for b in table["tables"][0]["buckets"] if b["kernel"].endswith("_swap")]
@@ -285,13 +290,7 @@ def test_a_dispatch_folder_whose_kernel_does_not_serve_its_bucket_is_refused_on_
 def test_a_dispatch_bucket_naming_a_kernel_not_in_the_folder_is_refused_naming_it(tmp_path):
     # Found 2026-11-27: the refusal was find_manifest's 'name must be one of the folder's kernels' with every name in
     # the folder, though the user passed no name; it now says the bucket's kernel has no manifest there.
-    from test_cli_tune import _sass_tools
-
-    if _sass_tools():
-        pytest.skip("NVRTC unavailable")
-    assert main(["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100", "--dry-run", "--jobs", "0",
-                 "--out", str(tmp_path / "dry")]) == 0
-    path = tmp_path / "dry" / "dispatch.json"
+    path = _dry_dispatch_folder(tmp_path)
     table = json.loads(path.read_text())
     table["tables"][0]["buckets"][0]["kernel"] = "gemmgen_no_such_kernel"
     path.write_text(json.dumps(table))
