@@ -338,3 +338,23 @@ def test_a_replayed_suite_never_replaces_the_gpus_measured_table(capsys, isolate
     assert json.loads((folder / "suite.json").read_text()) == measured
     [row] = json.loads((folder / "suite-replay.json").read_text())["rows"]
     assert row["note"].startswith("simulated (replayed timings)")
+
+
+def test_a_storage_path_under_a_file_says_the_folder_is_a_file(capsys, tmp_path):
+    # Found 2026-11-27: sqlite:////<file>/x.db was refused as 'must be in a folder that exists', which it is not.
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    replay = str(HERE / "data" / "recorded_timings.json")
+    line = one_line_error(capsys, ["tune", "256", "256", "256", "--gpu", "h100", "--replay", replay, "--trials", "2",
+                                   "--storage", f"sqlite:///{blocker}/x.db"])
+    assert "folder must be a folder" in line and str(blocker) in line
+
+
+def test_gemmgen_results_naming_a_file_is_named_in_the_storage_error(capsys, tmp_path, monkeypatch):
+    # Found 2026-11-27: 'cannot use the storage path (Not a directory)' did not say where the path came from.
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(blocker))
+    replay = str(HERE / "data" / "recorded_timings.json")
+    line = one_line_error(capsys, ["tune", "256", "256", "256", "--gpu", "h100", "--replay", replay, "--trials", "2"])
+    assert "GEMMGEN_RESULTS" in line

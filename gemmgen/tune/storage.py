@@ -125,11 +125,15 @@ def _file_rules(path: Path, shown: str, create_folder: bool, what: str = "an SQL
             raise StorageError(f"{what} must be a file, not a directory", shown)
         if create_folder:
             path.parent.mkdir(parents=True, exist_ok=True)
+        elif path.parent.exists() and not path.parent.is_dir():
+            raise StorageError(f"{what}'s folder must be a folder, but {path.parent} is a file", shown)
         elif not path.parent.is_dir():
             raise StorageError(f"{what} must be in a folder that exists (gemmgen creates the file, not its folders)",
                                shown)
     except OSError as exc:
-        raise StorageError(f"cannot use the storage path ({exc.strerror or type(exc).__name__})",
+        # Only gemmgen's default location has its folders made: that path comes from the environment.
+        where = " (the default location: GEMMGEN_RESULTS, else GEMMGEN_DATA, must name folders)" if create_folder else ""
+        raise StorageError(f"cannot use the storage path ({exc.strerror or type(exc).__name__}){where}",
                            shown if len(shown) <= 80 else shown[:60] + f"... ({len(shown)} characters)") from None
 
 
