@@ -21,7 +21,8 @@ switch in the templates): `unicast` (clustered kernels), a 2-CTA cluster whose C
 operand themselves instead of multicasting a slice each (the cluster, its coupled ring and remote releases kept),
 which tells what the multicast itself costs or saves; `desc_offset` (sm90 kernels), every wgmma's shared-memory
 descriptors made as one descriptor per operand plus an offset, instead of each built from its address (the k-loop
-37% shorter; measured and not kept: docs/perf-notes.md, "Descriptors by offset").
+37% shorter; measured and not kept: docs/perf-notes.md, "Descriptors by offset"); `k_rotate` (sm90 kernels), each
+tile's k-loop started at a K offset of its own (benchmarks/k_rotate.py).
 """
 from __future__ import annotations
 
@@ -50,6 +51,12 @@ EDITS = {
          "smem_desc(ring + A_BYTES + wn * 128, B_LBO, B_SBO, B_MODE) + (s * (STAGE_BYTES / 16) + kk * (B_KSTEP / 16))"),
         (r"smem_desc\(sa \+ \(wm \+ 64 \* mi\) \* 128 \+ kk \* A_KSTEP, A_LBO, A_SBO, A_MODE\)",
          "smem_desc(ring + wm * 128, A_LBO, A_SBO, A_MODE) + (s * (STAGE_BYTES / 16) + (mi * BLOCK_BYTES + kk * A_KSTEP) / 16)")],
+    # The producer's k-loop rotated per tile: cluster tile (tm, tn) loads k-tile (t + tm + tn) mod its K tiles at
+    # step t (a cluster's CTAs agree, so multicast slices match), so CTAs running side by side read different K
+    # offsets (benchmarks/k_rotate.py). The sum's order changes, not its terms; only for kernels whose consumers
+    # index nothing by k-tile (no fp8 block scales, no promotion).
+    "k_rotate": [(r"const int k0 = kt \* BK;",
+                  "const int k0 = (w.kt0 + (kt - w.kt0 + (int)((unsigned)(tm + tn) % (unsigned)w.kcount)) % w.kcount) * BK;")],
 }
 CLUSTERED_ONLY = {"unicast"}
 
