@@ -1,0 +1,44 @@
+"""Regressions of the audit of tuning-run robustness (storage URLs, resuming, several workers, shape sets, lookup,
+suite --from-results, --replay): each test names the defect it covers and fails without its fix."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from gemmgen.cli import main  # noqa: E402
+from cli_helpers import isolated_env, one_line_error  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True)
+def _isolated(isolated_env):
+    return isolated_env
+
+
+# --- shape sets keep every operand option -------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, field, value", [
+    (["--dtype", "f32", "--math", "3xtf32"], "fp32_math", "3xtf32"),
+    (["--dtype", "e4m3", "--accumulate", "fp32"], "fp8_accum", "fp32"),
+])
+def test_a_shape_set_tunes_the_math_and_accumulation_it_was_given(monkeypatch, capsys, flags, field, value):
+    """Regression: `tune --m 1..64 --n 256 --k 256 --dtype f32 --math 3xtf32` built its buckets' problem without
+    --math (and fp8's --accumulate), so the dispatch folder held tf32 (fast-accumulating) kernels, silently."""
+    import gemmgen.tune.dispatch as dispatch
+
+    seen = []
+
+    def model_buckets(base, buckets, gpu, **kw):
+        seen.append(base)
+        raise SystemExit(0)  # the problem is what this test checks; nothing needs compiling
+
+    monkeypatch.setattr(dispatch, "model_buckets", model_buckets)
+    with pytest.raises(SystemExit):
+        main(["tune", "--m", "1..64", "--n", "256", "--k", "256", "--gpu", "h100", "--dry-run", *flags])
+    [base] = seen
+    assert str(getattr(base, field).value) == value
