@@ -18,8 +18,9 @@ sys.path.insert(0, str(HERE.parent))
 from gemmgen.cli import main  # noqa: E402
 from gemmgen.model.errors import InvalidInput  # noqa: E402
 from gemmgen.runtime.dispatch import Table, load_dispatch, parse_tables  # noqa: E402
-from gemmgen.tune.buckets import (SPLIT_DEPTH, SPLIT_GAIN, Bucket, BucketOutcome, parse_range,  # noqa: E402
-                                  point_buckets, pow2_buckets, read_shape_file, refine_buckets, table_entries)
+from gemmgen.tune.buckets import (SPLIT_DEPTH, SPLIT_GAIN, Bucket, BucketOutcome,  # noqa: E402
+                                  BucketWithoutWinner, parse_range, point_buckets, pow2_buckets, read_shape_file,
+                                  refine_buckets, table_entries)
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +146,7 @@ def test_auto_merges_upwards_only_where_the_lower_kernel_was_measured_within_tol
     assert auto[0]["merged"][0]["slowdown"] == pytest.approx(1.005)
     pow2 = table_entries(outcomes, "pow2")
     assert [e["kernel"] for e in pow2] == ["a", "a", "b", "c", "d"]
-    with pytest.raises(InvalidInput, match="needs a kernel that ran correctly"):
+    with pytest.raises(BucketWithoutWinner, match="needs a kernel for every bucket"):
         table_entries([_outcome(1, 1, None)], "auto")
 
 

@@ -42,3 +42,22 @@ def test_a_shape_set_tunes_the_math_and_accumulation_it_was_given(monkeypatch, c
         main(["tune", "--m", "1..64", "--n", "256", "--k", "256", "--gpu", "h100", "--dry-run", *flags])
     [base] = seen
     assert str(getattr(base, field).value) == value
+
+
+def test_a_bucket_where_nothing_ran_fails_the_work_with_exit_1_not_as_bad_input(capsys, tmp_path):
+    """Regression: `tune --m 1..4 ... --replay FILE` where bucket 3..4 had no configuration that ran ended with
+    'error: every bucket needs a kernel that ran correctly ..., but got 'M 3..4'' and exit status 2, the status of
+    bad input; failed work exits 1, as `tune M N K` with no winner does."""
+    from test_cli_tune import _sass_tools
+    from test_dispatch import replay_shapes
+
+    if _sass_tools():
+        pytest.skip("NVRTC unavailable")
+    replay = replay_shapes(tmp_path, (1, 2))  # nothing recorded at M = 4: every trial of bucket 3..4 fails
+    code = main(["tune", "--m", "1..4", "--n", "256", "--k", "256", "--gpu", "h100", "--replay", str(replay),
+                 "--trials", "1", "--top-k", "1", "--finalists", "1", "--rounds", "1", "--jobs", "1", "--no-progress",
+                 "--storage", f"sqlite:///{tmp_path / 'studies.db'}"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "failed: no configuration ran correctly in bucket M 3..4 at N x K 256x256" in err
+    assert "Traceback" not in err

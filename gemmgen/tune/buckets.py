@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model.errors import InvalidInput
+from ..model.errors import GemmgenError, InvalidInput
 from ..model.problem import parse_dim
 
 BUCKETINGS = ("pow2", "auto")
@@ -154,6 +154,19 @@ def refine_buckets(buckets: "list[Bucket]", ranked_at, gain: float = SPLIT_GAIN,
     return out
 
 
+class BucketWithoutWinner(GemmgenError):
+    """A bucket was tuned and no configuration ran correctly there: work that failed (exit status 1, as a tune with
+    no winner), not bad input. It was an InvalidInput, so the CLI called it an error in the user's input (exit 2)."""
+
+    def __init__(self, label: str, n: int, k: int):
+        self.label, self.n, self.k = label, n, k
+        super().__init__(label, n, k)
+
+    def __str__(self) -> str:
+        return (f"no configuration ran correctly in bucket {self.label} at N x K {self.n}x{self.k}: a dispatch "
+                "folder needs a kernel for every bucket (the other buckets' trials are stored; re-running resumes)")
+
+
 @dataclass(frozen=True)
 class BucketOutcome:
     """What tuning one bucket gave: its winner and every kernel its study measured (kernel name -> seconds,
@@ -178,8 +191,7 @@ def table_entries(outcomes: "list[BucketOutcome]", bucketing: str,
     for outcome in sorted(outcomes, key=lambda o: o.bucket.m_min):
         b = outcome.bucket
         if outcome.winner is None:
-            raise InvalidInput(f"every bucket needs a kernel that ran correctly: {b.label} at N x K {b.n}x{b.k} "
-                               "has none", b.label)
+            raise BucketWithoutWinner(b.label, b.n, b.k)
         own = outcome.times_s.get(outcome.winner)
         entry = {"m_min": b.m_min, "m_max": b.m_max, "kernel": outcome.winner, "tuned_at": [b.m_max],
                  "time_s": own}
@@ -199,5 +211,5 @@ def table_entries(outcomes: "list[BucketOutcome]", bucketing: str,
     return entries
 
 
-__all__ = ["BUCKETINGS", "Bucket", "BucketOutcome", "MERGE_TOLERANCE", "SPLIT_DEPTH", "SPLIT_GAIN", "parse_range",
+__all__ = ["BUCKETINGS", "Bucket", "BucketOutcome", "BucketWithoutWinner", "MERGE_TOLERANCE", "SPLIT_DEPTH", "SPLIT_GAIN", "parse_range",
            "point_buckets", "pow2_buckets", "read_shape_file", "refine_buckets", "table_entries"]
