@@ -61,3 +61,13 @@ def test_a_bucket_where_nothing_ran_fails_the_work_with_exit_1_not_as_bad_input(
     assert code == 1, err
     assert "failed: no configuration ran correctly in bucket M 3..4 at N x K 256x256" in err
     assert "Traceback" not in err
+
+
+def test_gpus_with_a_shape_set_is_refused_not_ignored(capsys, tmp_path):
+    """Regression: `tune --m 1..16 --n 256 --k 256 --gpus 0,1 --replay FILE --gpu h100` tuned every bucket on one
+    worker, the --gpus list silently dropped (run_shape_set never read it)."""
+    from test_cli_tune import replay_file
+
+    line = one_line_error(capsys, ["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100",
+                                   "--replay", str(replay_file(tmp_path)), "--gpus", "0,1", "--no-progress"])
+    assert "--gpus is for one shape (M N K) or a suite, not a shape set" in line and "'0,1'" in line

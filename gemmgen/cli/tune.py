@@ -291,6 +291,9 @@ def run(args) -> int:
             if given(args, flag):
                 raise InvalidInput(f"{flag} is for one shape (M N K), not a shape set: a dispatch table's kernels "
                                    "serve every leading dimension their alignment allows", getattr(args, flag[2:]))
+        if args.gpus is not None:  # run_shape_set tunes its buckets in turn on one GPU: --gpus was ignored
+            raise InvalidInput("--gpus is for one shape (M N K) or a suite, not a shape set: its buckets are tuned "
+                               "in turn on one GPU (--gpu)", args.gpus)
         return run_shape_set(args)
     if None in (args.M, args.N, args.K):
         raise InvalidInput("tune needs M N K, or a shape set: --m LO..HI --n N --k K, or --shapes FILE",
