@@ -89,3 +89,30 @@ def test_a_folder_of_several_bundles_loads_the_named_one(tmp_path, bundle):
     assert gemmgen.load(folder, name=bundle.manifest["name"]).name == bundle.manifest["name"]
     with pytest.raises(InvalidInput, match="name must be one of"):
         gemmgen.load(folder, name="missing")
+
+
+def _param(manifest, name):
+    return next(p for p in manifest["launches"][0]["params"] if p["name"] == name)
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda m: _param(m, "M").update(value=2000), "value"),             # a launch scalar past the arrays
+    (lambda m: _param(m, "alpha").update(value=2.0), "value"),
+    (lambda m: _param(m, "tmA").update(box=[64, 64]), "box"),           # a tensor map's box, dims, strides
+    (lambda m: _param(m, "tmB").update(dims=[1024, 256]), "dims"),
+    (lambda m: m["problem"].update(K=512), "dims"),                     # the problem edited, the launches not
+])
+def test_a_launch_value_that_disagrees_with_the_manifests_problem_is_refused(tmp_path, bundle, edit, key):
+    # Regression: only names, kinds, tensors and offsets were compared, so a manifest whose scalar M or tensor-map
+    # box had been edited (or whose problem.K was, beside the old launches) loaded, and the loader launched the
+    # bundle's own problem with the stale values: the kernel ran over other bounds than the arrays'.
+    with pytest.raises(InvalidInput, match=rf"manifest field launches\[0\]\.params\[\d+\]\.{key} must be what"):
+        gemmgen.load(tampered(tmp_path, bundle, edit))
+
+
+def test_a_tensor_map_written_before_l2_promotion_existed_still_loads(tmp_path, bundle):
+    def legacy(manifest):
+        for p in manifest["launches"][0]["params"]:
+            p.pop("l2_promotion", None)
+
+    assert gemmgen.load(tampered(tmp_path, bundle, legacy)).name == bundle.manifest["name"]

@@ -167,6 +167,16 @@ def check_launches(manifest: dict) -> None:
             if p.get("shape") != q.get("shape"):   # the scale vectors' lengths (per tensor, or per row/column)
                 raise InvalidInput(f"manifest field launches[{i}].params[{j}].shape must be the kernel's",
                                    p.get("shape"), f"expected {q.get('shape')}")
+            # Every other value a launch passes or a tensor map encodes (the scalars M, N, K, the leading
+            # dimensions, alpha and beta; a map's dims, strides, box and swizzle): the loader launches the
+            # bundle's own problem with these as written, and so does a launcher in another language. A manifest
+            # whose problem was edited beside its old launches ran the kernel over other bounds than the arrays'.
+            # A map written before "l2_promotion" existed is encoded with 256B (tma.LEGACY_L2_PROMOTION).
+            for key in sorted(set(p) | set(q)):
+                if p.get(key) != q.get(key) and not (key == "l2_promotion" and key not in p):
+                    raise InvalidInput(f"manifest field launches[{i}].params[{j}].{key} must be what the kernel's "
+                                       f"launches compute for the manifest's problem", p.get(key),
+                                       f"{p.get('name')}: expected {q.get(key)}")
         if persistent and want["entry"] == manifest["name"]:
             if got["grid"][1:] != [1, 1] or got["grid"][0] % want["cluster"][0]:
                 raise InvalidInput(f"manifest field launches[{i}].grid must be whole clusters in x", got["grid"])
