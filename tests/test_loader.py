@@ -107,6 +107,36 @@ def test_c_and_bias_must_match_how_the_kernel_was_built(tmp_path):
         beta(None, None, None)
 
 
+class _Cai:
+    """An array that only describes itself through __cuda_array_interface__ (as numba's and cupy's do)."""
+
+    def __init__(self, shape, typestr="<u2", strides=None, ptr=4096):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": strides}
+
+
+def _family_kernel():
+    """A LoadedKernel of a registered family (so each call's shape is served), checked without a GPU."""
+    from gemmgen.runtime.loader import LoadedKernel
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.runtime.serve import kernel_of
+
+    manifest = make_manifest(kernel_of({"arch": "sm_90a", "problem": Problem.create(256, 256, 256).to_dict(),
+                                        "config": {"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64",
+                                                   "mma": "64x128x16", "stages": 4, "warp_specialized": True,
+                                                   "persistent": True}}),
+                             Problem.create(256, 256, 256))
+    return LoadedKernel(manifest, b"")
+
+
+@pytest.mark.parametrize("a_shape", [(1, 256, 256), (256,)])
+def test_a_batch_or_a_vector_is_refused_naming_the_operand(a_shape):
+    # Regression: a 3-D (batched) or 1-D A reached the shape unpacking and ended in a bare ValueError ("too many
+    # values to unpack") before anything said which operand was wrong.
+    with pytest.raises(InvalidInput, match=r"A must be a 2-D array"):
+        _family_kernel()(_Cai(a_shape), _Cai((256, 256)), _Cai((256, 256)))
+
+
 # --- on the GPU -------------------------------------------------------------------------------------
 
 def _gpu_bundle(folder: Path, problem: Problem, splits: int = 1) -> Path:

@@ -32,6 +32,10 @@ def problem_from_shapes(base: Problem, a_shape, b_shape, d_shape, a_strides=None
     leading dimensions their element strides give where an operand is a view wider than itself (rows of a
     row-major operand further apart than its width, say a column slice). Strides that fit no leading dimension of
     the kernel's layouts leave the operand packed, for check_operand to refuse by name."""
+    for name, shape in (("A", a_shape), ("B", b_shape), ("D", d_shape)):
+        if len(tuple(shape)) != 2:  # a batch of matrices or a vector was a bare ValueError from the unpacking
+            raise InvalidInput(f"{name} must be a 2-D array (this kernel multiplies one matrix pair, not a batch "
+                               "or a vector)", tuple(shape))
     (m, k), (k2, n), d = tuple(a_shape), tuple(b_shape), tuple(d_shape)
     if k2 != k or d != (m, n):
         raise InvalidInput("operands must be A: M x K, B: K x N and D: M x N", f"A {a_shape}, B {b_shape}, D {d_shape}")
