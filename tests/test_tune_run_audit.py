@@ -71,3 +71,62 @@ def test_gpus_with_a_shape_set_is_refused_not_ignored(capsys, tmp_path):
     line = one_line_error(capsys, ["tune", "--m", "1..16", "--n", "256", "--k", "256", "--gpu", "h100",
                                    "--replay", str(replay_file(tmp_path)), "--gpus", "0,1", "--no-progress"])
     assert "--gpus is for one shape (M N K) or a suite, not a shape set" in line and "'0,1'" in line
+
+
+# --- storage: a server that answers "no" is not retried as unreachable -----------------------------------------
+
+@pytest.fixture
+def postgres():
+    import os
+    import shutil
+    import tempfile
+
+    from pg_server import PgServer, find_pg_bin
+
+    pytest.importorskip("psycopg2")
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
+    root = Path(tempfile.mkdtemp(prefix="gemmgen-pg-"))  # not under pytest's 0700 tmp: the server may be nobody
+    os.chmod(root, 0o755)
+    server = PgServer(bin_dir, root).start()
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("swap, words", [(("/studies?", "/nosuchdb?"), 'database "nosuchdb" does not exist'),
+                                         (("gemmgen@", "nosuchrole@"), 'role "nosuchrole" does not exist')])
+def test_a_missing_postgresql_database_or_role_is_refused_at_once(postgres, capsys, tmp_path, monkeypatch, swap,
+                                                                  words):
+    """Regression: a PostgreSQL server that answered but refused the connection (no such database or role, a wrong
+    password: OperationalErrors all) was retried as 'unreachable' for GEMMGEN_DB_RETRY_S (60 s), then reported
+    as 'stayed unreachable ... set GEMMGEN_DB_RETRY_S to wait longer'. It is now one line at once."""
+    import time
+
+    from test_cli_tune import replay_file
+
+    monkeypatch.setenv("GEMMGEN_DB_RETRY_S", "30")
+    url = postgres.url.replace(*swap)
+    start = time.monotonic()
+    line = one_line_error(capsys, ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay_file(tmp_path)),
+                                   "--storage", url, "--no-progress"])
+    assert time.monotonic() - start < 15
+    assert "cannot use the study storage" in line and words in line and "unreachable" not in line
+
+
+def test_a_refused_login_is_not_retried_as_an_unreachable_server():
+    """Regression, as above, for the messages of a wrong password (PostgreSQL, MySQL), which a trust-auth test
+    server cannot produce; a refused connection is still retried."""
+    import sqlalchemy.exc as sa_exc
+
+    from gemmgen.tune.storage import _transient
+
+    def operational(text):
+        return sa_exc.OperationalError("connect", {}, Exception(text))
+
+    assert not _transient(operational('connection to server at "db" (10.0.0.2), port 5432 failed: FATAL:  '
+                                      'password authentication failed for user "tuner"'))
+    assert not _transient(operational("(1045, \"Access denied for user 'tuner'@'10.0.0.3' (using password: YES)\")"))
+    assert _transient(operational('connection to server at "db" (10.0.0.2), port 5432 failed: Connection refused'))
+    assert _transient(operational("server closed the connection unexpectedly"))

@@ -321,6 +321,14 @@ def _open_journal(url: str, create_folder: bool = True):
 _depth = threading.local()
 
 
+# OperationalErrors that waiting does not cure: a locked or damaged SQLite file, and a server that answered but
+# refused the login or has no such database or role. PostgreSQL and MySQL report those as OperationalErrors too,
+# so a wrong password was retried for GEMMGEN_DB_RETRY_S (60 s) and then called "unreachable".
+_LASTING = ("locked", "no such table", "not a database",
+            "authentication failed", "no pg_hba.conf entry", "does not exist",  # PostgreSQL
+            "access denied", "unknown database")  # MySQL (1045, 1044, 1049)
+
+
 def _transient(exc: BaseException) -> bool:
     """Whether `exc` says the storage is unreachable for now (not that the request is wrong)."""
     import sqlalchemy.exc as sa_exc
@@ -334,7 +342,7 @@ def _transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
         text = str(exc).lower()
-        return "locked" not in text and "no such table" not in text and "not a database" not in text
+        return not any(words in text for words in _LASTING)
     if isinstance(exc, sa_exc.DBAPIError):
         return bool(exc.connection_invalidated)
     return isinstance(exc, (ConnectionError, TimeoutError, BlockingIOError))
