@@ -259,10 +259,8 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, 
         if parsed.get_backend_name() == "sqlite":
             _fast_sqlite(storage)
         return storage
-    except ImportError:
-        raise StorageError("the storage URL needs a database driver that is not installed", safe_url(url),
-                           "install the one SQLAlchemy uses for it, e.g. psycopg2-binary for postgresql://, "
-                           "pymysql for mysql+pymysql://") from None
+    except ImportError as exc:
+        raise _missing_driver(exc, parsed, url) from None
     except sa_exc.NoSuchModuleError:
         raise StorageError("--storage must name a database SQLAlchemy knows (sqlite, postgresql, mysql, ...)",
                            safe_url(url)) from None
@@ -271,6 +269,24 @@ def open_storage(url: str, heartbeat: "Heartbeat | None" = None, on_stale=None, 
     except RuntimeError as exc:  # Optuna's schema-version check
         raise StorageError(f"the study database cannot be used by this Optuna ({str(exc).splitlines()[0]})",
                            safe_url(url), "run `optuna storage upgrade --storage URL`") from None
+
+
+def _missing_driver(exc: ImportError, parsed, url: str) -> StorageError:
+    """The driver a URL needs, named. SQLAlchemy 2.1 runs a plain postgresql:// on psycopg (3), not psycopg2, so
+    a host set up as docs/distributed.md said (pip install psycopg2-binary) was told to install psycopg2-binary,
+    which it had: the module missing is in the ImportError's cause, and an installed driver can be named in the
+    URL instead."""
+    import importlib.util
+
+    cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+    module = getattr(cause, "name", None)
+    rule = "the storage URL needs a database driver that is not installed" + \
+        (f" (Python module '{module}')" if module else "")
+    hint = "install it, e.g. psycopg or psycopg2-binary for postgresql://, pymysql for mysql+pymysql://"
+    if parsed.get_backend_name() == "postgresql" and module != "psycopg2" and importlib.util.find_spec("psycopg2"):
+        instead = parsed.set(drivername="postgresql+psycopg2").render_as_string(hide_password=True)
+        hint = f"install it, or name the installed psycopg2 in the URL: {instead}"
+    return StorageError(rule, safe_url(url), hint)
 
 
 def _create_rdb(build, tries: int = 5):
