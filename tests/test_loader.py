@@ -137,6 +137,36 @@ def test_a_batch_or_a_vector_is_refused_naming_the_operand(a_shape):
         _family_kernel()(_Cai(a_shape), _Cai((256, 256)), _Cai((256, 256)))
 
 
+def test_a_persistent_kernel_at_its_own_problem_gets_the_grid_of_the_gpu_it_runs_on(monkeypatch):
+    # Regression: at the bundle's own problem the loader launched the manifest's launches as written, whose
+    # persistent grid was computed for an H100 SXM (132 SMs): on an H100 PCIe (114 SMs) 18 CTAs waited for a second
+    # wave, while every other shape got the device's own grid.
+    from types import SimpleNamespace
+
+    from gemmgen.runtime.serve import manifest_for
+
+    kernel = _family_kernel()
+    assert kernel.manifest["launches"][-1]["grid"] == [4, 1, 1]   # 2 x 2 tiles of 128 x 128 at 256^3
+    big = Problem.create(8192, 8192, 256)
+    kernel.manifest, kernel.problem = manifest_for(kernel.manifest, kernel.kernel, big), big   # as exported
+    assert kernel.manifest["launches"][-1]["grid"] == [132, 1, 1]   # the export's grid: an H100 SXM's SMs
+    prepared = []
+
+    class Pcie:
+        props = SimpleNamespace(sm_count=114)
+
+        def make_current(self):
+            pass
+
+        def prepare(self, manifest, module, pointers, workspace):
+            prepared.append(manifest)
+            return SimpleNamespace(run=lambda stream: None)
+
+    monkeypatch.setattr(type(kernel), "_ensure", lambda self, ordinal: Pcie())
+    kernel.bind(_Cai((8192, 256)), _Cai((256, 8192)), _Cai((8192, 8192)))
+    assert prepared[-1]["launches"][-1]["grid"] == [114, 1, 1]
+
+
 # --- on the GPU -------------------------------------------------------------------------------------
 
 def _gpu_bundle(folder: Path, problem: Problem, splits: int = 1) -> Path:

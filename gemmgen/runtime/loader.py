@@ -375,7 +375,12 @@ class LoadedKernel:
             raise InvalidInput("all operands must be on one GPU", sorted(devices))
         dev = self._ensure(devices.pop() if devices else 0)
         dev.make_current()
-        manifest = self.manifest if problem == self.problem else self._manifest_for(problem, dev)
+        # A persistent kernel's grid (and a Stream-K kernel's workspace) follows the GPU: the bundle's launches were
+        # computed for an H100 SXM's 132 SMs and one CTA per cluster slot, so even at the bundle's own problem they
+        # are recomputed for this device (an H100 PCIe has 114 SMs; clusters that cannot all be resident wait for
+        # whole tile loops, and Stream-K's owners spin on CTAs that must be resident).
+        persistent = self.kernel is not None and bool(getattr(self.kernel.config, "persistent", False))
+        manifest = self.manifest if problem == self.problem and not persistent else self._manifest_for(problem, dev)
         workspace = self._workspace_for(dev, int(manifest.get("workspace_bytes", 0) or 0))
         pointers = {name: info.ptr for name, info in infos.items()}
         return dev.prepare(manifest, self._module, pointers, workspace)
