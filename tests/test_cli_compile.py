@@ -67,6 +67,24 @@ def test_compile_picks_what_the_dry_run_ranks_first(shape):
     assert default_config(problem, gpu).tag == ranking[0].config.tag
 
 
+def test_compile_for_an_h100_pcie_writes_the_grid_and_workspace_of_its_sms(tmp_path):
+    # Regression: the manifest's persistent grid was always one wave of an H100 SXM (132 CTAs), so `gemmgen compile
+    # --gpu h100-pcie` wrote launches that a launcher in another language ran on 114 SMs with 18 CTAs waiting (and a
+    # Stream-K workspace sized for 132). The bundle must still pass the loader's checks (gemmgen.load).
+    from gemmgen.runtime.bundle import verify
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text("family: sm90_wgmma\ncta: 128x128x64\nwarp: 64x128x64\nmma: 64x128x16\nstages: 4\n"
+                      "warp_specialized: true\npersistent: true\ndecomposition: {kind: streamk}\n")
+    out = tmp_path / "out"
+    assert main(["compile", "2048", "2048", "2048", "--gpu", "h100-pcie", "--config", str(config),
+                 "--out", str(out)]) == 0
+    manifest = json.loads(next(out.glob("*.json")).read_text())
+    assert manifest["launches"][0]["grid"] == [114, 1, 1]
+    assert manifest["workspace_bytes"] < 132 * 128 * 128 * 4   # one fp32 partial tile per CTA, 114 of them
+    verify(manifest, (out / manifest["cubin"]).read_bytes())
+
+
 def test_split_k_manifest_lists_both_launches_and_the_workspace(tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("family: sm80_mma\ncta: 64x64x32\nwarp: 32x32x32\nmma: 16x8x16\nstages: 3\n"

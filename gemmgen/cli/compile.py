@@ -27,6 +27,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..codegen.nvrtc import compile_kernel
+    from ..runtime.manifest import make_manifest
     from ..tune.export import export_bundle
     from ..tune.results import fingerprint
 
@@ -41,7 +42,10 @@ def run(args) -> int:
     # A bundle like a dry run's (cubin hash, source, environment), so gemmgen.load and `gemmgen bench` take it.
     manifest = export_bundle(out, kernel, problem, compiled, measured=None, verification=None,
                              environment=fingerprint(gpu, None, str(compiled.nvrtc_version)),
-                             note="not measured (gemmgen compile)").manifest
+                             note="not measured (gemmgen compile)",
+                             # A persistent kernel's grid is one wave of --gpu's SMs (114 on an H100 PCIe, not
+                             # the 132 of the families' default): a launcher in another language runs it as written.
+                             manifest_fn=lambda k, p, c: make_manifest(k, p, c, sm_count=gpu.sm_count)).manifest
     print(f"kernel     {kernel.name}")
     print(f"target     {kernel.arch.value} (NVRTC {compiled.nvrtc_version}){' [cached]' if compiled.cached else ''}")
     for entry, res in compiled.entries:

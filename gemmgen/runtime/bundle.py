@@ -10,7 +10,7 @@ import hashlib
 import struct
 
 from .. import families
-from ..model.arch import Arch
+from ..model.arch import Arch, lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
 from ..model.tiles import Kernel, TileConfig
@@ -142,14 +142,38 @@ def check_launches(manifest: dict) -> None:
     if kernel.name != manifest["name"]:
         raise InvalidInput("manifest field name must be the kernel its config and problem name", manifest["name"],
                            f"expected {kernel.name}")
-    expected = families.of(config).launches(kernel, problem)
+    persistent = bool(getattr(config, "persistent", False))
+    refusal = None
+    for sm_count in _export_sm_counts(manifest) if persistent else [None]:
+        try:
+            return _check_against(manifest, families.of(config).launches(kernel, problem, sm_count), persistent)
+        except InvalidInput as exc:
+            refusal = refusal or exc
+    raise refusal
+
+
+def _export_sm_counts(manifest: dict) -> "list[int | None]":
+    """The SM counts a persistent kernel's launches may have been computed for (its grid, and Stream-K's workspace
+    and what is placed after it, follow the GPU): the one its environment names (gemmgen compile exports for
+    --gpu), then the families' default, an H100 SXM's (None), which every other export uses."""
+    environment = manifest.get("environment")
+    key = environment.get("gpu_key") if isinstance(environment, dict) else None
+    try:
+        named = lookup_gpu(key).sm_count if isinstance(key, str) else None
+    except InvalidInput:   # a GPU this catalogue does not hold
+        named = None
+    return [named, None] if named is not None else [None]
+
+
+def _check_against(manifest: dict, expected, persistent: bool) -> None:
+    """InvalidInput naming the first field of the manifest's workspace and launches that `expected` (the family's
+    Launches for the manifest's problem) does not match."""
     if manifest["workspace_bytes"] < expected.workspace_bytes:
         raise InvalidInput("manifest field workspace_bytes must cover the kernel's workspace",
                            manifest["workspace_bytes"], f"needs {expected.workspace_bytes}")
     if len(manifest["launches"]) != len(expected.launches):
         raise InvalidInput("manifest field launches must list the kernel's launches", len(manifest["launches"]),
                            f"expected {len(expected.launches)}")
-    persistent = bool(getattr(config, "persistent", False))
     for i, (got, want) in enumerate(zip(manifest["launches"], expected.launches)):
         defaults = {"cluster": [1, 1, 1], "programmatic": False}
         for key in ("entry", "block", "cluster", "dynamic_smem", "programmatic"):

@@ -55,10 +55,11 @@ def operands_dict(ops: Operands) -> dict:
             **({"row_sums": True} if ops.row_sums else {})}
 
 
-def make_manifest(kernel: Kernel, problem: Problem, compiled=None) -> dict:
-    """The launch manifest of `kernel` run on `problem` (compiled: nvrtc.Compiled, for resources)."""
+def make_manifest(kernel: Kernel, problem: Problem, compiled=None, sm_count: "int | None" = None) -> dict:
+    """The launch manifest of `kernel` run on `problem` (compiled: nvrtc.Compiled, for resources) on a GPU of
+    `sm_count` SMs (a persistent kernel's grid; None: the families' default, an H100 SXM's)."""
     check_match(kernel, problem)
-    built = families.of(kernel.config).launches(kernel, problem)
+    built = families.of(kernel.config).launches(kernel, problem, sm_count)
     launches, workspace, zero = built.launches, built.workspace_bytes, built.workspace_zero
     resources = {"registers": 0, "spill_bytes": 0, "stack_bytes": 0, "smem_static": 0}
     nvrtc_version = None
