@@ -147,3 +147,22 @@ def test_a_missing_driver_is_named_with_an_installed_one_to_use_instead(capsys, 
     assert "driver that is not installed (Python module 'pg8000')" in line and "secret" not in line
     if importlib.util.find_spec("psycopg2"):
         assert "name the installed psycopg2 in the URL: postgresql+psycopg2://tuner:***@db-host/gemmgen" in line
+
+
+def test_a_read_only_sqlite_database_is_refused_at_once_saying_so(capsys, tmp_path, monkeypatch):
+    """Regression: a read-only SQLite study database ('attempt to write a readonly database', an OperationalError)
+    was retried as unreachable for GEMMGEN_DB_RETRY_S, then reported as 'stayed unreachable'. (The file is opened
+    read-only through an SQLite URI: tests may run as root, whom file modes do not stop.)"""
+    import time
+
+    from test_cli_tune import replay_file
+    from gemmgen.tune.storage import open_storage
+
+    db = tmp_path / "studies.db"
+    open_storage(f"sqlite:///{db}").engine.dispose()  # a valid Optuna database
+    monkeypatch.setenv("GEMMGEN_DB_RETRY_S", "30")
+    start = time.monotonic()
+    line = one_line_error(capsys, ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay_file(tmp_path)),
+                                   "--storage", f"sqlite:///file:{db}?mode=ro&uri=true", "--no-progress"])
+    assert time.monotonic() - start < 15
+    assert "the study database is read-only" in line and "unreachable" not in line

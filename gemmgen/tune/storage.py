@@ -97,6 +97,9 @@ def _translate(exc: Exception, url: str) -> StorageError:
     if "locked" in text.lower() or "busy" in text.lower():
         return StorageError("the study database is locked by another process", safe_url(url),
                             "wait for the other tune to finish, or pass --storage with another URL")
+    if "readonly database" in text.lower() or "read-only" in text.lower():
+        return StorageError("the study database is read-only, and a tune writes every trial to it", safe_url(url),
+                            "pass --storage with a database this user can write")
     if "not a database" in text.lower() or "malformed" in text.lower() or "corrupt" in text.lower():
         return StorageError("the study database is corrupt or not an SQLite file", safe_url(url),
                             "move it aside; a new one is created on the next run")
@@ -337,10 +340,11 @@ def _open_journal(url: str, create_folder: bool = True):
 _depth = threading.local()
 
 
-# OperationalErrors that waiting does not cure: a locked or damaged SQLite file, and a server that answered but
-# refused the login or has no such database or role. PostgreSQL and MySQL report those as OperationalErrors too,
-# so a wrong password was retried for GEMMGEN_DB_RETRY_S (60 s) and then called "unreachable".
-_LASTING = ("locked", "no such table", "not a database",
+# OperationalErrors that waiting does not cure: a locked, damaged or read-only SQLite file, and a server that
+# answered but refused the login or has no such database or role. PostgreSQL and MySQL report those as
+# OperationalErrors too, so a wrong password (a read-only file) was retried for GEMMGEN_DB_RETRY_S (60 s) and then
+# called "unreachable".
+_LASTING = ("locked", "no such table", "not a database", "readonly database",
             "authentication failed", "no pg_hba.conf entry", "does not exist",  # PostgreSQL
             "access denied", "unknown database")  # MySQL (1045, 1044, 1049)
 
