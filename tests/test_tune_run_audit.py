@@ -166,3 +166,62 @@ def test_a_read_only_sqlite_database_is_refused_at_once_saying_so(capsys, tmp_pa
                                    "--storage", f"sqlite:///file:{db}?mode=ro&uri=true", "--no-progress"])
     assert time.monotonic() - start < 15
     assert "the study database is read-only" in line and "unreachable" not in line
+
+
+# --- a tune killed outright leaves no process behind -------------------------------------------------------------
+
+def _children(pid: int) -> "list[int]":
+    """The live processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rpartition(")")[2].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_compile_pool_ends_when_the_tune_is_killed_outright():
+    """Regression: after `kill -9` of a tune (its NVRTC pool started), the pool's processes and multiprocessing's
+    resource tracker stayed alive for good, orphans waiting on a queue they hold both ends of: one per --jobs
+    for every killed tune. They now end within seconds of the tune."""
+    import signal
+    import subprocess
+    import time
+
+    script = ("from gemmgen.tune.engines import PoolCompiler\n"
+              "pool = PoolCompiler(2, task=str)\n"
+              "assert pool.submit(7).result() == '7'\n"
+              "print('ready', flush=True)\n"
+              "import time; time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=str(HERE.parent))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        children = _children(proc.pid)
+        assert children  # the pool's workers (and the resource tracker)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.2)
+    left = [pid for pid in children if _alive(pid)]
+    for pid in left:  # the test's own strays, by id
+        import os
+
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left running after the tune was killed: {left}"

@@ -20,15 +20,33 @@ def _compile_one(kernel: Kernel):
         return exc
 
 
+def _exit_with(parent_pid: int, poll_s: float = 1.0) -> None:
+    """Pool initializer: end this compile process once `parent_pid` (the tune) is gone. A pool worker waits on a
+    queue whose write end it holds itself, so it never sees EOF: after a kill -9 of the tune every compile
+    process (and multiprocessing's resource tracker) was left running for good, one per --jobs."""
+    import os
+    import threading
+    import time
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="gemmgen-exit-with-parent", daemon=True).start()
+
+
 class PoolCompiler:
     """NVRTC in a process pool: submit() returns at once, so compiles run while the GPU measures."""
 
     def __init__(self, jobs: int, task: "Callable[[Kernel], object]" = _compile_one):
         import multiprocessing as mp
+        import os
 
         self.jobs = max(1, int(jobs))
         self.task = task
-        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"),
+                                         initializer=_exit_with, initargs=(os.getpid(),))
 
     def submit(self, kernel: Kernel) -> Future:
         return self._pool.submit(self.task, kernel)
