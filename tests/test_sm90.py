@@ -544,7 +544,8 @@ def test_store_warp_renders_the_store_loop_in_the_producer_warpgroup_and_hands_b
     source = render(kernel)
     assert "constexpr bool STORE_WARP = true;" in source
     assert "else if (threadIdx.x / 32 == 1) {" in source                       # the producer's warp 1
-    assert "mbar_arrive_local(store_bar + 8 * (epi_g % EPI_HALVES));" in source  # consumers hand boxes over
+    assert "const int box_half = epi_g % EPI_HALVES;" in source                 # the store warp's count picks
+    assert "mbar_arrive_local(store_bar + 8 * box_half);" in source              # the half; consumers hand it over
     plain = render(Kernel(Arch.SM90A, ops(), hopper_config(stages=3)))
     assert "constexpr bool STORE_WARP = false;" in plain and "store_bar" not in plain
     # The lab switch on a kernel the store warp does not serve is a compile-time error, never a silent kernel.

@@ -85,3 +85,36 @@ def test_the_320_wide_tile_matches_the_fp32_reference_off_tile_multiples(a, b, c
         gemm(A, B, D, **call)
         torch.cuda.synchronize()
         assert rel_error(D, ref) < 1e-2
+
+
+# A 64x320 warpgroup tile stages D in 5 pairs of boxes per tile (3 stages leave room for 4 boxes a warp): an odd
+# number of groups. With a store warp, the half of the staging region a group fills must follow the running count
+# of groups, not the group's index in its tile, or from a CTA's second tile on the store warp stores the other
+# half (wrong D at 4096^3 on the H100; one tile per CTA at 1000x3000 hid it).
+def test_the_320_wide_tile_with_a_store_warp_stages_an_odd_number_of_box_groups():
+    from gemmgen.families.sm90_wgmma.rules import epi_boxes
+    from gemmgen.model.tiles import TileConfig
+    config = TileConfig.from_dict({**WIDE, "store_warp": True})
+    share, boxes = config.warp.n // 32, epi_boxes(config, ops(a="row", b="col"))
+    assert (share, boxes) == (10, 4) and share // (boxes // 2) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("store_warp", [False, True])
+@pytest.mark.parametrize("raster", ["row", "col"])
+@pytest.mark.parametrize("shape", [(1000, 3000, 1000), (4096, 4096, 4096)])
+def test_the_320_wide_tile_with_a_store_warp_and_either_raster_matches_the_fp32_reference(store_warp, raster, shape):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("needs an sm_90 GPU with torch")
+    from gemmgen import Problem
+    from test_hopper_paths_gpu import load, operand, rel_error
+
+    m, n, k = shape
+    config = {**WIDE, "raster": {"order": raster, "group": 8}, "store_warp": store_warp}
+    gemm = load(Problem.create(m, n, k, "bf16", "row", "col"), config)
+    A, B = operand(m, k, "row"), operand(k, n, "col")
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(A, B, D)
+    torch.cuda.synchronize()
+    assert rel_error(D, A.float() @ B.float()) < 1e-2
