@@ -135,3 +135,19 @@ def test_a_loaded_kernel_computes_other_shapes_as_torch_does(tmp_path, tuned, ca
         ref = A.double() @ B.double()
         err = float((D.double() - ref).norm() / ref.norm())
         assert err < 1e-2, (kernel.name, (m, n, k), err)
+
+
+def test_a_3xtf32_kernel_refuses_a_k_whose_three_segments_overflow_its_int_k():
+    # Regression: 3xTF32 passes 3 x K (rounded up to whole k-tiles) as its `int` K scalar; at K = 2e9 the manifest
+    # said K = 6e9, which the launch wrapped to 1.7e9, and `gemmgen compile` wrote the bundle without a word.
+    from gemmgen.families.rules import check
+
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x128x32", "warp": "64x128x32",
+                                   "mma": "64x128x8", "stages": 4, "warp_specialized": True, "persistent": True,
+                                   "promote": 8, "split3": True})
+    fits = Problem.create(64, 64, (2**31 - 1) // 3 // 32 * 32, "f32", fp32_math="3xtf32")
+    assert check(config, H100, Arch.SM90A, fits) == []
+    over = Problem.create(64, 64, fits.k + 32, "f32", fp32_math="3xtf32")
+    assert any("three K segments" in v.rule for v in check(config, H100, Arch.SM90A, over))
+    with pytest.raises(InvalidInput, match="three K segments"):
+        check_serves(kernel_for(fits, config), over)

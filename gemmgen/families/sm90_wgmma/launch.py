@@ -16,7 +16,7 @@ from ...model.arch import Arch, lookup_gpu
 from ...model.problem import Layout, Operands, Problem
 from ...model.tiles import DecompKind, Kernel, streamk_remainder
 from ..base import Launches
-from .rules import a_is_kmajor, b_is_kmajor, epi_boxes, mn_blocks, smem_bytes
+from .rules import SPLIT_FACTOR, a_is_kmajor, b_is_kmajor, epi_boxes, mn_blocks, smem_bytes
 
 REDUCE_THREADS = 256  # split-K reduction block, as the sm80 family's (render.REDUCE_THREADS)
 TMA_BOX_ROWS = 256      # the most rows (elements of any dimension) one TMA box spans
@@ -58,7 +58,7 @@ PACK_MAX_GRID_Y = 65535    # rows beyond this are walked by the y grid-stride lo
 # 3xTF32: the main loop runs three K segments, big·big + big·small + small·big. big is the fp32 operand itself
 # (wgmma reads the top 19 bits: the value truncated to tf32) and small = tf32(x - trunc(x)) a copy the pre-pass
 # writes; A's segments read [big, big, small] and B's [big, small, big] through two tensor maps per operand.
-SPLIT_FACTOR = 3
+# (SPLIT_FACTOR, the number of segments, lives in rules.py: the K scalar it multiplies must fit an int.)
 
 
 # fp8 and tf32: wgmma reads these operands K-major only (its transpose bits are for 16-bit types), so an operand

@@ -17,6 +17,8 @@ PRODUCER_REGS = 40   # the producer thread only computes TMA coordinates
 # most: the accumulator rule below).
 WIDE_MMA_N = 384
 WIDE_SWAP_COLUMNS = 4   # tile columns of M a wide swapped tile serves (swap_m_max)
+SPLIT_FACTOR = 3        # 3xTF32's K segments: the kernel's K scalar is three times K rounded up to whole k-tiles
+INT_MAX = 2**31 - 1     # the ABI's `int` scalars (M, N, K, lda, ldb, ldc, ldd)
 
 
 def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
@@ -143,6 +145,12 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # products reach 2e-5, with it 2-4e-7 (H100, tests/test_hopper_paths_gpu.py), fp32's class.
         rule(config.promote >= 1, "3xTF32 (split3) promotes its partial sums into fp32 (promote 1, 2, 4 or 8)",
              config.promote, "1, 2, 4 or 8")
+        if problem is not None:
+            # The main loop walks three K segments and takes their total as its `int` K: past INT_MAX it wrapped
+            # (K = 2e9 passed 6e9, read as 1.7e9), and the kernel summed a fraction of K without a word.
+            k3 = SPLIT_FACTOR * math.ceil(problem.k / cta.k) * cta.k
+            rule(k3 <= INT_MAX, "3xTF32 (split3) passes its three K segments (3 x K rounded up to whole k-tiles) "
+                 "as one 32-bit int", k3, INT_MAX)
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A K-major B tile
     # whose N is not a multiple of 64 (16-240 rows: the swapped kernels' activations, the batch tiles) is one box of
     # its own height; its epilogue is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
