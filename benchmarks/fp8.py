@@ -22,7 +22,8 @@ scale_b (1, N)), and block (DeepGEMM's: A per row and 128 of K, B per 128 x 128 
 reference of the same values and scales; cuBLAS is timed with its rowwise scaling on the same fp8 values and unit
 scales, the nearest fp8 product torch._scaled_mm runs everywhere, and its error is that product's against float64).
 Every scaling runs with every layout and shape; a combination gemmgen refuses (no configuration passes its rules)
-is skipped with a printed note. Prints one summary table last, with a row per shape, scaling and layout.
+is skipped with a printed note. --change adds the model's first pick with some fields changed (a tile the model
+ranks low, timed beside the picks). Prints one summary table last, with a row per shape, scaling and layout.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def main(argv=None) -> int:
                         help="comma-separated scalings to run in the same run: tensor, rowcol, block")
     parser.add_argument("--layouts", nargs="*", default=["rc"], choices=["rc", "cr", "rr", "cc"],
                         help="A and B storage: r row-major, c column-major (default rc, both K-major)")
+    parser.add_argument("--change", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE]",
+                        help="also the model's first pick with these fields changed, where the rules allow "
+                             "(repeatable), e.g. cta=128x320x128,warp=64x320x128,mma=64x320x32,stages=3")
     parser.add_argument("--promote", type=int, default=0, metavar="N",
                         help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
@@ -153,6 +157,11 @@ def main(argv=None) -> int:
             print(f"  note: {name} {scaling} {layout} skipped: {why}", flush=True)
             summary.append({"case": name, "scaling": scaling, "layout": layout, "best": None, "skipped": why})
             continue
+        if args.change:
+            from benchmarks.small_latency import changed
+
+            ranked += [v for v in changed(ranked[0], args.change, problem, gpu) if v.config not in
+                       {r.config for r in ranked}]
         if args.promote:
             from gemmgen.rank.predict import predict
             from gemmgen.rank.ranking import model_top, rank_configs
