@@ -118,3 +118,17 @@ def test_the_320_wide_tile_with_a_store_warp_and_either_raster_matches_the_fp32_
     gemm(A, B, D)
     torch.cuda.synchronize()
     assert rel_error(D, A.float() @ B.float()) < 1e-2
+
+
+def test_the_fp8_320_wide_tile_issues_m64n256k32_and_m64n64k32_qgmma_with_no_spills():
+    from gemmgen import Problem
+    from gemmgen.codegen.sass import dump_sass
+    from gemmgen.model.tiles import TileConfig
+    config = TileConfig.from_dict({**WIDE, "cta": "128x320x128", "warp": "64x320x128", "mma": "64x320x32"})
+    kernel = Kernel(Arch.SM90A, Problem.create(4096, 14336, 4096, "e4m3", "row", "col").operands, config)
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0
+    sass = dump_sass(compiled.cubin)
+    assert "QGMMA.64x256x32.F32.E4M3.E4M3" in sass and "QGMMA.64x64x32.F32.E4M3.E4M3" in sass   # fp8 wgmma: QGMMA
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and count(counts, "UTMALDG") > 0
