@@ -151,3 +151,20 @@ def test_a_3xtf32_kernel_refuses_a_k_whose_three_segments_overflow_its_int_k():
     assert any("three K segments" in v.rule for v in check(config, H100, Arch.SM90A, over))
     with pytest.raises(InvalidInput, match="three K segments"):
         check_serves(kernel_for(fits, config), over)
+
+
+@pytest.mark.parametrize("dtype,k,operand", [("bf16", 2**31 - 1, "A"), ("e4m3", 2**31 - 8, "A")])
+def test_a_packed_copy_whose_rounded_rows_overflow_its_int_leading_dimension_is_refused(dtype, k, operand):
+    # Regression: `gemmgen compile 2 2 2147483647 --gpu h100` wrote lda = 2147483648 (A's misaligned rows packed,
+    # rounded up to 128 bytes) into an `int` scalar and into the pack launch's ld_dst: both wrapped negative.
+    from gemmgen.families.rules import check
+
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64",
+                                   "mma": "64x128x16", "stages": 4, "warp_specialized": True, "persistent": True})
+    if dtype == "e4m3":
+        config = TileConfig.from_dict(dict(config.to_dict(), cta="128x128x128", warp="64x128x128", mma="64x128x32"))
+    problem = Problem.create(2, 2, k, dtype)
+    rules = [v.rule for v in check(config, H100, Arch.SM90A, problem)]
+    assert any(f"packed copy of {operand}" in r for r in rules), rules
+    assert not any("packed copy" in v.rule for v in check(config, H100, Arch.SM90A, Problem.create(2, 2, 2**31 - 256,
+                                                                                                     dtype)))

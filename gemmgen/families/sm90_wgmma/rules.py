@@ -19,6 +19,7 @@ WIDE_MMA_N = 384
 WIDE_SWAP_COLUMNS = 4   # tile columns of M a wide swapped tile serves (swap_m_max)
 SPLIT_FACTOR = 3        # 3xTF32's K segments: the kernel's K scalar is three times K rounded up to whole k-tiles
 INT_MAX = 2**31 - 1     # the ABI's `int` scalars (M, N, K, lda, ldb, ldc, ldd)
+PACK_ROUND_ELEMENTS = 128   # the most elements a packed copy's rows are rounded up by (128 bytes of fp8)
 
 
 def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", operands: "Operands | None",
@@ -151,6 +152,16 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
             k3 = SPLIT_FACTOR * math.ceil(problem.k / cta.k) * cta.k
             rule(k3 <= INT_MAX, "3xTF32 (split3) passes its three K segments (3 x K rounded up to whole k-tiles) "
                  "as one 32-bit int", k3, INT_MAX)
+    if problem is not None and max(problem.m, problem.n, problem.k) > INT_MAX - PACK_ROUND_ELEMENTS:
+        # A packed copy's rows are rounded up to whole 128-byte lines, and the main loop takes that leading
+        # dimension as its `int` lda/ldb: an operand whose contiguous extent is within one line of INT_MAX (bf16
+        # K = 2^31 - 1 on misaligned rows) wrapped to a negative one. (Checked near the limit only: it is rare.)
+        from ...model.tiles import Kernel
+        from .launch import pack_plan   # launch.py builds on this module
+
+        for copy in pack_plan(Kernel(arch, problem.operands, config), problem):
+            rule(copy["packed_ld"] <= INT_MAX, f"the packed copy of {copy['tensor']} (rows rounded up to 128 bytes) "
+                 "must have a leading dimension that fits a 32-bit int", copy["packed_ld"], INT_MAX)
     # The template stores each operand tile as 64-wide blocks of 8 KB (one TMA box or slice each). A K-major B tile
     # whose N is not a multiple of 64 (16-240 rows: the swapped kernels' activations, the batch tiles) is one box of
     # its own height; its epilogue is the staged one (16- or 32-column chunks), never D's TMA-store boxes.
