@@ -178,6 +178,23 @@ def test_pack_params_rejects_unknown_kinds_ctypes_and_missing_values(bad):
         device.pack_params([bad], {})
 
 
+@pytest.mark.parametrize("spec", [{"name": "K", "kind": "scalar", "ctype": "int", "value": 6_000_000_000},
+                                  {"name": "lda", "kind": "scalar", "ctype": "int", "value": 2**31},
+                                  {"name": "M", "kind": "scalar", "ctype": "int", "value": 4096.0},
+                                  {"name": "alpha", "kind": "scalar", "ctype": "float", "value": 1e39}])
+def test_pack_params_refuses_a_scalar_its_c_type_would_wrap(spec):
+    # Regression: scalars were converted with ctypes, which wraps silently: a manifest's int K of 6e9 (3xTF32's
+    # three segments) reached the kernel as 1705032704, and a float alpha of 1e39 as inf.
+    from gemmgen.runtime import tma
+
+    with pytest.raises(InvalidInput, match=f"scalar parameter {spec['name']} must be"):
+        device.pack_params([spec], {})
+    with pytest.raises(InvalidInput, match=f"scalar parameter {spec['name']} must be"):
+        tma.pack_params([spec], {})
+    fits = dict(spec, value=-(2**31) if spec["ctype"] == "int" else -3.0e38)
+    assert len(device.pack_params([fits], {}).storage) == 1
+
+
 def test_bf16_rounding_is_nearest_even():
     values = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -2.5, 3.14159], np.float32)
     bits = device.float32_to_bf16_bits(values)

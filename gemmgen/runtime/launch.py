@@ -25,6 +25,24 @@ TENSORMAP_BYTES = 128
 NULLABLE_TENSORS = frozenset({"C", "bias", "scale_a", "scale_b", "row_sums"})
 
 
+def scalar(ctype, value, name: str, entry: str = "kernel"):
+    """`value` as the C scalar `ctype`, or InvalidInput naming the parameter where it does not fit: ctypes wraps an
+    integer silently (an `int` K of 6e9 reached the kernel as 1.7e9), and takes a float32 past 3.4e38 as inf."""
+    if ctype in (ctypes.c_float, ctypes.c_double):
+        converted = ctype(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                abs(converted.value) == float("inf") and abs(value) != float("inf")):
+            raise InvalidInput(f"{entry}: scalar parameter {name} must be a number its C type "
+                               f"({ctype.__name__[2:]}) holds", value)
+        return converted
+    bits = 8 * ctypes.sizeof(ctype)
+    lo, hi = (-(1 << bits - 1), (1 << bits - 1) - 1) if ctype(-1).value == -1 else (0, (1 << bits) - 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidInput(f"{entry}: scalar parameter {name} must be an integer its C type ({ctype.__name__[2:]}) "
+                           f"holds, {lo}..{hi}", value)
+    return ctype(value)
+
+
 @dataclass
 class PackedParams:
     """Host storage for one launch's parameters and the void** array cuLaunchKernel reads."""
@@ -75,7 +93,7 @@ def pack_params(params: "list[dict]", pointers: "dict[str, int]", workspace: int
                                    spec.get("ctype"))
             if "value" not in spec:
                 raise InvalidInput(f"{entry}: scalar parameter {name} must carry a value", spec)
-            value = ctype(spec["value"])
+            value = scalar(ctype, spec["value"], name, entry)
         elif kind == "tensormap":
             if encode_tensormap is None:
                 raise InvalidInput(f"{entry}: tensormap parameter {name} needs gemmgen.runtime.tma to encode it", spec)

@@ -123,7 +123,9 @@ def pack_params(params: "list[dict]", values: dict) -> "tuple[ctypes.Array, list
         elif kind in ("tensor", "workspace"):
             holder = ctypes.c_uint64(int(value or 0))
         elif kind == "scalar":
-            holder = _CTYPES[p["ctype"]](value)
+            from .launch import scalar   # refuses a value the C type would wrap
+
+            holder = scalar(_CTYPES[p["ctype"]], value, p["name"])
         else:
             raise InvalidInput("param kind must be tensor, tensormap, workspace or scalar", kind)
         holders.append(holder)
