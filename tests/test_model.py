@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemmgen.model.arch import Arch, DType, catalogue
 from gemmgen.families.rules import check, ctas_per_sm, regs_allocated, regs_estimate, smem_bytes, validate
-from gemmgen.model.errors import InvalidConfig, Violation
+from gemmgen.model.errors import InvalidConfig, InvalidInput, Violation
 from gemmgen.rank.predict import predict
 from gemmgen.model.problem import Layout, Operands, Problem
 from gemmgen import families
@@ -227,3 +228,12 @@ def test_a_grid_of_few_hopper_ctas_streams_at_its_ctas_rate_and_a_decode_product
               for r in rank_configs(enumerate_space(family, h100, problem=decode), decode, h100,
                                     lambda p, c, g: predict(p, c, g, params), heuristic_time)]
     assert min(ranked, key=lambda r: r.time_s).config.swap_ab
+
+
+@pytest.mark.parametrize("field,value", [("alpha", 1e39), ("beta", -3.5e38), ("alpha", "1e300")])
+def test_alpha_and_beta_past_float32_are_refused_up_front(field, value):
+    # Regression: `gemmgen compile 64 64 64 --gpu h100 --alpha 1e39` was accepted ("finite") and the kernel, which
+    # takes alpha and beta as float, received inf.
+    with pytest.raises(InvalidInput, match=f"{field} must be a finite number from .* float32"):
+        Problem.create(64, 64, 64, **{field: value})
+    assert Problem.create(64, 64, 64, **{field: 3.4e38}).to_dict()[field] == 3.4e38

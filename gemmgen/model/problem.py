@@ -217,8 +217,8 @@ class Problem:
             if isinstance(value, str) or isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidInput(f"{axis.upper()} must be a positive integer", value)
             parse_dim(axis.upper(), value)
-        parse.real("alpha", self.epilogue.alpha)
-        parse.real("beta", self.epilogue.beta)
+        epilogue_scalar("alpha", self.epilogue.alpha)
+        epilogue_scalar("beta", self.epilogue.beta)
         for name, given, least in (("lda", self.a_ld, self._packed_ld("a")), ("ldb", self.b_ld, self._packed_ld("b")),
                                    ("ldc", self.c_ld, self.n)):
             if isinstance(given, bool) or not isinstance(given, int) or (given and given < least):
@@ -256,7 +256,7 @@ class Problem:
         default_out = DType.BF16 if ab.bytes == 1 else ab
         return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, bb,
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
-                   Layout.parse(b), Epilogue(parse.real("alpha", alpha), parse.real("beta", beta), _flag("bias", bias),
+                   Layout.parse(b), Epilogue(epilogue_scalar("alpha", alpha), epilogue_scalar("beta", beta), _flag("bias", bias),
                                              Activation.parse(activation), _flag("row_sums", row_sums)),
                    Scaling.parse(scaling), Fp32Math.parse(fp32_math),
                    Fp8Accum.parse(fp8_accum)).with_leading(*(parse.integer(name, v, 0, parse.INT64_MAX)
@@ -386,6 +386,17 @@ class Problem:
                           d.get("bias", False), d.get("activation"), d.get("b_dtype"), d.get("scaling"),
                           d.get("row_sums", False), d.get("fp32_math"), d.get("fp8_accum"),
                           d.get("lda", 0), d.get("ldb", 0), d.get("ldc", 0))
+
+
+FLOAT32_MAX = 3.4028234663852886e38   # alpha and beta are `float` in every family's ABI
+
+
+def epilogue_scalar(what: str, value) -> float:
+    """alpha or beta: a finite number that float32 holds; a larger one (1e39) reached the kernel as inf."""
+    try:
+        return parse.real(what, value, -FLOAT32_MAX, FLOAT32_MAX)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.rule, exc.value, f"the kernels take {what} as a float32") from None
 
 
 def parse_dim(axis: str, value) -> int:
