@@ -23,7 +23,8 @@ reference of the same values and scales; cuBLAS is timed with its rowwise scalin
 scales, the nearest fp8 product torch._scaled_mm runs everywhere, and its error is that product's against float64).
 Every scaling runs with every layout and shape; a combination gemmgen refuses (no configuration passes its rules)
 is skipped with a printed note. --change adds the model's first pick with some fields changed (a tile the model
-ranks low, timed beside the picks). Prints one summary table last, with a row per shape, scaling and layout.
+ranks low, timed beside the picks); --configs adds configurations given per shape in a JSON file (another tree's
+picks, so both are timed in one process, where clocks drift alike). Prints one summary table last, with a row per shape, scaling and layout.
 """
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def main(argv=None) -> int:
     parser.add_argument("--change", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE]",
                         help="also the model's first pick with these fields changed, where the rules allow "
                              "(repeatable), e.g. cta=128x320x128,warp=64x320x128,mma=64x320x32,stages=3")
+    parser.add_argument("--configs", default=None, metavar="FILE",
+                        help="also these configurations: a JSON object mapping a shape 'MxNxK' to a list of "
+                             "configuration dicts (e.g. another tree's picks, to time both in one process)")
     parser.add_argument("--promote", type=int, default=0, metavar="N",
                         help="also the model's top N configurations that promote partial sums into fp32")
     args = parser.parse_args(argv)
@@ -157,6 +161,16 @@ def main(argv=None) -> int:
             print(f"  note: {name} {scaling} {layout} skipped: {why}", flush=True)
             summary.append({"case": name, "scaling": scaling, "layout": layout, "best": None, "skipped": why})
             continue
+        if args.configs:
+            import json
+
+            from gemmgen.families.rules import check
+            from gemmgen.model.tiles import TileConfig
+            from gemmgen.rank.ranking import Ranked
+
+            extra = [TileConfig.from_dict(c) for c in json.loads(Path(args.configs).read_text()).get(f"{m}x{n}x{k}", [])]
+            ranked += [Ranked(c, None, None, "", 0) for c in extra
+                       if c not in {r.config for r in ranked} and not check(c, gpu, gpu.arch, problem)]
         if args.change:
             from benchmarks.small_latency import changed
 
