@@ -225,3 +225,43 @@ def test_the_compile_pool_ends_when_the_tune_is_killed_outright():
 
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left running after the tune was killed: {left}"
+
+
+def test_ctrl_c_mid_measurement_prints_no_traceback_from_the_tunes_processes(tmp_path):
+    """Regression: Ctrl-C (SIGINT to the terminal's whole process group) while a trial was measured printed the
+    measuring process's KeyboardInterrupt traceback, and one per idle NVRTC compile process, above 'interrupted;
+    results already stored are kept'. The tune's own processes now leave Ctrl-C to it."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    from test_cli_tune import replay_file
+
+    replay = replay_file(tmp_path)
+    slow = json.loads(replay.read_text())
+    slow["delay_s"] = 2.0  # each measurement: Ctrl-C lands inside one
+    replay.write_text(json.dumps(slow))
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "gemmgen", "tune", "256", "256", "256", "--gpu", "h100",
+                             "--replay", str(replay), "--trials", "6", "--top-k", "3", "--jobs", "2",
+                             "--storage", f"sqlite:///{tmp_path / 'studies.db'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if " trial 1/6 " in line or line.startswith("trial 1/6 "):
+                break  # the second trial is being measured now
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = "".join(seen) + rest
+    assert any("trial 1/6" in line for line in seen), out
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert "interrupted; results already stored are kept" in out

@@ -20,13 +20,18 @@ def _compile_one(kernel: Kernel):
         return exc
 
 
-def _exit_with(parent_pid: int, poll_s: float = 1.0) -> None:
-    """Pool initializer: end this compile process once `parent_pid` (the tune) is gone. A pool worker waits on a
-    queue whose write end it holds itself, so it never sees EOF: after a kill -9 of the tune every compile
-    process (and multiprocessing's resource tracker) was left running for good, one per --jobs."""
+def _compile_worker_init(parent_pid: int, poll_s: float = 1.0) -> None:
+    """Pool initializer. Ctrl-C is the tune's: it reaches the whole process group, and each compile process
+    printed a KeyboardInterrupt traceback under the tune's 'interrupted' line; the tune shuts the pool down.
+    And the process ends once `parent_pid` (the tune) is gone: a pool worker waits on a queue whose write end
+    it holds itself, so it never sees EOF, and after a kill -9 of the tune every compile process (and
+    multiprocessing's resource tracker) was left running for good, one per --jobs."""
     import os
+    import signal
     import threading
     import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch():
         while os.getppid() == parent_pid:
@@ -46,7 +51,7 @@ class PoolCompiler:
         self.jobs = max(1, int(jobs))
         self.task = task
         self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"),
-                                         initializer=_exit_with, initargs=(os.getpid(),))
+                                         initializer=_compile_worker_init, initargs=(os.getpid(),))
 
     def submit(self, kernel: Kernel) -> Future:
         return self._pool.submit(self.task, kernel)

@@ -99,7 +99,22 @@ def gpu_benchmark():
 
 
 def _serve(conn, factory: Callable[[], object]) -> None:
-    """Child main loop: build the benchmark, then answer requests until told to stop."""
+    """Child main loop: build the benchmark, then answer requests until told to stop.
+
+    Ctrl-C is the parent's: it reaches the whole process group, and in here it raised KeyboardInterrupt inside
+    the measurement, which multiprocessing printed as a traceback under 'interrupted; results already stored
+    are kept'. The parent stops this process (stop, then SIGTERM) when it winds up. A parent that is gone
+    (killed outright) gets no answer and no traceback either: a BrokenPipeError here printed one."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve_requests(conn, factory)
+    except (BrokenPipeError, ConnectionResetError):
+        return
+
+
+def _serve_requests(conn, factory: Callable[[], object]) -> None:
     try:
         bench = factory()
         # GpuBenchmark opens its context (and imports torch first) on first use: do it now, while the
@@ -134,9 +149,10 @@ def _serve(conn, factory: Callable[[], object]) -> None:
                 answer = setter(request[1]) if setter is not None else None
             else:
                 raise ValueError(f"unknown request {op!r}")
-            conn.send(("ok", answer))
+            reply = ("ok", answer)
         except Exception as exc:  # the benchmark should not raise; if it does, that trial fails
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        conn.send(reply)
 
 
 def _verify(bench, manifest: dict, cubin: bytes, problem) -> "Outcome | None":
