@@ -49,17 +49,17 @@ class Linear(torch.nn.Linear):
         out.activation = activation
         return out
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 (torch.nn.Linear's name: callers pass input=)
         # Under torch.jit.trace one graph must serve both grad modes, and torch.fx's proxies have no requires_grad
         # to branch on: both record the fused op, whose backward recomputes Z.
         if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and not torch.jit.is_tracing() and \
-                not _fx_tracing() and \
-                (x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)):
-            z = ops.linear(x, self.weight, self.bias, "none")
+                not _fx_tracing() and (input.requires_grad or self.weight.requires_grad or
+                                       (self.bias is not None and self.bias.requires_grad)):
+            z = ops.linear(input, self.weight, self.bias, "none")
             if self.activation == "gelu":
                 return torch.nn.functional.gelu(z, approximate="tanh")
             return torch.nn.functional.silu(z)
-        return ops.linear(x, self.weight, self.bias, self.activation)
+        return ops.linear(input, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.activation == "none" else f", activation={self.activation}")
