@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, write_report  # noqa: E402
-from benchmarks.harness import product_shape  # noqa: E402
+from benchmarks.harness import configs_for_shape, product_shape  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192),
@@ -161,16 +161,7 @@ def main(argv=None) -> int:
             print(f"  note: {name} {scaling} {layout} skipped: {why}", flush=True)
             summary.append({"case": name, "scaling": scaling, "layout": layout, "best": None, "skipped": why})
             continue
-        if args.configs:
-            import json
-
-            from gemmgen.families.rules import check
-            from gemmgen.model.tiles import TileConfig
-            from gemmgen.rank.ranking import Ranked
-
-            extra = [TileConfig.from_dict(c) for c in json.loads(Path(args.configs).read_text()).get(f"{m}x{n}x{k}", [])]
-            ranked += [Ranked(c, None, None, "", 0) for c in extra
-                       if c not in {r.config for r in ranked} and not check(c, gpu, gpu.arch, problem)]
+        ranked += configs_for_shape(args.configs, problem, gpu, ranked)
         if args.change:
             from benchmarks.small_latency import changed
 

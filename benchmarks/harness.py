@@ -142,6 +142,22 @@ def ranked_space(problem, gpu, params) -> list:
     return rank_configs(space, problem, gpu, lambda p, c, g: predict(p, c, g, params), heuristic_time)
 
 
+def configs_for_shape(path: "str | None", problem, gpu, have) -> list:
+    """The configurations a --configs FILE gives for `problem`'s shape (a JSON object mapping 'MxNxK' to a list of
+    configuration dicts, e.g. another tree's picks, so both are timed in one process), as unpredicted Ranked
+    entries: those not among `have` (Ranked) and valid for the problem on `gpu`."""
+    from gemmgen.families.rules import check
+    from gemmgen.model.tiles import TileConfig
+    from gemmgen.rank.ranking import Ranked
+
+    if not path:
+        return []
+    given = json.loads(Path(path).read_text()).get(f"{problem.m}x{problem.n}x{problem.k}", [])
+    known = {r.config for r in have}
+    configs = [TileConfig.from_dict(c) for c in given]
+    return [Ranked(c, None, None, "", 0) for c in configs if c not in known and not check(c, gpu, gpu.arch, problem)]
+
+
 def ranked_shapes(texts) -> tuple:
     """(the detected GPU, [(Problem, its ranked space)]) for --shape texts ('M,N,K,LAYOUTS'), each ranked by the
     model with the GPU's calibration (ranked_space)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import detected_gpu, interleaved_times, load_compiled, run_main, write_report  # noqa: E402
-from benchmarks.harness import product_shape  # noqa: E402
+from benchmarks.harness import configs_for_shape, product_shape  # noqa: E402
 from benchmarks.misaligned import candidates, rel_error, timed  # noqa: E402
 
 SHAPES = {"sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192), "llm_qkv": (4096, 6144, 4096)}
@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", action="append", default=[], metavar="MxNxK",
                         help="products to run instead of the built-in list (repeatable; named by their shape)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--configs", default=None, metavar="FILE",
+                        help="also these configurations: a JSON object mapping a shape 'MxNxK' to a list of "
+                             "configuration dicts (e.g. another tree's picks, to time both in one process)")
     parser.add_argument("--layouts", nargs="*", default=["rc"], choices=["rc", "cr", "rr", "cc"],
                         help="A and B storage: r row-major, c column-major (default rc, both K-major)")
     parser.add_argument("--x3", action="store_true",
@@ -76,6 +79,7 @@ def main(argv=None) -> int:
         else:
             ranked = [r for r in candidates(problem, gpu, args.top) if not getattr(r.config, "split3", False)]
         ranked = [r for r in ranked if r.config.family == "sm90_wgmma"]
+        ranked += configs_for_shape(args.configs, problem, gpu, ranked)
         kernels = [Kernel(gpu.arch, problem.operands, r.config) for r in ranked]
         built = compile_many(kernels)
         sets = [(operand(m, k, layout[0]), operand(k, n, layout[1]), torch.empty(m, n, device="cuda"))
@@ -118,6 +122,8 @@ def main(argv=None) -> int:
         times = interleaved_times(torch, contenders, sets, timed)
         flops = 2.0 * m * n * k
         tf = {key: flops / statistics.median(v) / 1e12 for key, v in times.items()}
+        for row, _ in loaded:   # every verified kernel's figure, not only the best's
+            row.update(tflops=tf[row["config"]], vs_cublas_tf32=tf[row["config"]] / tf["cublas_tf32"])
         best = max((row for row, _ in loaded), key=lambda r: tf[r["config"]])
         summary.append({"case": name, "layout": layout, "shape": best["shape"], "best": best["config"], "tflops": tf[best["config"]],
                         "cublas_tf32_tflops": tf["cublas_tf32"], "cublas_fp32_tflops": tf["cublas_fp32"],
