@@ -116,3 +116,40 @@ def test_a_tensor_map_written_before_l2_promotion_existed_still_loads(tmp_path, 
             p.pop("l2_promotion", None)
 
     assert gemmgen.load(tampered(tmp_path, bundle, legacy)).name == bundle.manifest["name"]
+
+
+def test_a_parameter_list_that_is_not_the_cubins_is_refused(tmp_path, bundle):
+    # Parameters are passed by position: a manifest one short of its cubin's list (here tmAe dropped, as an edit or a
+    # manifest beside another cubin would) shifts every later argument. The cubin's .nv.info notes say what it takes.
+    def drop_tm_edge(manifest):
+        manifest["launches"][0]["params"] = [p for p in manifest["launches"][0]["params"] if p["name"] != "tmAe"]
+
+    with pytest.raises(InvalidInput, match=r"launches\[0\]\.params must be the parameters the cubin's kernel takes"):
+        gemmgen.load(tampered(tmp_path, bundle, drop_tm_edge))
+    with pytest.raises(InvalidInput, match=r"launches\[0\]\.entry must be a kernel of the cubin"):
+        gemmgen.load(tampered(tmp_path / "entry", bundle, lambda m: m["launches"][0].update(entry="other")))
+
+
+def test_a_bundle_exported_before_the_edge_maps_loads_and_keeps_its_parameters(tmp_path, monkeypatch):
+    # Regression: docs/architecture.md promises that bundles exported before the edge maps (tmAe, tmBe) are served
+    # with the parameter list they shipped with, but verify refused them ("params must be the kernel's parameters
+    # in order"), so gemmgen.load never reached that path. Such a bundle is built here with the edge maps off.
+    from gemmgen.codegen.nvrtc import compile_kernel
+    from gemmgen.families.sm90_wgmma import context, launch
+    from gemmgen.runtime.serve import manifest_for, problem_from_shapes
+
+    problem = Problem.create(1000, 512, 256, b="col")
+    config = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64",
+                                   "mma": "64x128x16", "stages": 4, "warp_specialized": True, "persistent": True})
+    kernel = Kernel(Arch.SM90A, problem.operands, config)
+    assert launch.edge_boxes(kernel) == (True, True)
+    with monkeypatch.context() as before:
+        for module in (context, launch):
+            before.setattr(module, "edge_boxes", lambda kernel: (False, False))
+        exported = export_bundle(tmp_path, kernel, problem, compile_kernel(kernel), measured=None, verification=None,
+                                 environment={})
+    names = [p["name"] for p in exported.manifest["launches"][0]["params"]]
+    assert "tmAe" not in names and "tmBe" not in names
+    loaded = gemmgen.load(tmp_path)
+    other = problem_from_shapes(problem, (300, 256), (256, 520), (300, 520), (256, 1), (1, 256), (520, 1))
+    assert [p["name"] for p in manifest_for(loaded.manifest, loaded.kernel, other)["launches"][0]["params"]] == names

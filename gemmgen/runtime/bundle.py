@@ -130,6 +130,77 @@ def check_cubin(manifest: dict, cubin: bytes) -> None:
                            f"the cubin holds SASS for sm_{sm}")
 
 
+# .nv.info attribute records (the CUDA ELF's per-kernel notes, as `cuobjdump -elf` decodes them): a 4-byte header
+# (format, attribute, a 16-bit value or payload size), then for the SVAL format that many payload bytes.
+NV_INFO_SVAL = 0x04
+EIATTR_KPARAM_INFO = 0x17   # payload: u32 index, u16 ordinal, u16 offset, u32 flags with the size in bits 18-31
+PARAM_BYTES = {"tensor": 8, "workspace": 8, "tensormap": 128}   # a device pointer; a CUtensorMap by value
+# Parameters kernels gained after bundles had been exported with cubins that take none: sm90's edge maps
+# (2026-11-27; docs/architecture.md, "Kernel ABI"). A manifest without them still verifies.
+ADDED_PARAMS = frozenset({"tmAe", "tmBe"})
+
+
+def cubin_params(cubin: bytes) -> "dict[str, list[int]]":
+    """Each kernel entry's parameter sizes in bytes, by ordinal, from the cubin's .nv.info.<entry> sections ({} for
+    a cubin without section headers)."""
+    if len(cubin) < 64 or cubin[4] != 2:   # cubins are ELF64
+        return {}
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    if not shoff or shentsize < 64 or shstrndx >= shnum or shoff + shnum * shentsize > len(cubin):
+        return {}
+    sections = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = sections[shstrndx][4]
+    found = {}
+    for name, _type, _flags, _addr, offset, size in sections:
+        start = names + name
+        label = cubin[start:cubin.find(b"\0", start)].decode("ascii", "replace")
+        if not label.startswith(".nv.info.") or offset + size > len(cubin):
+            continue
+        data, pos, params = cubin[offset:offset + size], 0, {}
+        while pos + 4 <= len(data):
+            form, attribute, value = struct.unpack_from("<BBH", data, pos)
+            pos += 4
+            if form != NV_INFO_SVAL:
+                continue
+            if attribute == EIATTR_KPARAM_INFO and value >= 12:
+                _index, ordinal, _offset, flags = struct.unpack_from("<IHHI", data, pos)
+                params[ordinal] = (flags >> 18) & 0x3FFF
+            pos += value
+        found[label[len(".nv.info."):]] = [params[k] for k in sorted(params)]
+    return found
+
+
+def param_bytes(param: dict) -> "int | None":
+    """The bytes a manifest parameter takes in the kernel's parameter list (None: a ctype gemmgen does not pack)."""
+    if param.get("kind") == "scalar":
+        from .launch import _SCALAR_CTYPES   # the launcher's own table of C scalar types
+        import ctypes
+
+        ctype = _SCALAR_CTYPES.get(" ".join(str(param.get("ctype", "")).replace("const", "").split()))
+        return ctypes.sizeof(ctype) if ctype is not None else None
+    return PARAM_BYTES.get(param.get("kind"))
+
+
+def check_cubin_params(manifest: dict, cubin: bytes) -> None:
+    """Each launch's entry is a kernel of the cubin and its parameters are the ones that kernel takes, in count and
+    size: parameters are passed by position, so a list one short (a bundle exported before a parameter existed,
+    edited, or beside another cubin) shifted every later argument. A cubin without .nv.info notes is not checked."""
+    entries = cubin_params(cubin)
+    if not entries:
+        return
+    for i, launch in enumerate(manifest["launches"]):
+        sizes = entries.get(launch["entry"])
+        if sizes is None:
+            raise InvalidInput(f"manifest field launches[{i}].entry must be a kernel of the cubin", launch["entry"],
+                               f"the cubin holds {', '.join(sorted(entries))}")
+        listed = [param_bytes(p) for p in launch["params"]]
+        if listed != sizes:
+            raise InvalidInput(f"manifest field launches[{i}].params must be the parameters the cubin's kernel takes",
+                               [p.get("name") for p in launch["params"]],
+                               f"{len(listed)} listed of {listed} bytes; the kernel takes {len(sizes)} of {sizes}")
+
+
 def check_launches(manifest: dict) -> None:
     """The launches agree with what the kernel's family computes from the manifest's configuration and problem:
     block, cluster, shared memory, parameters and workspace exactly; the grid exactly unless the kernel is
@@ -180,10 +251,14 @@ def _check_against(manifest: dict, expected, persistent: bool) -> None:
             if got.get(key, defaults.get(key)) != want.get(key, defaults.get(key)):
                 raise InvalidInput(f"manifest field launches[{i}].{key} must be what the kernel was built for",
                                    got.get(key), f"expected {want[key]}")
-        if [(p.get("name"), p.get("kind")) for p in got["params"]] != [(p["name"], p["kind"]) for p in want["params"]]:
+        # A bundle exported before a parameter existed lists the parameters its cubin takes (check_cubin_params
+        # holds the list to the cubin's) and is launched with them at every shape (serve.keep_exported_params).
+        listed = {p.get("name") for p in got["params"]}
+        wanted = [q for q in want["params"] if q["name"] in listed or q["name"] not in ADDED_PARAMS]
+        if [(p.get("name"), p.get("kind")) for p in got["params"]] != [(q["name"], q["kind"]) for q in wanted]:
             raise InvalidInput(f"manifest field launches[{i}].params must be the kernel's parameters in order",
                                [p.get("name") for p in got["params"]])
-        for j, (p, q) in enumerate(zip(got["params"], want["params"])):
+        for j, (p, q) in enumerate(zip(got["params"], wanted)):
             if p.get("offset_bytes", 0) != q.get("offset_bytes", 0) or p.get("tensor") != q.get("tensor"):
                 raise InvalidInput(f"manifest field launches[{i}].params[{j}] must point where the kernel's "
                                    "launches put it", (p.get("tensor"), p.get("offset_bytes", 0)),
@@ -213,6 +288,7 @@ def verify(manifest: dict, cubin: bytes) -> None:
     """All of the above: schema, cubin identity and architecture, launches. Raises InvalidInput naming the field."""
     check_schema(manifest)
     check_cubin(manifest, cubin)
+    check_cubin_params(manifest, cubin)
     check_launches(manifest)
 
 
