@@ -96,6 +96,22 @@ def test_cuda_array_interface_arrays_are_described():
         describe_array([1, 2], "A")
 
 
+@pytest.mark.parametrize("cai,rule", [
+    ({"shape": (4, 6), "typestr": "<f2", "data": (4096, False), "version": 3, "strides": (12, 3)}, "whole elements"),
+    ({"shape": (4, 6), "typestr": "<f2", "data": (None, False), "version": 3}, "must give shape, typestr and data"),
+    ({"shape": ("4", 6), "typestr": "<f2", "data": (4096, False), "version": 3}, "must give shape, typestr and data"),
+    ({"typestr": "<f2", "data": (4096, False), "version": 3}, "must give shape, typestr and data"),
+])
+def test_a_cuda_array_interface_that_describes_no_array_is_refused_by_name(cai, rule):
+    # Regression: a byte stride of 3 on 2-byte elements was floored to 1 (read as contiguous: the kernel would read
+    # other elements than the array's), and a missing key or a null pointer was a bare KeyError or TypeError.
+    class Fake:
+        __cuda_array_interface__ = cai
+
+    with pytest.raises(InvalidInput, match=rule):
+        describe_array(Fake(), "A")
+
+
 def test_c_and_bias_must_match_how_the_kernel_was_built(tmp_path):
     kernel = gemmgen.load(write_bundle(tmp_path, Problem.create(64, 32, 16)))
     with pytest.raises(InvalidInput, match="C must be None"):

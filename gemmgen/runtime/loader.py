@@ -15,6 +15,7 @@ The split-K workspace belongs to the loaded kernel: do not run one loaded kernel
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -119,10 +120,20 @@ def describe_array(x, what: str, stream: bool = True) -> ArrayInfo:
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
         raise InvalidInput(f"{what} must be a torch or cupy array on the GPU", type(x).__name__)
-    shape = tuple(cai["shape"])
-    itemsize = int(cai["typestr"][2:])
-    if cai.get("strides"):
-        strides = tuple(s // itemsize for s in cai["strides"])
+    try:
+        shape = tuple(operator.index(extent) for extent in cai["shape"])   # integers, not '4096' or 4096.0
+        itemsize = int(cai["typestr"][2:])
+        ptr = operator.index(cai["data"][0])
+        byte_strides = tuple(operator.index(step) for step in cai.get("strides") or ())
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise InvalidInput(f"{what}'s __cuda_array_interface__ must give shape, typestr and data (version 3)",
+                           type(x).__name__) from None
+    if byte_strides:
+        # A byte stride that is not a whole number of elements (a field of a structured array) was floored to one
+        # that is: the kernel then read other elements than the array's, without a word.
+        if len(byte_strides) != len(shape) or itemsize <= 0 or any(step % itemsize for step in byte_strides):
+            raise InvalidInput(f"{what}'s strides must be whole elements ({itemsize} bytes each)", byte_strides)
+        strides = tuple(step // itemsize for step in byte_strides)
     else:
         strides, step = [], 1
         for extent in reversed(shape):
@@ -130,7 +141,7 @@ def describe_array(x, what: str, stream: bool = True) -> ArrayInfo:
             step *= extent
         strides = tuple(strides)
     dtype = getattr(getattr(x, "dtype", None), "name", None) or _typestr_name(cai["typestr"])
-    return ArrayInfo(int(cai["data"][0]), shape, strides, dtype, None, _current_stream(x) if stream else 0)
+    return ArrayInfo(ptr, shape, strides, dtype, None, _current_stream(x) if stream else 0)
 
 
 def _torch_key(A, B, D, C, bias, scale_a, scale_b, row_sums) -> tuple:
