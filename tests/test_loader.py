@@ -183,6 +183,22 @@ def test_a_persistent_kernel_at_its_own_problem_gets_the_grid_of_the_gpu_it_runs
     assert prepared[-1]["launches"][-1]["grid"] == [114, 1, 1]
 
 
+def test_a_stream_is_a_handle_or_a_torch_or_cupy_stream_and_anything_else_is_named():
+    # Regression: the stream went through int(): a torch.cuda.Stream was a bare TypeError at the launch, and the text
+    # '1' launched on stream 1.
+    from types import SimpleNamespace
+
+    from gemmgen.runtime.loader import stream_handle
+
+    assert stream_handle(SimpleNamespace(cuda_stream=0x1234)) == 0x1234   # torch.cuda.Stream
+    assert stream_handle(SimpleNamespace(ptr=0x5678)) == 0x5678           # cupy.cuda.Stream
+    for bad in ("1", -1, 1.0, True, object()):
+        with pytest.raises(InvalidInput, match="stream must be a CUDA stream"):
+            stream_handle(bad)
+    with pytest.raises(InvalidInput, match="stream must be a CUDA stream"):
+        _family_kernel()(_Cai((256, 256)), _Cai((256, 256)), _Cai((256, 256)), stream="1")
+
+
 # --- on the GPU -------------------------------------------------------------------------------------
 
 def _gpu_bundle(folder: Path, problem: Problem, splits: int = 1) -> Path:

@@ -168,6 +168,19 @@ def _torch_stream(index: int) -> int:
     return int(raw(index)) if raw is not None else int(torch.cuda.current_stream(index).cuda_stream)
 
 
+def stream_handle(stream) -> int:
+    """A CUDA stream as its raw handle: an int, a torch.cuda.Stream (cuda_stream) or a cupy Stream (ptr). Anything
+    else is InvalidInput: int() of a torch stream was a bare TypeError, and of '1' a launch on stream 1."""
+    for attribute in ("cuda_stream", "ptr"):
+        if hasattr(stream, attribute) and not isinstance(stream, (str, bytes)):
+            stream = getattr(stream, attribute)
+            break
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise InvalidInput("stream must be a CUDA stream: its handle (an int), a torch.cuda.Stream or a cupy Stream",
+                           stream if isinstance(stream, (int, str)) else type(stream).__name__)
+    return int(stream)
+
+
 def _typestr_name(typestr: str) -> str:
     return {"<f2": "float16", "<f4": "float32", "<u2": "uint16", "<i2": "int16"}.get(typestr, typestr)
 
@@ -284,6 +297,8 @@ class LoadedKernel:
         scale_b * A @ B ...), (M,)/(N,) per row and column (rowcol), or DeepGEMM's blocks (block:
         docs/fp8-scaling.md); None means 1. A kernel built with row sums also writes row_sums[m] = sum_k A[m, k]
         (an (M,) array of D's dtype; None skips them)."""
+        if stream is not None and type(stream) is not int:
+            stream = stream_handle(stream)
         try:  # torch arrays: their identity through torch's fast accessors (nothing else has data_ptr and stride())
             key = _torch_key(A, B, D, C, bias, scale_a, scale_b, row_sums)
         except (AttributeError, TypeError):
@@ -294,10 +309,10 @@ class LoadedKernel:
             sequence = self._bound.get(key)
             if sequence is not None:
                 self._set_current()  # the caller may have made another device's context current
-                sequence.run(_torch_stream(D.get_device()) if stream is None else int(stream))
+                sequence.run(_torch_stream(D.get_device()) if stream is None else stream)
                 return D
         sequence, default_stream = self._sequence(A, B, D, C, bias, scale_a, scale_b, row_sums, key)
-        sequence.run(default_stream() if stream is None else int(stream))
+        sequence.run(default_stream() if stream is None else stream)
         return D
 
     def bind(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None, row_sums=None):
