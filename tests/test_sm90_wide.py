@@ -120,15 +120,18 @@ def test_the_320_wide_tile_with_a_store_warp_and_either_raster_matches_the_fp32_
     assert rel_error(D, A.float() @ B.float()) < 1e-2
 
 
-def test_the_fp8_320_wide_tile_issues_m64n256k32_and_m64n64k32_qgmma_with_no_spills():
+@pytest.mark.parametrize("dtype,k,mma", [("e4m3", 128, ["QGMMA.64x256x32.F32.E4M3.E4M3", "QGMMA.64x64x32.F32.E4M3.E4M3"]),
+                                         ("f32", 32, ["HGMMA.64x256x8.F32.TF32", "HGMMA.64x64x8.F32.TF32"])])
+def test_the_fp8_and_tf32_320_wide_tiles_issue_both_wgmma_widths_with_no_spills(dtype, k, mma):
     from gemmgen import Problem
     from gemmgen.codegen.sass import dump_sass
     from gemmgen.model.tiles import TileConfig
-    config = TileConfig.from_dict({**WIDE, "cta": "128x320x128", "warp": "64x320x128", "mma": "64x320x32"})
-    kernel = Kernel(Arch.SM90A, Problem.create(4096, 14336, 4096, "e4m3", "row", "col").operands, config)
+    step = 32 // (1 if dtype == "e4m3" else 4)
+    config = TileConfig.from_dict({**WIDE, "cta": f"128x320x{k}", "warp": f"64x320x{k}", "mma": f"64x320x{step}"})
+    kernel = Kernel(Arch.SM90A, Problem.create(4096, 14336, 4096, dtype, "row", "col").operands, config)
     compiled = compile_sm90(kernel)
     assert compiled.spill_bytes == 0
     sass = dump_sass(compiled.cubin)
-    assert "QGMMA.64x256x32.F32.E4M3.E4M3" in sass and "QGMMA.64x64x32.F32.E4M3.E4M3" in sass   # fp8 wgmma: QGMMA
+    assert all(instruction in sass for instruction in mma)   # fp8 wgmma shows as QGMMA, tf32 as HGMMA
     counts = sass_counts(compiled.cubin)
     assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and count(counts, "UTMALDG") > 0
