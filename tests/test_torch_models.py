@@ -35,3 +35,59 @@ def test_bug_calling_the_layer_with_input_keyword_raised_type_error(activation):
     xg = x.clone().requires_grad_()
     ours(input=xg).sum().backward()
     assert xg.grad.shape == x.shape
+
+
+# --- what autograd keeps --------------------------------------------------------------------------------------
+
+def saved_numel(forward, *inputs) -> int:
+    """Elements autograd keeps for the backward of forward(*inputs)."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
+        forward(*inputs)
+    return sum(saved)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("trained", ["weight", "input"])
+def test_bug_the_layer_kept_tensors_its_backward_never_reads(activation, trained):
+    # The backward's setup saved X, W and bias whatever needed a gradient: a frozen layer (requires_grad_(False))
+    # with a trained layer below it kept its input activation alive until the backward, memory torch.nn.Linear
+    # does not hold. It now saves what the needed gradients read, as torch's addmm does.
+    ref, ours = twin_layers(64, 4, activation=activation)
+    x = torch.randn(32, 64, requires_grad=trained == "input")
+    if trained == "input":
+        ref.requires_grad_(False)
+        ours.requires_grad_(False)
+    want = saved_numel(lambda v: torch_act(ref(v), activation), x)
+    assert saved_numel(ours, x) == want
+    X, W = x.detach().requires_grad_(trained == "input"), ours.weight.detach().requires_grad_(trained == "weight")
+    assert saved_numel(torch.ops.gemmgen.linear, X, W, None, "none") == saved_numel(torch.nn.functional.linear, X, W)
+    assert saved_numel(gemmgen.mm, X, W.t()) == saved_numel(torch.mm, X, W.t())
+    assert saved_numel(torch.ops.gemmgen.mm, X, W.t()) == saved_numel(torch.mm, X, W.t())
+
+
+@pytest.mark.parametrize("activation", ["none", "relu"])
+def test_bug_a_layer_made_under_inference_mode_failed_on_plain_input_outside_it(activation):
+    # A layer built in a torch.inference_mode() block has inference-tensor parameters that still require grad.
+    # Called outside on an input that needs no gradient, torch.nn.Linear runs (it saves only X); gemmgen saved W
+    # too and raised "Inference tensors cannot be saved for backward".
+    with torch.inference_mode():
+        ref, ours = twin_layers(activation=activation)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(ours(x), torch_act(ref(x), activation))
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_gradients_with_only_the_input_or_only_the_weight_trained_equal_torch(activation):
+    # (The setup now saves less: each gradient must still come out right, double backward included.)
+    for trained in ("input", "weight"):
+        ref, ours = twin_layers(activation=activation, dtype=torch.float64)
+        x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=trained == "input")
+        got = []
+        for layer, forward in ((ref, lambda v: torch_act(ref(v), activation)), (ours, ours)):
+            layer.weight.requires_grad_(trained == "weight")
+            wrt = [x] if trained == "input" else [layer.weight, layer.bias]
+            first = torch.autograd.grad((forward(x) ** 2).sum(), wrt, create_graph=True)
+            got.append(first + torch.autograd.grad(sum(g.pow(2).sum() for g in first), wrt))
+        for want, mine in zip(*got):
+            torch.testing.assert_close(mine, want)

@@ -109,7 +109,10 @@ def _mm_fake(A: Tensor, B: Tensor) -> Tensor:
 
 def _mm_setup(ctx, inputs, output) -> None:
     A, B = inputs
-    ctx.save_for_backward(A, B)
+    # Only what a needed gradient reads (dA reads B, dB reads A), as torch.mm saves: an operand kept for nothing
+    # held an activation alive for the whole backward.
+    needs = ctx.needs_input_grad
+    ctx.save_for_backward(A if needs[1] else None, B if needs[0] else None)
 
 
 def _mm_backward(ctx, dD: Tensor):
@@ -155,7 +158,14 @@ def _linear_fake(X: Tensor, W: Tensor, bias: Optional[Tensor], activation: str) 
 def _linear_setup(ctx, inputs, output) -> None:
     X, W, bias, activation = inputs
     ctx.activation = activation
-    ctx.save_for_backward(X, W, bias, output if activation == "relu" else None)
+    ctx.x_shape = X.shape
+    # Only what the backward reads, as torch.nn.Linear's addmm saves: dX reads W, dW reads X, and a GELU/SiLU
+    # backward recomputes the pre-activation from all three. Saving X for a frozen layer kept its input activation
+    # alive until the backward (memory torch does not hold), and saving W made a layer whose parameters were made
+    # under torch.inference_mode fail ("Inference tensors cannot be saved for backward") where torch runs.
+    needs, recompute = ctx.needs_input_grad, activation in ("gelu", "silu")
+    ctx.save_for_backward(X if recompute or needs[1] else None, W if recompute or needs[0] else None,
+                          bias if recompute else None, output if activation == "relu" else None)
 
 
 def _linear_backward(ctx, dY: Tensor):
@@ -176,16 +186,17 @@ def _linear_backward(ctx, dY: Tensor):
             dZ = torch.ops.aten.silu_backward(dY, Z)
     else:
         dZ = dY
-    return linear_grads(ctx.needs_input_grad, dZ, X, W)
+    return linear_grads(ctx.needs_input_grad, dZ, X, W, ctx.x_shape)
 
 
-def linear_grads(needs, dZ: Tensor, X: Tensor, W: Tensor):
+def linear_grads(needs, dZ: Tensor, X: "Tensor | None", W: "Tensor | None", x_shape):
     """(dX, dW, db, None) from the pre-activation gradient dZ: dX = dZ·W and dW = dZᵀ·X through gemmgen::mm
     (or its fast path), db the column sums of dZ: the row sums of dZᵀ written by the weight-gradient kernel
-    when one has them (eager calls), else a reduction on torch."""
-    out_features, in_features = W.shape
+    when one has them (eager calls), else a reduction on torch. X (W) may be None where dW (dX) is not needed;
+    x_shape is X's shape."""
+    out_features, in_features = dZ.shape[-1], x_shape[-1]
     dZ2 = plans.rows(dZ, out_features).contiguous()
-    dX = mm(dZ2, W).view(X.shape) if needs[0] else None
+    dX = mm(dZ2, W).view(x_shape) if needs[0] else None
     dW = db = None
     if needs[1]:
         dZt, X2 = dZ2.t(), plans.rows(X, in_features).contiguous()
