@@ -91,3 +91,17 @@ def test_gradients_with_only_the_input_or_only_the_weight_trained_equal_torch(ac
             got.append(first + torch.autograd.grad(sum(g.pow(2).sum() for g in first), wrt))
         for want, mine in zip(*got):
             torch.testing.assert_close(mine, want)
+
+
+# --- module lifecycle -----------------------------------------------------------------------------------------
+
+def test_bug_a_torch_linear_whose_class_was_swapped_raised_attribute_error():
+    # Module-swapping code sets `module.__class__ = gemmgen.nn.Linear` on a torch.nn.Linear (no __init__ runs):
+    # its forward and repr raised "'Linear' object has no attribute 'activation'". It is now a plain Linear.
+    ref = torch.nn.Linear(8, 6)
+    swapped = torch.nn.Linear(8, 6)
+    swapped.load_state_dict(ref.state_dict())
+    swapped.__class__ = Linear
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(swapped(x), ref(x))
+    assert repr(swapped) == "Linear(in_features=8, out_features=6, bias=True)"

@@ -25,6 +25,10 @@ _fx_tracing = getattr(_symbolic_trace, "is_fx_symbolic_tracing", lambda: _symbol
 class Linear(torch.nn.Linear):
     """y = act(x·Wᵀ + b) on gemmgen kernels (torch where none is stored for the product)."""
 
+    # The default for an instance that never ran __init__: a torch.nn.Linear whose __class__ was swapped to this one
+    # (as module-swapping tools do), or one made by __new__ and filled in, is a plain Linear, not an AttributeError.
+    activation = "none"
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  activation: "str | None" = None):
         activation = "none" if activation is None else str(activation).lower()
