@@ -135,3 +135,29 @@ def test_the_fp8_and_tf32_320_wide_tiles_issue_both_wgmma_widths_with_no_spills(
     assert all(instruction in sass for instruction in mma)   # fp8 wgmma shows as QGMMA, tf32 as HGMMA
     counts = sass_counts(compiled.cubin)
     assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and count(counts, "UTMALDG") > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["e4m3", "f32"])
+@pytest.mark.parametrize("a,b,cluster", [("row", "col", "1x1"), ("row", "col", "2x1"), ("row", "row", "1x1")])
+@pytest.mark.parametrize("shape", [(1000, 3000, 1000), (4096, 4096, 4096)])
+def test_the_fp8_and_tf32_320_wide_tiles_match_the_fp32_reference(dtype, a, b, cluster, shape):
+    # fp8 (per-tensor scales of 1) writes bf16 D, tf32 fp32 D; a row-major B goes through the transposing pack.
+    # Tolerances: bf16 rounding of D (~2e-3) for fp8; tf32 truncation (~8e-4) for f32.
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("needs an sm_90 GPU with torch")
+    from gemmgen import Problem
+    from test_hopper_paths_gpu import load, operand, rel_error
+
+    k_tile, step = (128, 32) if dtype == "e4m3" else (32, 8)
+    config = {**WIDE, "cta": f"128x320x{k_tile}", "warp": f"64x320x{k_tile}", "mma": f"64x320x{step}",
+              "cluster": cluster}
+    m, n, k = shape
+    gemm = load(Problem.create(m, n, k, dtype, a, b), config)
+    torch_dtype = torch.float8_e4m3fn if dtype == "e4m3" else torch.float32
+    A, B = operand(m, k, a, torch_dtype), operand(k, n, b, torch_dtype)
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16 if dtype == "e4m3" else torch.float32)
+    gemm(A, B, D)
+    torch.cuda.synchronize()
+    assert rel_error(D, A.double() @ B.double()) < (1e-2 if dtype == "e4m3" else 5e-3)
