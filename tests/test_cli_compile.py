@@ -98,6 +98,18 @@ def test_split_k_manifest_lists_both_launches_and_the_workspace(tmp_path):
     assert manifest["workspace_bytes"] == 4 * 100 * 200 * 4
 
 
+def test_render_takes_the_leading_dimensions_compile_takes(capsys):
+    # Regression: render had no --lda/--ldb/--ldc ('unrecognized arguments'), so the kernel `gemmgen compile ...
+    # --lda 4097` builds (A's rows off 16-byte boundaries: another alignment, name and source) could not be printed.
+    from gemmgen import Arch, Kernel, Problem, lookup_gpu
+    from gemmgen.rank.space import default_config
+
+    assert main(["render", "512", "512", "512", "--lda", "513", "--gpu", "h100"]) == 0
+    problem = Problem.create(512, 512, 512, lda=513)
+    name = Kernel(Arch.SM90A, problem.operands, default_config(problem, lookup_gpu("h100"))).name
+    assert "_a1x8x8_" in name and f"// {name}\n" in capsys.readouterr().out
+
+
 def test_render_prints_the_source(capsys):
     assert main(["render", "64", "64", "64", "--gpu", "a100", "--dtype", "f16"]) == 0
     source = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""`gemmgen render [M N K] [--dtype] [--a] [--b] [--arch] [--config FILE] [--gpu]`: print a kernel's CUDA source."""
+"""`gemmgen render [M N K] [--dtype] [--a] [--b] [--lda/--ldb/--ldc] [--arch] [--config FILE] [--gpu]`: print a
+kernel's CUDA source."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,8 @@ def register(subparsers) -> None:
                                    description="Print the CUDA source of the model's pick for M N K, or of --config.")
     parser.add_argument("shape", nargs="*", metavar="M N K", type=text_arg("M N K"),
                         help="problem shape (default 4096 4096 4096)")
-    add_problem_args(parser, shape=False)
+    # --lda/--ldb/--ldc as compile takes them: a view's alignment picks another kernel (its name and source).
+    add_problem_args(parser, shape=False, leading=True)
     add_gpu_arg(parser)
     add_kernel_args(parser)
     parser.set_defaults(func=run)
