@@ -105,3 +105,40 @@ def test_bug_a_torch_linear_whose_class_was_swapped_raised_attribute_error():
     x = torch.randn(3, 8)
     torch.testing.assert_close(swapped(x), ref(x))
     assert repr(swapped) == "Linear(in_features=8, out_features=6, bias=True)"
+
+
+# --- inputs -----------------------------------------------------------------------------------------------------
+
+def _strided_nested(*shapes, requires_grad=False):
+    torch.manual_seed(1)
+    return torch.nested.nested_tensor([torch.randn(*s) for s in shapes], requires_grad=requires_grad)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_a_strided_nested_input_raised_internal_error(activation):
+    # torch.nested.nested_tensor's default layout is torch.strided, a plain Tensor, so it took the eager path and
+    # the plan's key read its shape: "Internal error: NestedTensorImpl doesn't support sizes. Please file an
+    # issue." where torch.nn.Linear runs it. Its sequences now run as one product, gradients included.
+    ref, ours = twin_layers(activation=activation)
+    x1 = _strided_nested((3, 8), (5, 8), requires_grad=True)
+    x2 = _strided_nested((3, 8), (5, 8), requires_grad=True)
+    want, got = torch_act(ref(x1), activation), ours(x2)
+    assert got.is_nested and got.layout == torch.strided
+    g = _strided_nested((3, 6), (5, 6))
+    want_grads = torch.autograd.grad(want, [x1, ref.weight, ref.bias], g)
+    got_grads = torch.autograd.grad(got, [x2, ours.weight, ours.bias], g)
+    for w, o in zip((want, *want_grads), (got, *got_grads)):
+        for a, b in zip(o.unbind(), w.unbind()) if w.is_nested else [(o, w)]:
+            torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        for a, b in zip(ours(x2).unbind(), want.unbind()):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_strided_nested_operand_of_mm_or_a_wrong_width_is_named():
+    with pytest.raises(RuntimeError, match="needs A dense, but got a nested tensor"):
+        gemmgen.mm(_strided_nested((3, 8)), torch.randn(8, 2))
+    with pytest.raises(RuntimeError, match=r"needs X \(\.\.\., in\) and W \[out, in\]"):
+        Linear(8, 6)(_strided_nested((3, 7), (2, 7)))

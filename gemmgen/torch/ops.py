@@ -27,6 +27,7 @@ autograd for custom ops has no forward-mode rule (a dual's tangent is dropped si
 """
 from __future__ import annotations
 
+import math
 import sys
 from typing import Optional
 
@@ -234,6 +235,8 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
     if _any_autocast() and isinstance(X, Tensor):
         X, W, bias = _autocast(X.device.type, X, W, bias)
     if _eager(X, W) if bias is None else _eager(X, W, bias):
+        if X.is_nested:   # torch.strided layout: a plain Tensor (a torch.jagged one is a subclass: not eager)
+            return _nested_linear(X, W, bias, activation)
         if torch.is_grad_enabled() and (X.requires_grad or W.requires_grad or
                                         (bias is not None and bias.requires_grad)):
             return _Linear.apply(X, W, bias, activation)
@@ -248,14 +251,25 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
 
 
 def _nested_linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tensor:
-    """linear() of a nested tensor of torch.jagged layout (variable-length sequences, as torch.nn.Linear takes):
-    its packed values are the tokens, one product, rebuilt on X's offsets."""
-    if X.layout != torch.jagged:
-        raise ValueError(f"gemmgen::linear takes a nested X of layout torch.jagged (its values are the tokens), but "
-                         f"got {X.layout}")
-    Y = linear(X.values(), W, bias, activation)
-    return torch.nested.nested_tensor_from_jagged(Y, offsets=X.offsets(), lengths=X.lengths(),
-                                                  jagged_dim=X._ragged_idx)
+    """linear() of a nested tensor (variable-length sequences, as torch.nn.Linear takes them), the tokens of all
+    its sequences in one product: torch.jagged, its packed values, rebuilt on X's offsets; torch.strided (the
+    default of torch.nested.nested_tensor), its components concatenated, then split back (autograd follows)."""
+    if X.layout == torch.jagged:
+        Y = linear(X.values(), W, bias, activation)
+        return torch.nested.nested_tensor_from_jagged(Y, offsets=X.offsets(), lengths=X.lengths(),
+                                                      jagged_dim=X._ragged_idx)
+    # (A strided nested tensor has no sizes to read: X.shape raised "Internal error: NestedTensorImpl doesn't
+    # support sizes" from the plan's key.)
+    torch._check(X.dim() >= 2, lambda: f"gemmgen::linear needs a nested X whose components are (..., in), but got "
+                                       f"a nested tensor of {X.dim()} dimensions")
+    components = X.unbind()
+    for part in components:
+        check_linear(part, W, bias, activation)
+    out_features, in_features = W.shape
+    Y = linear(torch.cat([plans.rows(part, in_features) for part in components]), W, bias, activation)
+    counts = [math.prod(part.shape[:-1]) for part in components]
+    return torch.nested.as_nested_tensor([y.view(*part.shape[:-1], out_features)
+                                          for y, part in zip(Y.split(counts), components)], layout=torch.strided)
 
 
 def mm(A, B):

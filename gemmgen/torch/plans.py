@@ -117,10 +117,14 @@ def check_tensors(op: str, **operands) -> None:
 
 def check_dense(op: str, **operands) -> None:
     """RuntimeError naming an operand that is not a dense (strided) tensor: a sparse or nested one has no data
-    pointer for a kernel, or for a plan's key."""
+    pointer for a kernel, or sizes for a plan's key."""
     for name, x in operands.items():
         torch._check(x is None or x.layout == torch.strided,
                      lambda: f"gemmgen::{op} needs {name} dense (torch.strided), but got {x.layout}")
+        # (a nested tensor of torch.strided layout: its shape raised "Internal error: NestedTensorImpl doesn't
+        # support sizes. Please file an issue.")
+        torch._check(x is None or not x.is_nested,
+                     lambda: f"gemmgen::{op} needs {name} dense, but got a nested tensor")
 
 
 def check_mm(A: Tensor, B: Tensor) -> None:
