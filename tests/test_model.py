@@ -237,3 +237,11 @@ def test_alpha_and_beta_past_float32_are_refused_up_front(field, value):
     with pytest.raises(InvalidInput, match=f"{field} must be a finite number from .* float32"):
         Problem.create(64, 64, 64, **{field: value})
     assert Problem.create(64, 64, 64, **{field: 3.4e38}).to_dict()[field] == 3.4e38
+
+
+@pytest.mark.parametrize("field,value", [("a_dtype", "bf16"), ("a_layout", "row"), ("scaling", "tensor")])
+def test_the_problem_constructor_refuses_a_name_where_it_takes_a_model_type(field, value):
+    # Regression: Problem(4096, 4096, 4096, "bf16") was accepted and failed at its first use as an AttributeError
+    # ('str' object has no attribute 'bytes'); names are Problem.create's.
+    with pytest.raises(InvalidInput, match=rf"Problem's {field} must be a \w+ \(Problem.create takes names"):
+        Problem(64, 64, 64, **{field: value})

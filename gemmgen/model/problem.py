@@ -212,6 +212,14 @@ class Problem:
     c_ld: int = 0
 
     def __post_init__(self):
+        # The constructor takes the model's types; a name ('bf16', 'row') went through and failed later as an
+        # AttributeError ('str' object has no attribute 'bytes') wherever the field was first used.
+        for name, kind in (("a_dtype", DType), ("b_dtype", DType), ("c_dtype", DType), ("acc_dtype", DType),
+                           ("a_layout", Layout), ("b_layout", Layout), ("epilogue", Epilogue), ("scaling", Scaling),
+                           ("fp32_math", Fp32Math), ("fp8_accum", Fp8Accum)):
+            if not isinstance(getattr(self, name), kind):
+                raise InvalidInput(f"Problem's {name} must be a {kind.__name__} (Problem.create takes names such as "
+                                   "'bf16' and 'row')", getattr(self, name))
         for axis in ("m", "n", "k"):
             value = getattr(self, axis)
             if isinstance(value, str) or isinstance(value, bool) or not isinstance(value, int):
