@@ -197,6 +197,14 @@ def test_bench_checks_its_input_before_looking_for_a_gpu(capsys, tmp_path):
     assert "arch must be one of" in refused(capsys, "bench", "64", "64", "64", "--arch", "sm_70")
 
 
+def test_bench_refuses_what_the_named_gpu_cannot_run_before_looking_for_a_gpu(capsys):
+    # Regression: with --gpu given, a problem no family of that GPU runs (fp8 on an A100, M past every family's
+    # indexing) was reported as "no GPU available" on a machine without one: bad input, named as such, on any machine.
+    assert "dtype must be one the kernel families take on a100-sxm" in refused(
+        capsys, "bench", "64", "64", "64", "--gpu", "a100", "--dtype", "e4m3")
+    assert "no kernel family can run this problem" in refused(capsys, "bench", "2147483648", "1", "1", "--gpu", "h100")
+
+
 def registry_dtypes(gpu: str) -> str:
     """What the registry says the families for this GPU's arch take, as the error lists them."""
     arch = lookup_gpu(gpu).arch
