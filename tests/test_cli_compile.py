@@ -123,6 +123,25 @@ def test_space_lists_configurations(capsys):
     assert count == len(lines) - 1 and all(l.startswith("gemmgen_sm_80_") for l in lines[1:])
 
 
+def test_space_compile_json_gives_null_registers_for_a_failed_compile(capsys, monkeypatch):
+    # Regression: `gemmgen space --compile --json` wrote "registers": "" and "spill_bytes": "" for a configuration
+    # NVRTC refused, strings in fields that are integers for every other one.
+    from types import SimpleNamespace
+
+    from gemmgen.codegen import nvrtc
+    from gemmgen.model.errors import CompileError
+
+    def compile_many(kernels, jobs=None, on_done=None):
+        ok = SimpleNamespace(spill_bytes=0, entries=[], resources=SimpleNamespace(registers=128, wgmma_serialized=False))
+        return [CompileError(k.name, [], "error: refused") if i == 0 else ok for i, k in enumerate(kernels)]
+
+    monkeypatch.setattr(nvrtc, "compile_many", compile_many)
+    assert main(["space", "--gpu", "rtx3090", "--compile", "--json"]) == 1
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert results[0]["status"] == "FAILED" and results[0]["registers"] is None and results[0]["spill_bytes"] is None
+    assert all(isinstance(r["registers"], int) for r in results[1:])
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["compile", "0", "16", "16", "--gpu", "h100"], "M must be a positive integer"),
     (["compile", "16", "16", "x", "--gpu", "h100"], "K must be a positive integer"),

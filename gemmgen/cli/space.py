@@ -78,17 +78,19 @@ def run(args) -> int:
     rows = []
     for kernel, result in zip(kernels, results):
         if isinstance(result, CompileError):
-            rows.append([kernel.config.tag, "FAILED", "", "", str(result)])
+            rows.append([kernel.config.tag, "FAILED", None, None, str(result)])
         else:
             spill = result.spill_bytes
             serialized = result.resources.wgmma_serialized or any(e.wgmma_serialized for _, e in result.entries)
             note = ", ".join(n for n, on in (("spills", spill), ("wgmma serialized", serialized)) if on)
             rows.append([kernel.config.tag, "ok", result.resources.registers, spill, note])
     if args.json:
+        # A failed compile has no registers or spills: null, not "" in a field that is otherwise an integer.
         print_json({"gpu": gpu.key, "arch": arch.value, "count": len(kernels), "failed": len(failures),
                     "results": [dict(zip(["config", "status", "registers", "spill_bytes", "note"], r)) for r in rows]})
     else:
-        print(table(rows, ["configuration", "status", "regs", "spill B", "note"]))
+        shown = [["" if cell is None else cell for cell in row] for row in rows]
+        print(table(shown, ["configuration", "status", "regs", "spill B", "note"]))
         spilled = sum(1 for r in rows if r[1] == "ok" and r[3])
         serial = sum(1 for r in rows if r[1] == "ok" and "wgmma serialized" in r[4])
         print(f"{len(kernels)} compiled for {arch.value}: {len(failures)} failed, {spilled} spill, "
