@@ -142,3 +142,33 @@ def test_a_strided_nested_operand_of_mm_or_a_wrong_width_is_named():
         gemmgen.mm(_strided_nested((3, 8)), torch.randn(8, 2))
     with pytest.raises(RuntimeError, match=r"needs X \(\.\.\., in\) and W \[out, in\]"):
         Linear(8, 6)(_strided_nested((3, 7), (2, 7)))
+
+
+# --- higher-order autograd ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_vectorized_jacobian_and_hessian_raised_cannot_access_data_pointer(activation):
+    # torch.autograd.functional.jacobian/hessian(vectorize=True) run the backward under legacy vmap, whose
+    # BatchedTensor is a plain Tensor without storage: the plan's key raised "Cannot access data pointer of Tensor
+    # that doesn't have storage". Such operands now run on torch's ops (counted as a fallback).
+    ref, ours = twin_layers(4, 3, activation=activation, dtype=torch.float64)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    want_f = lambda v: torch_act(ref(v), activation)   # noqa: E731
+    for fn in (torch.autograd.functional.jacobian, torch.autograd.functional.hessian):
+        wrap = (lambda f: f) if fn is torch.autograd.functional.jacobian else \
+            (lambda f: lambda v: f(v).pow(2).sum())
+        torch.testing.assert_close(fn(wrap(ours), x, vectorize=True), fn(wrap(want_f), x, vectorize=True))
+    assert any("without storage" in r for r in gemmgen.stats()["fallbacks_by_reason"])
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_gradcheck_with_batched_gradients_failed_on_the_ops(activation):
+    # gradcheck(check_batched_grad=True), as an op author checks a composite: same data pointer error.
+    torch.manual_seed(0)
+    X = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    op = lambda x, w, bb: gemmgen.linear(x, w, bb, activation)   # noqa: E731
+    assert torch.autograd.gradcheck(op, (X, W, b), check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(op, (X, W, b), check_batched_grad=True)
+    assert torch.autograd.gradcheck(gemmgen.mm, (X, W.t()), check_batched_grad=True)

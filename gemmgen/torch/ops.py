@@ -89,9 +89,6 @@ def _autocast(device_type: str, *tensors):
                  t.device.type == device_type else t for t in tensors)
 
 
-_TORCH_ACTIVATIONS = {"none": lambda z: z, "relu": torch.relu, "silu": torch.nn.functional.silu,
-                      "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
-
 
 # --- gemmgen::mm ---------------------------------------------------------------------------------------------
 
@@ -246,7 +243,7 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
     if _transformed():
         check_linear(X, W, bias, activation)
         stats.fallback("linear", TRANSFORMED)
-        return _TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
+        return plans.TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
     return torch.ops.gemmgen.linear(X, W, bias, activation)
 
 

@@ -35,6 +35,12 @@ from .registry import CPU, REGISTRY, gpu_key
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
 _KERNEL_ACTIVATION = {name: kernel_activation(name) for name in ACTIVATIONS}
+# The layer activations as torch's own out-of-place ops (GELU: the tanh approximation, as the kernels compute it).
+TORCH_ACTIVATIONS = {"none": lambda z: z, "relu": torch.relu, "silu": torch.nn.functional.silu,
+                     "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
+# Why a call on an operand with no data pointer that passed the checks (dense, of the right shapes) runs on torch.
+UNSTORED = ("an operand without storage (legacy vmap's BatchedTensor: torch.autograd.functional.jacobian or "
+            "hessian with vectorize=True, gradcheck's batched gradients; a lazy tensor)")
 PLANS_KEPT = 256  # input sets with a plan (a model's layers, each with a few rotating activation buffers)
 _plans = REGISTRY.plans  # cleared by the registry whenever what it finds may change
 
@@ -326,14 +332,21 @@ def _keep(key: tuple, plan) -> None:
 
 # --- the implementation ----------------------------------------------------------------------------------------
 
+def _unstored_mm(A: Tensor, B: Tensor) -> Tensor:
+    """torch.mm of operands that passed the checks but have no storage (UNSTORED): no kernel can read them, and
+    no plan can be keyed on them. (No out=: legacy vmap's batching takes no out= op; in-place ops neither.)"""
+    stats.fallback("mm", UNSTORED)
+    return torch.mm(A, B)
+
+
 def mm(A: Tensor, B: Tensor) -> Tensor:
     """D = A·B on a gemmgen kernel when one is registered for the product, else torch.mm."""
     try:
         key = (A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype,
                A.get_device())
-    except RuntimeError:   # no data pointer (a sparse or nested tensor): check_mm names the operand
+    except RuntimeError:   # no data pointer: check_mm names a sparse operand; one it passes has no storage
         check_mm(A, B)
-        raise
+        return _unstored_mm(A, B)
     plan = _plans.get(key)
     if plan is not None:
         return plan.mm(A, B)
@@ -370,8 +383,11 @@ _NO_ROW_SUMS = _NoRowSums()
 def mm_row_sums(A: Tensor, B: Tensor) -> "tuple[Tensor, Tensor | None]":
     """(D = A·B, the row sums of A in A's dtype) from one kernel that writes both (the weight gradient dZᵀ·X and
     the bias gradient), when the registry holds one for the product; else (mm(A, B), None)."""
-    key = ("row_sums", A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype,
-           A.get_device())
+    try:
+        key = ("row_sums", A.data_ptr(), B.data_ptr(), A.shape, B.shape, A.stride(), B.stride(), A.dtype, B.dtype,
+               A.get_device())
+    except RuntimeError:   # no data pointer: mm names the operand, or runs it on torch
+        return mm(A, B), None
     plan = _plans.get(key)
     if plan is not None:
         return plan.mm_row_sums(A, B)
@@ -397,9 +413,10 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None", activation: str) -> Tens
         key = (X.data_ptr(), W.data_ptr(), X.shape, W.shape, X.stride(), W.stride(), X.dtype, W.dtype,
                None if bias is None else (bias.data_ptr(), bias.shape, bias.stride(), bias.dtype),
                activation, X.get_device())
-    except RuntimeError:   # no data pointer (a sparse or nested tensor): check_linear names the operand
+    except RuntimeError:   # no data pointer: check_linear names a sparse operand; one it passes has no storage
         check_linear(X, W, bias, activation)
-        raise
+        stats.fallback("linear", UNSTORED)
+        return TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))   # (see _unstored_mm)
     plan = _plans.get(key)
     if plan is not None:
         return plan.linear(X, W, bias, activation)
