@@ -133,6 +133,9 @@ BAD_INPUT = [
     (["intensity", "--mma", "16by8by16"], "MMA shape must be written MxNxK"),
     (["intensity", "--warp", "60x64x32"], "warp tile M must be a multiple of MMA M"),
     (["intensity", "--warp", "64x64x32", "--cta", "96x128x32"], "CTA tile M must be a multiple of warp tile M"),
+    # Regression: without --warp, a CTA tile smaller than the MMA instruction (8x8x8 over m16n8k16) was accepted.
+    (["intensity", "--cta", "8x8x8", "--mma", "16x8x16"], "CTA tile M must be a multiple of MMA M"),
+    (["intensity", "--cta", "128x128x8"], "CTA tile K must be a multiple of MMA K"),
     (["intensity", "--peak-per-sm", "zero"], "--peak-per-sm must be a finite number greater than 0"),
     (["intensity", "--peak-per-sm", "-1"], "--peak-per-sm must be a finite number greater than 0"),
     (["intensity", "--dtype", "e4m3"], "has no tensor-core rate for this dtype"),

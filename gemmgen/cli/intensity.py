@@ -74,6 +74,8 @@ def run(args) -> int:
     if cta is not None:
         if warp is not None:
             _check_nesting(cta, warp, "CTA tile", "warp tile", k_too=False)
+        else:   # the MMA instruction is the tile's step there too: a CTA tile of 8x8x8 over m16n8k16 was accepted
+            _check_nesting(cta, mma, "CTA tile", "MMA", k_too=True)
         levels.append(cta_level(cta, dtype, peak))
     if warp is not None:
         _check_nesting(warp, mma, "warp tile", "MMA", k_too=True)
