@@ -172,3 +172,45 @@ def test_bug_gradcheck_with_batched_gradients_failed_on_the_ops(activation):
     assert torch.autograd.gradcheck(op, (X, W, b), check_batched_grad=True)
     assert torch.autograd.gradgradcheck(op, (X, W, b), check_batched_grad=True)
     assert torch.autograd.gradcheck(gemmgen.mm, (X, W.t()), check_batched_grad=True)
+
+
+# --- distributed wrappers -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of this process alone, and its CPU device mesh."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_bug_tensor_parallel_layers_raised_no_sharding_strategy(one_process_group, activation, compiled):
+    # parallelize_module's ColwiseParallel/RowwiseParallel make the weights DTensors: the layer raised
+    # "Operator gemmgen.linear.default does not have a sharding strategy registered" (NotImplementedError) where
+    # torch.nn.Linear runs. DTensor operands now run on torch's linear, counted as a fallback.
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    results = []
+    for ours in (False, True):
+        torch.manual_seed(0)
+        first = Linear(8, 16, activation=activation) if ours else torch.nn.Linear(8, 16)
+        act = torch.nn.Identity() if ours else torch.nn.GELU("tanh") if activation == "gelu" else torch.nn.Identity()
+        model = torch.nn.Sequential(first, act, Linear(16, 4) if ours else torch.nn.Linear(16, 4))
+        model = parallelize_module(model, one_process_group, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        run = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+        y = run(torch.randn(3, 8, generator=torch.Generator().manual_seed(1)))
+        y.sum().backward()
+        results.append((y.detach(), model[0].weight.grad.full_tensor(), model[2].bias.grad.full_tensor()))
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want)
+    if not compiled:
+        assert any("DTensor" in r for r in gemmgen.stats()["fallbacks_by_reason"])

@@ -71,6 +71,16 @@ def _transformed() -> bool:
     return not _is_compiling() and (_functorch_active() or _forward_ad._current_level >= 0)
 
 
+DISTRIBUTED = "DTensor operands (tensor parallelism: gemmgen's ops have no sharding rule; torch's run on the shards)"
+
+
+def _distributed(*tensors) -> bool:
+    """Whether an operand is a DTensor, which gemmgen's custom ops cannot take (DTensor has no sharding rule for
+    them: NotImplementedError) and torch's linear and mm take."""
+    DTensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)   # none exists before its import
+    return DTensor is not None and any(isinstance(t, DTensor) for t in tensors)
+
+
 _any_autocast = getattr(_C, "_is_any_autocast_enabled", lambda: False)
 # Device types with autocast (not meta), found at import: dynamo in torch 2.11 cannot trace the question itself.
 _AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu",
@@ -244,6 +254,10 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
         check_linear(X, W, bias, activation)
         stats.fallback("linear", TRANSFORMED)
         return plans.TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
+    if _distributed(X, W, bias):
+        if not _is_compiling():
+            stats.fallback("linear", DISTRIBUTED)
+        return plans.TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
     return torch.ops.gemmgen.linear(X, W, bias, activation)
 
 
@@ -284,6 +298,10 @@ def mm(A, B):
         if _transformed():
             check_mm(A, B)
             stats.fallback("mm", TRANSFORMED)
+            return torch.mm(A, B)
+        if _distributed(A, B):
+            if not _is_compiling():
+                stats.fallback("mm", DISTRIBUTED)
             return torch.mm(A, B)
         return torch.ops.gemmgen.mm(A, B)
     for name, x in (("A", A), ("B", B)):
