@@ -179,7 +179,7 @@ def test_a_persistent_kernel_at_its_own_problem_gets_the_grid_of_the_gpu_it_runs
             return SimpleNamespace(run=lambda stream: None)
 
     monkeypatch.setattr(type(kernel), "_ensure", lambda self, ordinal: Pcie())
-    kernel.bind(_Cai((8192, 256)), _Cai((256, 8192)), _Cai((8192, 8192)))
+    kernel.bind(_Cai((8192, 256), ptr=1 << 30), _Cai((256, 8192), ptr=1 << 32), _Cai((8192, 8192), ptr=1 << 34))
     assert prepared[-1]["launches"][-1]["grid"] == [114, 1, 1]
 
 
@@ -197,6 +197,42 @@ def test_a_stream_is_a_handle_or_a_torch_or_cupy_stream_and_anything_else_is_nam
             stream_handle(bad)
     with pytest.raises(InvalidInput, match="stream must be a CUDA stream"):
         _family_kernel()(_Cai((256, 256)), _Cai((256, 256)), _Cai((256, 256)), stream="1")
+
+
+def _at(ptr, shape, strides):
+    return ArrayInfo(ptr, shape, strides, "bfloat16", None, 0)
+
+
+@pytest.mark.parametrize("x,y,expected", [
+    (_at(1 << 20, (64, 64), (64, 1)), _at(1 << 20, (64, 64), (64, 1)), True),              # the same array
+    (_at(1 << 20, (64, 64), (128, 1)), _at((1 << 20) + 128, (64, 64), (128, 1)), False),   # big[:, :64], big[:, 64:]
+    (_at(1 << 20, (64, 64), (128, 1)), _at((1 << 20) + 64, (64, 64), (128, 1)), True),     # big[:, :64], big[:, 32:96]
+    (_at(1 << 20, (32, 64), (64, 1)), _at((1 << 20) + 32 * 128, (32, 64), (64, 1)), False),  # rows 0-31, rows 32-63
+    (_at(1 << 20, (64, 64), (1, 64)), _at(1 << 20, (64, 64), (64, 1)), True),              # X.t() and X
+    (_at(1 << 20, (64, 64), (128, 1)), _at((1 << 20) + 10 * 256 + 128, (64,), (1,)), False),  # a vector in the gap
+    (_at(1 << 20, (64, 64), (128, 1)), _at((1 << 20) + 10 * 256 + 200, (64,), (1,)), True),  # ... running into a row
+])
+def test_overlap_is_decided_on_the_bytes_each_view_covers(x, y, expected):
+    from gemmgen.runtime.loader import overlap
+
+    assert overlap(x, 2, y, 2) is expected and overlap(y, 2, x, 2) is expected
+
+
+def test_an_output_that_overlaps_an_input_is_refused_and_c_may_be_d():
+    # Regression: gemm(A, B, A), writing D over an operand the kernel still reads, was launched and computed garbage;
+    # nothing compared the arrays' memory. C may be D itself (D = alpha*A@B + beta*D is element by element).
+    from gemmgen.runtime.loader import check_aliasing
+
+    problem = Problem.create(256, 256, 256, beta=1.0)
+    a, b = _at(1 << 20, (256, 256), (256, 1)), _at(1 << 24, (256, 256), (256, 1))
+    with pytest.raises(InvalidInput, match="D must not overlap A"):
+        _family_kernel()(_Cai((256, 256), ptr=1 << 20), _Cai((256, 256), ptr=1 << 24), _Cai((256, 256), ptr=1 << 20))
+    d = _at(1 << 28, (256, 256), (256, 1))
+    check_aliasing({"A": a, "B": b, "C": d, "D": d}, problem)
+    with pytest.raises(InvalidInput, match="C must be D itself or not overlap it"):
+        check_aliasing({"A": a, "B": b, "C": _at((1 << 28) + 512, (256, 256), (256, 1)), "D": d}, problem)
+    with pytest.raises(InvalidInput, match="D must not overlap B"):
+        check_aliasing({"A": a, "B": b, "D": _at((1 << 24) + 256 * 512 - 2, (256, 256), (256, 1))}, problem)
 
 
 # --- on the GPU -------------------------------------------------------------------------------------

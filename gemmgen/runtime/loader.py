@@ -269,6 +269,71 @@ def check_operand(name: str, info: ArrayInfo, problem: Problem) -> None:
         raise InvalidInput(f"{name} must start on a 16-byte boundary (the kernel's vector loads)", hex(info.ptr))
 
 
+def _rows(info: ArrayInfo, elt: int) -> "tuple[int, int, int | None] | None":
+    """An operand as rows of contiguous bytes: (rows, bytes per row, bytes between rows; None for one row), in the
+    frame where its contiguous axis is inner (a column-major matrix is the rows of its transpose); None where no
+    axis is contiguous."""
+    shape, strides = tuple(info.shape), tuple(info.strides)
+    if len(shape) == 1 or (len(shape) == 2 and 1 in shape):
+        length = max(shape) if shape else 1
+        stride = next((s for e, s in zip(shape, strides) if e > 1), 1)
+        return (1, length * elt, None) if stride == 1 or length == 1 else None
+    if len(shape) != 2:
+        return None
+    if strides[1] == 1:
+        return shape[0], shape[1] * elt, strides[0] * elt
+    if strides[0] == 1:
+        return shape[1], shape[0] * elt, strides[1] * elt
+    return None
+
+
+def overlap(x: ArrayInfo, x_elt: int, y: ArrayInfo, y_elt: int) -> "bool | None":
+    """Whether two operands share a byte: True or False where their layouts let it be decided exactly (both rows of
+    one pitch, say two column slices of one array, which do not overlap), else None."""
+    fx, fy = _rows(x, x_elt), _rows(y, y_elt)
+    if fx is None or fy is None:
+        return None
+    (r1, w1, p1), (r2, w2, p2) = fx, fy
+    pitch = p1 or p2
+    if pitch is None:   # two contiguous runs
+        return x.ptr < y.ptr + w2 and y.ptr < x.ptr + w1
+    if (p1 and p2 and p1 != p2) or w1 > pitch or w2 > pitch:
+        return None
+    # y's row k starts in x's frame at row q + k, byte column rem; a row that runs past the pitch continues at the
+    # start of the next row.
+    q, rem = divmod(y.ptr - x.ptr, pitch)
+
+    def rows_meet(first: int) -> bool:
+        return first < r1 and first + r2 > 0
+
+    if rows_meet(q) and rem < w1:
+        return True
+    return rem + w2 > pitch and rows_meet(q + 1) and 0 < w1
+
+
+def check_aliasing(infos: "dict[str, ArrayInfo]", problem: Problem) -> None:
+    """InvalidInput where an output (D, row_sums) shares memory with an operand the kernel reads (A, B, bias, the
+    scales), or C overlaps D without being D: tiles of D are written while other CTAs still read those bytes, so
+    `gemm(A, B, A)` computed garbage without a word. C may be D itself (D = alpha*A@B + beta*D, element by element)."""
+    elt = {"A": problem.a_dtype.bytes, "B": problem.b_dtype.bytes, "scale_a": 4, "scale_b": 4}
+    for out in ("D", "row_sums"):
+        if out not in infos:
+            continue
+        for name in ("A", "B", "C", "bias", "scale_a", "scale_b", "row_sums"):
+            if name == out or name not in infos or (out == "row_sums" and name == "D"):
+                continue
+            same = (infos[name].ptr, infos[name].shape, infos[name].strides) == (
+                infos[out].ptr, infos[out].shape, infos[out].strides)
+            if name == "C" and out == "D" and same:
+                continue
+            if overlap(infos[out], elt.get(out, problem.c_dtype.bytes), infos[name],
+                       elt.get(name, problem.c_dtype.bytes)):
+                rule = (f"C must be D itself or not overlap it" if name == "C" else
+                        f"{out} must not overlap {name}: the kernel writes {out} while it still reads {name}")
+                raise InvalidInput(rule, f"{out} at {hex(infos[out].ptr)}, {name} at {hex(infos[name].ptr)}",
+                                   "pass another output array")
+
+
 class LoadedKernel:
     """A compiled GEMM for one problem, callable on torch or cupy arrays."""
 
@@ -396,6 +461,7 @@ class LoadedKernel:
                                           infos["A"].strides, infos["B"].strides, infos["D"].strides)
         for name, info in infos.items():
             check_operand(name, info, problem)
+        check_aliasing(infos, problem)
         devices = {info.device for info in infos.values() if info.device is not None}
         if len(devices) > 1:
             raise InvalidInput("all operands must be on one GPU", sorted(devices))
