@@ -151,6 +151,7 @@ def test_a_3xtf32_kernel_refuses_a_k_whose_three_segments_overflow_its_int_k():
     assert any("three K segments" in v.rule for v in check(config, H100, Arch.SM90A, over))
     with pytest.raises(InvalidInput, match="three K segments"):
         check_serves(kernel_for(fits, config), over)
+    assert make_manifest(kernel_for(fits, config), fits)["serves"]["k_max"] == fits.k   # what a launcher reads
 
 
 @pytest.mark.parametrize("dtype,k,operand", [("bf16", 2**31 - 1, "A"), ("e4m3", 2**31 - 8, "A")])

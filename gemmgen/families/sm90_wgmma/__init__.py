@@ -285,6 +285,8 @@ class Sm90Wgmma(KernelFamily):
             out["m_max"] = _rules.swap_m_max(cfg)  # the swapped tile's N (a 1x2 pair's two, a few wide ones)
         elif cfg.cta.m == 64 and cfg.cluster.m > 1:
             out["m_max"] = cfg.cta.m * cfg.cluster.m  # a cluster of 64-row tiles covers every row (rules)
+        if cfg.split3:   # its int K scalar holds three K segments of whole k-tiles (rules)
+            out["k_max"] = _rules.INT_MAX // (_rules.SPLIT_FACTOR * cfg.cta.k) * cfg.cta.k
         return out
 
     def context(self, kernel: Kernel) -> dict:
