@@ -214,3 +214,30 @@ def test_bug_tensor_parallel_layers_raised_no_sharding_strategy(one_process_grou
         torch.testing.assert_close(got, want)
     if not compiled:
         assert any("DTensor" in r for r in gemmgen.stats()["fallbacks_by_reason"])
+
+
+@pytest.mark.parametrize("parametrization", ["weight_norm", "orthogonal"])
+def test_bug_from_linear_of_a_parametrized_layer_dropped_its_weight_from_state_dict(parametrization):
+    # from_linear read a parametrized weight once, as a plain tensor: the new layer's state_dict and parameters()
+    # had no weight (a checkpoint saved without it, an optimizer that never trained it), and the second backward
+    # raised "Trying to backward through the graph a second time". It now carries the parametrizations, sharing
+    # their original parameters with the source layer.
+    torch.manual_seed(0)
+    ref = getattr(torch.nn.utils.parametrizations, parametrization)(torch.nn.Linear(6, 6))
+    ours = Linear.from_linear(ref, activation="relu")
+    assert isinstance(ours, Linear)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    assert {id(p) for p in ours.parameters()} == {id(p) for p in ref.parameters()}
+    optimizer = torch.optim.SGD(ours.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(4, 6)
+        torch.testing.assert_close(ours(x), torch.relu(ref(x)))
+        ours(x).pow(2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_from_linear_without_bias_keeps_a_bias_slot_as_torch_linear():
+    ours = Linear.from_linear(torch.nn.Linear(8, 6, bias=False))
+    assert ours._parameters.keys() == torch.nn.Linear(8, 6, bias=False)._parameters.keys()
+    assert ours.bias is None and ours(torch.randn(2, 8)).shape == (2, 6)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.fx import _symbolic_trace
+from torch.nn.utils import parametrize
 
 from ..model.linear import ACTIVATIONS
 from . import ops
@@ -39,17 +40,29 @@ class Linear(torch.nn.Linear):
 
     @classmethod
     def from_linear(cls, layer: torch.nn.Linear, activation: "str | None" = None) -> "Linear":
-        """A gemmgen Linear sharing `layer`'s parameters (no copy) and its training mode (hooks are the module's own:
-        register them on the new layer; a parametrized weight is read once, as a plain tensor)."""
-        out = cls.__new__(cls)
-        torch.nn.Module.__init__(out)
-        out.in_features, out.out_features = layer.in_features, layer.out_features
-        out.weight = layer.weight
-        out.bias = layer.bias
-        out.train(layer.training)   # a swap done on an eval-mode model leaves it in eval mode
+        """A gemmgen Linear sharing `layer`'s parameters (no copy), its parametrizations (torch.nn.utils.parametrize,
+        with their original parameters) and its training mode (hooks are the module's own: register them on the new
+        layer)."""
         activation = "none" if activation is None else str(activation).lower()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, but got {activation!r}")
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        out.in_features, out.out_features = layer.in_features, layer.out_features
+        # A parametrized tensor (weight_norm, orthogonal, ...) is not read here: its value, set as a plain tensor,
+        # was left out of state_dict and parameters() (a checkpoint without the weight, an optimizer that never
+        # trained it) and went stale, its graph freed after one backward. It is transferred below instead.
+        parametrized = set(layer.parametrizations) if parametrize.is_parametrized(layer) else set()
+        for name in ("weight", "bias"):
+            if name not in parametrized:
+                value = getattr(layer, name)
+                if value is None:
+                    out.register_parameter(name, None)   # a parameter slot, as torch.nn.Linear's bias=False
+                else:
+                    setattr(out, name, value)
+        if parametrized:
+            parametrize.transfer_parametrizations_and_params(layer, out)   # the same modules and originals
+        out.train(layer.training)   # a swap done on an eval-mode model leaves it in eval mode
         out.activation = activation
         return out
 
