@@ -47,6 +47,14 @@ def test_a_folder_with_one_manifest_is_a_bundle(tmp_path):
     assert cubin == fake_cubin() and manifest["problem"]["M"] == 64 and found == path
 
 
+def test_a_name_that_is_not_the_passed_manifests_kernel_is_refused(tmp_path):
+    # Regression: load("bundle/K.json", name="other") ignored the name and loaded K.
+    path = write_bundle(tmp_path, Problem.create(64, 32, 16))
+    assert find_manifest(path, path.stem) == path
+    with pytest.raises(InvalidInput, match="name must be the kernel of the manifest passed"):
+        gemmgen.load(path, name="other")
+
+
 def test_two_manifests_in_a_folder_are_ambiguous(tmp_path):
     write_bundle(tmp_path, Problem.create(64, 32, 16))
     write_bundle(tmp_path, Problem.create(64, 32, 16, "f16"))

@@ -38,6 +38,9 @@ def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
     whose kernel is `name` when the folder holds several."""
     path = Path(path)
     if path.is_file():
+        if name is not None and path.stem != name:   # it picks one of a folder's kernels: here it would be ignored
+            raise InvalidInput("name must be the kernel of the manifest passed (or pass its folder)", name,
+                               f"{path.name} is {path.stem}")
         return path
     if not path.is_dir():
         raise InvalidInput("a kernel bundle must be a folder or a manifest .json file", str(path))
