@@ -241,3 +241,29 @@ def test_from_linear_without_bias_keeps_a_bias_slot_as_torch_linear():
     ours = Linear.from_linear(torch.nn.Linear(8, 6, bias=False))
     assert ours._parameters.keys() == torch.nn.Linear(8, 6, bias=False)._parameters.keys()
     assert ours.bias is None and ours(torch.randn(2, 8)).shape == (2, 6)
+
+
+def test_bug_from_linear_of_a_pruned_layer_dropped_its_weight_from_state_dict():
+    # torch.nn.utils.prune (and the deprecated weight_norm) replace the weight by a plain tensor that a forward
+    # pre-hook recomputes: from_linear took that tensor as a plain attribute, missing from the new layer's
+    # state_dict() (a checkpoint saved without its weight) and never recomputed. It now refuses, naming the remedy.
+    import torch.nn.utils.prune as prune
+
+    pruned = torch.nn.Linear(8, 6)
+    prune.l1_unstructured(pruned, "weight", amount=0.5)
+    with pytest.raises(ValueError, match=r"layer\.weight as a parameter or buffer.*prune\.remove"):
+        Linear.from_linear(pruned)
+    prune.remove(pruned, "weight")
+    ours = Linear.from_linear(pruned)
+    assert ours.state_dict().keys() == pruned.state_dict().keys()
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(ours(x), pruned(x))
+
+
+def test_from_linear_keeps_a_weight_registered_as_a_buffer_in_state_dict():
+    frozen = torch.nn.Linear(8, 6)
+    weight = frozen.weight.detach().clone()
+    del frozen.weight
+    frozen.register_buffer("weight", weight)
+    ours = Linear.from_linear(frozen)
+    assert ours.state_dict().keys() == frozen.state_dict().keys() and "weight" in dict(ours.named_buffers())

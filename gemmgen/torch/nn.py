@@ -56,10 +56,18 @@ class Linear(torch.nn.Linear):
         for name in ("weight", "bias"):
             if name not in parametrized:
                 value = getattr(layer, name)
-                if value is None:
-                    out.register_parameter(name, None)   # a parameter slot, as torch.nn.Linear's bias=False
+                if name in layer._buffers:
+                    out.register_buffer(name, value, persistent=name not in layer._non_persistent_buffers_set)
+                elif name in layer._parameters or value is None:
+                    out.register_parameter(name, value)   # (None: a slot, as torch.nn.Linear's bias=False)
                 else:
-                    setattr(out, name, value)
+                    # A plain tensor: recomputed by the source's forward pre-hook from tensors this layer would
+                    # not have, and missing from its state_dict() and parameters() (a checkpoint without it).
+                    raise ValueError(
+                        f"from_linear needs layer.{name} as a parameter or buffer, but it is a plain tensor set by a "
+                        f"forward pre-hook (torch.nn.utils.prune, or the deprecated torch.nn.utils.weight_norm): "
+                        f"make it permanent first (prune.remove(layer, {name!r}), remove_weight_norm(layer)), or use "
+                        f"torch.nn.utils.parametrizations, which from_linear carries")
         if parametrized:
             parametrize.transfer_parametrizations_and_params(layer, out)   # the same modules and originals
         out.train(layer.training)   # a swap done on an eval-mode model leaves it in eval mode
