@@ -171,6 +171,24 @@ def test_malformed_config_file_is_one_line(capsys, tmp_path):
     assert code == 2 and "CTA tile must be written MxNxK" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_tuning_record_given_as_config_is_its_winners_configuration(capsys, tmp_path):
+    # Regression: --config documents "a manifest or a record", but a gemmgen-tune/1 record (its configuration under
+    # winner.config) was refused as "a configuration must give family, ... but got 'missing family'".
+    from gemmgen import TileConfig
+
+    record = {"format": "gemmgen-tune/1", "status": "complete",
+              "winner": {"kernel": "k", "config": {"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32",
+                                                    "mma": "16x8x16", "stages": 3}}}
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    assert TileConfig.from_text(path.read_text()).tag == TileConfig.from_dict(record["winner"]["config"]).tag
+    code, out, _ = run_cli(capsys, "roofline", "4096", "4096", "4096", "--gpu", "a100", "--config", str(path))
+    assert code == 0 and "sm80 128x128x32/64x64x32 s3" in out
+    path.write_text(json.dumps(dict(record, status="failed", winner=None)))
+    code, _, err = run_cli(capsys, "roofline", "64", "64", "64", "--gpu", "h100", "--config", str(path))
+    assert code == 2 and "a tuning record given as a configuration must have a winner" in err
+
+
 def _subprocess(*argv):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "gemmgen", *argv], capture_output=True, text=True, cwd=ROOT, env=env)

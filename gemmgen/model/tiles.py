@@ -295,7 +295,14 @@ class TileConfig:
 
         data = load_yaml("a configuration file", text, source)
         if isinstance(data, dict) and "config" in data and isinstance(data["config"], dict):
-            data = data["config"]  # accept a launch manifest or tuning record as well
+            data = data["config"]  # accept a launch manifest as well
+        elif isinstance(data, dict) and "winner" in data and "family" not in data:
+            # a tuning record (gemmgen-tune/1): its winner's configuration; it was refused as 'missing family'
+            winner = data["winner"]
+            if not (isinstance(winner, dict) and isinstance(winner.get("config"), dict)):
+                raise InvalidInput("a tuning record given as a configuration must have a winner", source,
+                                   f"its status is {data.get('status')!r}")
+            data = winner["config"]
         if not isinstance(data, dict):
             raise InvalidInput("a configuration file must hold a mapping of fields (family, cta, warp, mma, "
                                "stages, ...)", source, f"it holds {type(data).__name__}")
