@@ -55,6 +55,16 @@ def test_a_name_that_is_not_the_passed_manifests_kernel_is_refused(tmp_path):
         gemmgen.load(path, name="other")
 
 
+def test_a_json_nested_thousands_deep_in_a_bundle_folder_is_named_not_a_recursion_error(tmp_path):
+    # Regression: the loader parsed manifests with json.loads itself, so a .json nested 100,000 deep (in the folder,
+    # or passed) ended gemmgen.load in a bare RecursionError; the files reader names it.
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInput, match="deep.json is not readable JSON .*nest so deeply"):
+        gemmgen.load(tmp_path)
+    with pytest.raises(InvalidInput, match="a manifest must be readable JSON.*nest so deeply"):
+        gemmgen.load(tmp_path / "deep.json")
+
+
 def test_two_manifests_in_a_folder_are_ambiguous(tmp_path):
     write_bundle(tmp_path, Problem.create(64, 32, 16))
     write_bundle(tmp_path, Problem.create(64, 32, 16, "f16"))

@@ -14,13 +14,13 @@ The split-K workspace belongs to the loaded kernel: do not run one loaded kernel
 """
 from __future__ import annotations
 
-import json
 import operator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.arch import DType
 from ..model.errors import InvalidInput
+from ..model.files import load_json, read_text
 from ..model.problem import Layout, Problem, Scaling
 from .bundle import runs_on, verify
 from .serve import kernel_of, manifest_for, problem_from_shapes
@@ -46,10 +46,10 @@ def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
         raise InvalidInput("a kernel bundle must be a folder or a manifest .json file", str(path))
     found, passed_over = [], []
     for candidate in sorted(path.glob("*.json")):
-        try:
-            payload = json.loads(candidate.read_text())
-        except (OSError, ValueError) as exc:
-            passed_over.append(f"{candidate.name} is not readable JSON ({str(exc).splitlines()[0][:80]})")
+        try:   # through the files reader: a size limit, and nesting thousands deep was a bare RecursionError
+            payload = load_json("a manifest", read_text("a manifest", candidate), candidate.name)
+        except InvalidInput as exc:
+            passed_over.append(f"{candidate.name} is not readable JSON ({str(exc)[:80]})")
             continue
         form = payload.get("format") if isinstance(payload, dict) else None
         if form == MANIFEST_FORMAT:
@@ -74,9 +74,9 @@ def read_bundle(path: "str | Path", name: "str | None" = None) -> "tuple[dict, b
     architecture, and launches recomputed from the kernel's configuration."""
     manifest_path = find_manifest(path, name)
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidInput("a manifest must be readable JSON", str(manifest_path), str(exc).splitlines()[0]) from None
+        manifest = load_json("a manifest", read_text("a manifest", manifest_path), str(manifest_path))
+    except InvalidInput as exc:
+        raise InvalidInput("a manifest must be readable JSON", str(manifest_path), exc.rule) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise InvalidInput(f"a manifest must have format {MANIFEST_FORMAT}", str(manifest_path))
     cubin_name = str(manifest.get("cubin") or (str(manifest.get("name", "")) + ".cubin"))
