@@ -70,6 +70,15 @@ def test_a_manifest_that_disagrees_with_its_kernel_is_refused_naming_the_field(t
         gemmgen.load(tampered(tmp_path, bundle, edit))
 
 
+@pytest.mark.parametrize("key", ["name", "kind", "tensor"])
+@pytest.mark.parametrize("value", [[], {"a": 1}])
+def test_a_parameter_field_that_is_not_text_is_refused_naming_it(tmp_path, bundle, key, value):
+    # Regression (found by mutating every field of a manifest): a list or mapping as a parameter's name, kind or
+    # tensor ended gemmgen.load in a bare TypeError ("unhashable type: 'list'").
+    with pytest.raises(InvalidInput, match=rf"manifest field launches\[0\]\.params\[0\]\.{key} must be text"):
+        gemmgen.load(tampered(tmp_path, bundle, lambda m: m["launches"][0]["params"][0].update({key: value})))
+
+
 def test_a_cubin_that_is_not_the_manifests_is_refused(tmp_path, bundle):
     original = bundle.cubin_path.read_bytes()
     with pytest.raises(InvalidInput, match="cubin_sha256"):

@@ -103,6 +103,10 @@ def check_schema(manifest: dict) -> None:
         if not isinstance(params, list):
             raise InvalidInput(f"manifest field {where}.params must be a list", params)
         for j, p in enumerate(params):
+            if isinstance(p, dict):   # a list or mapping in these fields was a bare TypeError (unhashable) below
+                for key in ("name", "kind", "tensor"):
+                    if key in p and not isinstance(p[key], str):
+                        raise InvalidInput(f"manifest field {where}.params[{j}].{key} must be text", p[key])
             if not isinstance(p, dict) or p.get("kind") not in PARAM_KINDS:
                 raise InvalidInput(f"manifest field {where}.params[{j}].kind must be one of {sorted(PARAM_KINDS)}",
                                    p.get("kind") if isinstance(p, dict) else p)
