@@ -267,3 +267,50 @@ def test_from_linear_keeps_a_weight_registered_as_a_buffer_in_state_dict():
     frozen.register_buffer("weight", weight)
     ours = Linear.from_linear(frozen)
     assert ours.state_dict().keys() == frozen.state_dict().keys() and "weight" in dict(ours.named_buffers())
+
+
+class Int8Weight(torch.Tensor):
+    """A weight-only int8 tensor as quantization libraries make them (torchao's quantize_ swaps the weight of every
+    isinstance(m, torch.nn.Linear)): a wrapper subclass whose dispatch dequantizes for aten ops, refuses others."""
+
+    @staticmethod
+    def __new__(cls, qdata, scale):
+        return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=scale.dtype, device=qdata.device)
+
+    def __init__(self, qdata, scale):
+        self.qdata, self.scale = qdata, scale
+
+    def __tensor_flatten__(self):
+        return ["qdata", "scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Int8Weight(inner["qdata"], inner["scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        if func is torch.ops.aten.detach.default:
+            return Int8Weight(args[0].qdata, args[0].scale)
+        if func.namespace != "aten":
+            raise NotImplementedError(f"Int8Weight has no rule for {func}")
+        unwrap = lambda t: t.qdata.to(t.scale.dtype) * t.scale[:, None] if isinstance(t, Int8Weight) else t  # noqa
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_a_quantized_weight_subclass_raised_in_the_custom_op(activation):
+    # A weight swapped for a wrapper tensor subclass (weight-only quantization) went through gemmgen::linear,
+    # which the subclass's dispatch does not know: NotImplementedError where torch.nn.Linear runs (its aten ops
+    # dequantize). Such operands now run on torch's linear, counted as a fallback naming the subclass.
+    ref, ours = twin_layers(activation=activation)
+    scale = ref.weight.detach().abs().amax(1) / 127
+    qdata = (ref.weight.detach() / scale[:, None]).round().to(torch.int8)
+    for layer in (ref, ours):
+        layer.weight = torch.nn.Parameter(Int8Weight(qdata, scale), requires_grad=False)
+    x = torch.randn(3, 8, requires_grad=True)
+    torch.testing.assert_close(ours(x), torch_act(ref(x), activation))
+    torch.testing.assert_close(torch.autograd.grad(ours(x).sum(), x)[0],
+                               torch.autograd.grad(torch_act(ref(x), activation).sum(), x)[0])
+    assert any(r.startswith("Int8Weight operands") for r in gemmgen.stats()["fallbacks_by_reason"])

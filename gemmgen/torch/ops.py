@@ -71,14 +71,16 @@ def _transformed() -> bool:
     return not _is_compiling() and (_functorch_active() or _forward_ad._current_level >= 0)
 
 
-DISTRIBUTED = "DTensor operands (tensor parallelism: gemmgen's ops have no sharding rule; torch's run on the shards)"
-
-
-def _distributed(*tensors) -> bool:
-    """Whether an operand is a DTensor, which gemmgen's custom ops cannot take (DTensor has no sharding rule for
-    them: NotImplementedError) and torch's linear and mm take."""
-    DTensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)   # none exists before its import
-    return DTensor is not None and any(isinstance(t, DTensor) for t in tensors)
+def _wrapper_subclass(*tensors) -> "str | None":
+    """The reason a call with an operand of a wrapper tensor subclass (DTensor in tensor parallelism, a quantized
+    weight) runs on torch's linear and mm, which its dispatch knows, where gemmgen's custom ops are unknown to it
+    (DTensor: NotImplementedError, no sharding strategy); None when no operand is one. (Nested tensors are handled
+    by the ops; fake and functional tensors, which are not wrapper subclasses, go through the custom ops.)"""
+    for t in tensors:
+        cls = type(t)
+        if cls not in _PLAIN and hasattr(cls, "__tensor_flatten__") and not t.is_nested:
+            return f"{cls.__name__} operands (a tensor subclass whose dispatch knows torch's ops, not gemmgen's)"
+    return None
 
 
 _any_autocast = getattr(_C, "_is_any_autocast_enabled", lambda: False)
@@ -254,9 +256,10 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
         check_linear(X, W, bias, activation)
         stats.fallback("linear", TRANSFORMED)
         return plans.TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
-    if _distributed(X, W, bias):
+    subclassed = _wrapper_subclass(X, W, bias)
+    if subclassed:
         if not _is_compiling():
-            stats.fallback("linear", DISTRIBUTED)
+            stats.fallback("linear", subclassed)
         return plans.TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
     return torch.ops.gemmgen.linear(X, W, bias, activation)
 
@@ -299,9 +302,10 @@ def mm(A, B):
             check_mm(A, B)
             stats.fallback("mm", TRANSFORMED)
             return torch.mm(A, B)
-        if _distributed(A, B):
+        subclassed = _wrapper_subclass(A, B)
+        if subclassed:
             if not _is_compiling():
-                stats.fallback("mm", DISTRIBUTED)
+                stats.fallback("mm", subclassed)
             return torch.mm(A, B)
         return torch.ops.gemmgen.mm(A, B)
     for name, x in (("A", A), ("B", B)):
