@@ -67,6 +67,24 @@ def test_bug_the_layer_kept_tensors_its_backward_never_reads(activation, trained
 
 
 @pytest.mark.parametrize("activation", ["none", "relu"])
+def test_bug_an_input_changed_in_place_after_a_frozen_layer_failed_the_backward(activation):
+    # The same cause (15a1eb7): a frozen layer saved its input, so a residual stream updated in place after it
+    # raised "one of the variables needed for gradient computation has been modified by an inplace operation"
+    # in the backward, where torch.nn.Linear (which keeps no input for a frozen weight) runs.
+    ref, ours = twin_layers(activation=activation)
+    grads = []
+    for layer, forward in ((ref, lambda v: torch_act(ref(v), activation)), (ours, ours)):
+        layer.requires_grad_(False)
+        leaf = torch.randn(3, 8, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        h = leaf * 1
+        y = forward(h)
+        h.mul_(2)
+        y.sum().backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("activation", ["none", "relu"])
 def test_bug_a_layer_made_under_inference_mode_failed_on_plain_input_outside_it(activation):
     # A layer built in a torch.inference_mode() block has inference-tensor parameters that still require grad.
     # Called outside on an input that needs no gradient, torch.nn.Linear runs (it saves only X); gemmgen saved W
