@@ -101,7 +101,6 @@ def _autocast(device_type: str, *tensors):
                  t.device.type == device_type else t for t in tensors)
 
 
-
 # --- gemmgen::mm ---------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("gemmgen::mm", mutates_args=())
