@@ -230,3 +230,38 @@ def test_bench_command_without_a_driver_exits_2_with_one_line(capsys):
     assert main(["bench", "256", "256", "256", "--gpu", "h100"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no GPU available" in err
+
+
+def test_bench_command_times_the_launches_of_the_device_it_runs_on(capsys, monkeypatch, tmp_path):
+    # Regression: `gemmgen bench` built its manifest with the families' default SM count (an H100 SXM's 132), so on
+    # an H100 PCIe (114 SMs) a persistent kernel was timed with 18 CTAs waiting for a second wave.
+    import json
+    from types import SimpleNamespace
+
+    from gemmgen.cli import main
+    from gemmgen.codegen import nvrtc
+    from gemmgen.model.arch import Arch
+
+    measured = []
+
+    class Pcie:
+        def __init__(self, reference="auto"):
+            self.device = SimpleNamespace(props=SimpleNamespace(
+                arch=Arch.SM90A, sm_count=114, to_dict=lambda: {"name": "H100 PCIe", "driver": "test"}))
+
+        def measure(self, manifest, cubin, problem):
+            measured.append(manifest)
+            return Measurement(ok=False, reason="not run (test)", flops=problem.flops)
+
+        def close(self):
+            pass
+
+    compiled = SimpleNamespace(cubin=b"", spill_bytes=0, nvrtc_version="test",
+                               resources=SimpleNamespace(registers=168, stack_bytes=0, smem_static_bytes=0))
+    monkeypatch.setattr(bench, "GpuBenchmark", Pcie)
+    monkeypatch.setattr(nvrtc, "compile_kernel", lambda kernel, gpu, **kw: compiled)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64",
+                                "mma": "64x128x16", "stages": 4, "warp_specialized": True, "persistent": True}))
+    assert main(["bench", "4096", "4096", "4096", "--gpu", "h100-pcie", "--config", str(path), "--no-cublas"]) == 1
+    assert measured[0]["launches"][0]["grid"] == [114, 1, 1]

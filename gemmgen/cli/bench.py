@@ -51,7 +51,9 @@ def run(args) -> int:
     from ..runtime.manifest import make_manifest
 
     compiled = compile_kernel(kernel, gpu)
-    manifest = make_manifest(kernel, problem, compiled)
+    # The launches for this device: a persistent grid of one wave of its SMs (an H100 PCIe's 114, not the 132 of
+    # the families' default, which timed 18 CTAs waiting for a second wave).
+    manifest = make_manifest(kernel, problem, compiled, sm_count=props.sm_count)
     measured = benchmark.measure(manifest, compiled.cubin, problem)
     cublas_s = None if args.no_cublas or not measured.ok else benchmark.cublas_time(problem)
     predicted_s = _prediction_s(problem, kernel.config, gpu)
