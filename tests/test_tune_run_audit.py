@@ -265,3 +265,79 @@ def test_ctrl_c_mid_measurement_prints_no_traceback_from_the_tunes_processes(tmp
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert "interrupted; results already stored are kept" in out
+
+
+def _descendants(pid: int) -> "list[int]":
+    found, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("command", ["tune", "suite"])
+def test_workers_of_gpus_stop_when_their_parent_is_killed_outright(tmp_path, command):
+    """Regression: after `kill -9` of `tune --gpus 0,1` its workers went on tuning (holding their GPUs) until
+    --trials were done, with no one left to write the record, and a `suite --gpus` worker waited for its next
+    shape for good, with its measuring and compile processes. Every process of the run now ends within seconds."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from test_cli_tune import replay_file
+
+    replay = replay_file(tmp_path)
+    slow = json.loads(replay.read_text())
+    slow["delay_s"] = 1.0
+    replay.write_text(json.dumps(slow))
+    if command == "tune":
+        argv = ["tune", "256", "256", "256", "--trials", "40"]
+    else:
+        shapes = tmp_path / "shapes.yaml"
+        shapes.write_text("shapes:\n  - {name: t1, M: 256, N: 256, K: 256}\n")
+        argv = ["suite", str(shapes), "--dtypes", "bf16", "--trials", "40", "--patience", "40"]
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "gemmgen", *argv, "--gpu", "h100", "--replay", str(replay),
+                             "--gpus", "0,1", "--jobs", "1", "--top-k", "3",
+                             "--storage", f"sqlite:///{tmp_path / 'studies.db'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        for line in proc.stderr:
+            if "TFLOP/s" in line:  # a trial was measured: every worker is up
+                break
+        family = _descendants(proc.pid)
+        assert len(family) >= 4  # two workers, each with a measuring process (and compile pools, trackers)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in family):
+        time.sleep(0.5)
+    left = [pid for pid in family if _alive(pid)]
+    for pid in left:  # the test's own strays, by id
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of the run's {len(family)} processes still running 30 s after it was killed"
+
+
+def test_closing_the_compile_pool_without_waiting_ends_its_processes():
+    """Regression: PoolCompiler.close() (no wait: the tune is over, or interrupted) left the pool's processes to
+    a stop sentinel they could miss, and the process then waited on them at exit for ever: Ctrl-C of
+    `tune --gpus 0,1` hung in 2 of 4 tries (a worker joining its compile process). They are ended now."""
+    import time
+
+    from gemmgen.tune.engines import PoolCompiler
+
+    pool = PoolCompiler(1, task=time.sleep)
+    pool.submit(0).result()  # the process is up
+    [process] = list(pool._pool._processes.values())
+    pool.submit(60)  # busy: no sentinel can reach it
+    time.sleep(0.5)
+    pool.close()
+    process.join(5)
+    assert not process.is_alive()

@@ -57,7 +57,15 @@ class PoolCompiler:
         return self._pool.submit(self.task, kernel)
 
     def close(self, wait: bool = False) -> None:
+        """Stop the pool; without `wait`, its processes are ended here: what they compile is not wanted, and such
+        a pool's process could miss its stop sentinel, so the interpreter's exit waited on it for ever (a --gpus
+        worker stopped by Ctrl-C, or by its parent's death, hung there)."""
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())  # None after shutdown
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        if not wait:
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
 
 
 class InlineCompiler:

@@ -116,7 +116,8 @@ def stop_workers(procs) -> None:
 
 def enter_worker(options, spec: WorkerSpec) -> None:
     """What a worker process does first: see only its GPU (the measuring child inherits it as its device 0) and
-    turn SIGTERM into KeyboardInterrupt, so a stopped worker records what it finished."""
+    turn SIGTERM into KeyboardInterrupt, so a stopped worker records what it finished; and stop so when the
+    parent is gone."""
     import signal
 
     if not options.replay:
@@ -126,6 +127,26 @@ def enter_worker(options, spec: WorkerSpec) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _interrupt)
+    parent = mp.parent_process()
+    stop_when_orphaned(parent.pid if parent is not None else os.getppid())
+
+
+def stop_when_orphaned(parent_pid: int, poll_s: float = 1.0, grace_s: float = 60.0) -> None:
+    """SIGTERM this worker (it winds up as on Ctrl-C: trials in flight re-queued, what it finished kept) once
+    `parent_pid` is gone, and end it outright `grace_s` later if that hangs. After a kill -9 of `tune --gpus`
+    the workers went on tuning, holding their GPUs, until --trials were done, with no one left to write the
+    record; a `suite --gpus` worker waited for its next shape for good."""
+    import signal
+    import threading
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gemmgen-stop-when-orphaned", daemon=True).start()
 
 
 def _worker_main(problem, gpu, options, spec: WorkerSpec, measurer_factory, engines_factory, results) -> None:
