@@ -162,3 +162,31 @@ def test_a_bundle_exported_before_the_edge_maps_loads_and_keeps_its_parameters(t
     loaded = gemmgen.load(tmp_path)
     other = problem_from_shapes(problem, (300, 256), (256, 520), (300, 520), (256, 1), (1, 256), (520, 1))
     assert [p["name"] for p in manifest_for(loaded.manifest, loaded.kernel, other)["launches"][0]["params"]] == names
+
+
+def test_a_cubin_whose_kernel_notes_are_cut_short_is_read_without_raising(bundle):
+    # A cubin is data too (its sha256 is the manifest's word): a .nv.info section whose size ends inside a parameter
+    # record raised struct.error out of the parameter check; the cut record is skipped.
+    import struct
+
+    from gemmgen.runtime.bundle import cubin_params
+
+    cubin = bytearray(bundle.cubin_path.read_bytes())
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    names = struct.unpack_from("<IIQQQQ", cubin, shoff + shstrndx * shentsize)[4]
+    for i in range(shnum):
+        header = shoff + i * shentsize
+        name, _, _, _, offset, size = struct.unpack_from("<IIQQQQ", cubin, header)
+        if not cubin[names + name:].startswith(b".nv.info."):
+            continue
+        pos = 0
+        while True:   # the first parameter record: cut the section 6 bytes into its 12-byte payload
+            form, attribute, value = struct.unpack_from("<BBH", cubin, offset + pos)
+            pos += 4
+            if form == 4 and attribute == 0x17:
+                break
+            pos += value if form == 4 else 0
+        struct.pack_into("<Q", cubin, header + 32, pos + 6)
+    params = cubin_params(bytes(cubin))
+    assert params and all(len(sizes) < 15 for sizes in params.values())

@@ -167,7 +167,8 @@ def cubin_params(cubin: bytes) -> "dict[str, list[int]]":
             pos += 4
             if form != NV_INFO_SVAL:
                 continue
-            if attribute == EIATTR_KPARAM_INFO and value >= 12:
+            # (a record cut short by its section's end is skipped: a hostile cubin raised struct.error here)
+            if attribute == EIATTR_KPARAM_INFO and value >= 12 and pos + 12 <= len(data):
                 _index, ordinal, _offset, flags = struct.unpack_from("<IHHI", data, pos)
                 params[ordinal] = (flags >> 18) & 0x3FFF
             pos += value
