@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from gemmgen.model.errors import InvalidInput
 from gemmgen.runtime.bundle import cubin_sm, runs_on
 from gemmgen.runtime.loader import read_bundle
 from gemmgen.tune.export import export_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +193,15 @@ def test_a_cubin_whose_kernel_notes_are_cut_short_is_read_without_raising(bundle
         struct.pack_into("<Q", cubin, header + 32, pos + 6)
     params = cubin_params(bytes(cubin))
     assert params and all(len(sizes) < 15 for sizes in params.values())
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "lab-data").rglob("*.json")
+                                        if '"gemmgen-manifest/1"' in p.read_text()))
+def test_the_manifests_exported_on_the_h100_before_the_edge_maps_still_verify(path):
+    # Regression: five of the seven winners' manifests kept in docs/lab-data (exported 2026-11-25/26, before the edge
+    # maps) were refused as "params must be the kernel's parameters in order" since 6f6267c.
+    from gemmgen.runtime.bundle import check_launches, check_schema
+
+    manifest = json.loads((ROOT / path).read_text())
+    check_schema(manifest)
+    check_launches(manifest)
