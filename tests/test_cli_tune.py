@@ -262,7 +262,7 @@ def test_replayed_suite_writes_the_side_by_side_table(capsys, tmp_path):
     shapes.write_text("shapes:\n  - {name: tiny, M: 256, N: 256, K: 256}\n")
     assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16,f16", "--from-results"]) == 0
     [js] = (tmp_path / "results" / "h100-sxm").glob("suite*.json")
-    assert js.name == "suite.json"  # the latest report per GPU, replaced by the next run
+    assert js.name == "suite-replay.json"  # built from a replayed record: beside the GPU's table, never over it
     bf16, f16 = json.loads(js.read_text())["rows"]
     assert bf16["tflops"] == pytest.approx(row["tflops"]) and bf16["ratio"] == pytest.approx(row["ratio"])
     assert f16["tflops"] is None and f16["note"] == "not tuned yet"

@@ -341,3 +341,35 @@ def test_closing_the_compile_pool_without_waiting_ends_its_processes():
     pool.close()
     process.join(5)
     assert not process.is_alive()
+
+
+# --- suite --from-results ---------------------------------------------------------------------------------------
+
+def test_from_results_with_a_replayed_record_writes_beside_the_measured_table(capsys, tmp_path):
+    """Regression: `suite FILE --from-results` where a shape's only record was a replayed tune's (simulated timings)
+    wrote its table, that row noted 'simulated', to results/<gpu>/suite.md: over the table measured on the GPU
+    (in a checkout, the shipped one), which `suite --replay` itself never touches. It goes to suite-replay.md."""
+    import json
+
+    from gemmgen import families
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.model.tiles import TileConfig
+    from gemmgen.tune.results import gpu_dir, record_path
+
+    gpu = lookup_gpu("h100")
+    config = TileConfig.from_dict(families.get("sm80_mma").examples[0]).to_dict()
+    for (m, n, k), simulated in (((256, 256, 256), False), ((512, 256, 256), True)):
+        path = record_path(gpu, Problem.create(m, n, k, "bf16"), simulated=simulated)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"winner": {"tflops": 5.0, "kernel": "k", "config": config},
+                                    "cublas": {"tflops": 4.0}, "elapsed_s": 3.0, "simulated": simulated}))
+    measured_table = gpu_dir(gpu) / "suite.md"
+    measured_table.write_text("the table measured on the GPU\n")
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {name: a, M: 256, N: 256, K: 256}\n  - {name: b, M: 512, N: 256, K: 256}\n")
+    assert main(["suite", str(shapes), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
+    out = capsys.readouterr().out
+    assert measured_table.read_text() == "the table measured on the GPU\n"
+    assert "simulated (replayed timings)" in (gpu_dir(gpu) / "suite-replay.md").read_text()
+    assert "suite-replay.md" in out

@@ -128,7 +128,8 @@ def run(args) -> int:
     # A run of some shapes, timed sustained, or replayed (simulated timings) is not the suite's usual table: written
     # beside it, not over it (a replayed public suite replaced the shipped H100 table).
     timing = getattr(args, "timing", None)
-    variants = (("replay",) if getattr(args, "replay", None) else ()) + (("partial",) if args.only else ()) + (
+    variants = (("replay",) if getattr(args, "replay", None) or report.simulated else ()) + (
+        ("partial",) if args.only else ()) + (
         ("sustained",) if timing == "sustained" and not args.from_results else ()) + (
         ("stream",) if timing == "stream" and (args.retime or not args.from_results) else ()) + (
         ("retimed",) if args.retime else ())

@@ -190,6 +190,9 @@ class SuiteReport:
     dry_run: bool
     device: str = ""
     from_results: bool = False  # built from stored records (--from-results): each row measured in its own tune
+    # A row's figures were replayed, not measured (a --replay tune's record, which --from-results shows where no
+    # GPU record is): such a table is written beside the measured one (suite-replay.md), never over it.
+    simulated: bool = False
 
     def suites(self) -> "list[str]":
         return list(dict.fromkeys(r.suite for r in self.rows))
@@ -463,7 +466,7 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
     """The suite table from the records already in results/<gpu>/ (tunes run earlier, e.g. in parts)."""
     import json
 
-    rows, device = [], ""
+    rows, device, simulated = [], "", False
     first_name: "dict[str, str]" = {}
     for shape in shapes:
         for dtype in dtypes:
@@ -486,6 +489,7 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
             cublas = (record.get("cublas") or {}).get("tflops")
             pred = w.get("predicted_time_s")
             notes = ["simulated (replayed timings)"] if record.get("simulated") else []
+            simulated = simulated or bool(record.get("simulated"))
             timing = (record.get("search") or {}).get("finalist_timing")
             if timing in ("sustained", "stream"):
                 notes.append(f"{timing} timing")
@@ -500,7 +504,7 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
                                 tuning_s=float(record.get("elapsed_s", 0.0)), kernel=w["kernel"],
                                 predicted_tflops=shape.problem(dtype).flops / pred / 1e12 if pred else None,
                                 note=note))
-    return SuiteReport(gpu, source, now(), tuple(rows), False, device, from_results=True)
+    return SuiteReport(gpu, source, now(), tuple(rows), False, device, from_results=True, simulated=simulated)
 
 
 def _unreadable(record: dict) -> str:
