@@ -264,8 +264,9 @@ class Problem:
         default_out = DType.BF16 if ab.bytes == 1 else ab
         return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, bb,
                    DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
-                   Layout.parse(b), Epilogue(epilogue_scalar("alpha", alpha), epilogue_scalar("beta", beta), _flag("bias", bias),
-                                             Activation.parse(activation), _flag("row_sums", row_sums)),
+                   Layout.parse(b), Epilogue(epilogue_scalar("alpha", alpha), epilogue_scalar("beta", beta),
+                                             _flag("bias", bias), Activation.parse(activation),
+                                             _flag("row_sums", row_sums)),
                    Scaling.parse(scaling), Fp32Math.parse(fp32_math),
                    Fp8Accum.parse(fp8_accum)).with_leading(*(parse.integer(name, v, 0, parse.INT64_MAX)
                                                              for name, v in (("lda", lda), ("ldb", ldb), ("ldc", ldc))))
