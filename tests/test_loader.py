@@ -210,6 +210,7 @@ def test_a_stream_is_a_handle_or_a_torch_or_cupy_stream_and_anything_else_is_nam
 
     assert stream_handle(SimpleNamespace(cuda_stream=0x1234)) == 0x1234   # torch.cuda.Stream
     assert stream_handle(SimpleNamespace(ptr=0x5678)) == 0x5678           # cupy.cuda.Stream
+    assert stream_handle(__import__("numpy").int64(7)) == 7
     for bad in ("1", -1, 1.0, True, object()):
         with pytest.raises(InvalidInput, match="stream must be a CUDA stream"):
             stream_handle(bad)

@@ -178,10 +178,14 @@ def stream_handle(stream) -> int:
         if hasattr(stream, attribute) and not isinstance(stream, (str, bytes)):
             stream = getattr(stream, attribute)
             break
-    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+    try:   # an int, or an integer type of its own (NumPy's), not '1' or 1.0
+        handle = None if isinstance(stream, bool) else operator.index(stream)
+    except TypeError:
+        handle = None
+    if handle is None or handle < 0:
         raise InvalidInput("stream must be a CUDA stream: its handle (an int), a torch.cuda.Stream or a cupy Stream",
                            stream if isinstance(stream, (int, str)) else type(stream).__name__)
-    return int(stream)
+    return handle
 
 
 def _typestr_name(typestr: str) -> str:
