@@ -3,6 +3,7 @@ cuLaunchKernel, or cuLaunchKernelEx where a launch asks for a thread-block clust
 from __future__ import annotations
 
 import ctypes
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,10 +38,14 @@ def scalar(ctype, value, name: str, entry: str = "kernel"):
         return converted
     bits = 8 * ctypes.sizeof(ctype)
     lo, hi = (-(1 << bits - 1), (1 << bits - 1) - 1) if ctype(-1).value == -1 else (0, (1 << bits) - 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    try:   # an int or an integer type of its own (NumPy's); not 4096.0 or True
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or not lo <= number <= hi:
         raise InvalidInput(f"{entry}: scalar parameter {name} must be an integer its C type ({ctype.__name__[2:]}) "
                            f"holds, {lo}..{hi}", value)
-    return ctype(value)
+    return ctype(number)
 
 
 @dataclass
