@@ -332,3 +332,58 @@ def test_bug_a_quantized_weight_subclass_raised_in_the_custom_op(activation):
     torch.testing.assert_close(torch.autograd.grad(ours(x).sum(), x)[0],
                                torch.autograd.grad(torch_act(ref(x), activation).sum(), x)[0])
     assert any(r.startswith("Int8Weight operands") for r in gemmgen.stats()["fallbacks_by_reason"])
+
+
+# --- torch.func transforms inside torch.compile -----------------------------------------------------------------
+
+def _gelu_twins():
+    ref, ours = twin_layers(activation="gelu")
+    return (lambda v: torch_act(ref(v), "gelu")), ours
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+def test_bug_compiled_forward_mode_transforms_were_silently_wrong(transform):
+    # The layer ran torch's ops under a torch.func transform only outside torch.compile; compiled, it recorded
+    # gemmgen::linear, whose autograd has no forward-mode rule: the tangent was dropped and the compiled jvp was
+    # 0.92 off (jacfwd 0.37), with no error.
+    want, ours = _gelu_twins()
+    x, t = torch.randn(3, 8), torch.randn(3, 8)
+    if transform == "jvp":
+        run = lambda f: lambda v, tv: torch.func.jvp(f, (v,), (tv,))[1]   # noqa: E731
+        args = (x, t)
+    else:
+        run = lambda f: torch.func.jacfwd(f)   # noqa: E731
+        args = (x[0],)
+    torch.testing.assert_close(torch.compile(run(ours), backend="aot_eager")(*args), run(want)(*args))
+
+
+@pytest.mark.parametrize("transform", ["grad", "jacrev", "vmap"])
+def test_bug_compiled_grad_and_jacrev_raised(transform):
+    # Compiled torch.func.grad/jacrev raised ("RuntimeError when making fake tensor call": the custom op's autograd
+    # under a functorch transform). They now run torch's ops, as eager calls do. (vmap worked, through torch's
+    # per-element batching fallback for gemmgen::linear; it now runs torch's batched linear.)
+    want, ours = _gelu_twins()
+    x = torch.randn(4, 3, 8)
+    run = {"grad": lambda f: torch.func.grad(lambda v: f(v).sum()), "jacrev": torch.func.jacrev,
+           "vmap": torch.vmap}[transform]
+    arg = x[0, 0] if transform == "jacrev" else x
+    torch.testing.assert_close(torch.compile(run(ours), backend="aot_eager", fullgraph=True)(arg), run(want)(arg))
+
+
+def test_a_compiled_model_without_transforms_still_records_the_custom_ops():
+    # (The transform check now runs under torch.compile too: a plain model must keep gemmgen's ops, forward and
+    # backward.)
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    _, ours = _gelu_twins()
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend=aot_autograd(fw_compiler=record, bw_compiler=record), fullgraph=True)
+    compiled(torch.randn(3, 8, requires_grad=True)).sum().backward()
+    forward, backward = seen
+    assert "gemmgen.linear.default" in forward and "gemmgen.mm.default" in backward, seen
