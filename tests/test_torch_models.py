@@ -387,3 +387,31 @@ def test_a_compiled_model_without_transforms_still_records_the_custom_ops():
     compiled(torch.randn(3, 8, requires_grad=True)).sum().backward()
     forward, backward = seen
     assert "gemmgen.linear.default" in forward and "gemmgen.mm.default" in backward, seen
+
+
+# --- TorchScript --------------------------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("activation", ACTS)
+def test_bug_torch_jit_script_of_the_layer_raised_a_compile_error(activation, bias):
+    # torch.jit.script(model) failed to compile the layer's forward ("python value of type 'bool' cannot be used as
+    # a value", in torch.fx's tracing flag): TorchScript deployments could not take it where torch.nn.Linear
+    # scripts. The scripted forward is now the custom op gemmgen::linear (a kernel where one is stored).
+    import io
+
+    ref, ours = twin_layers(4, 3, bias=bias, activation=activation)
+    scripted = torch.jit.script(torch.nn.Sequential(ours))
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x1, x2 = (torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(3), requires_grad=True) for _ in "12")
+    want, got = torch_act(ref(x1), activation), scripted(x2)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(loaded(x2), want)
+    g = torch.randn(want.shape)
+    for w, o in zip(torch.autograd.grad(want, [x1, *ref.parameters()], g),
+                    torch.autograd.grad(got, [x2, *ours.parameters()], g)):
+        torch.testing.assert_close(o, w)
+    assert gemmgen.stats()["fallbacks"] > 0   # (CPU: the op ran on torch, counted)

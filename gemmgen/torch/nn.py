@@ -75,6 +75,11 @@ class Linear(torch.nn.Linear):
         return out
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 (torch.nn.Linear's name: callers pass input=)
+        if torch.jit.is_scripting():
+            # TorchScript compiles only this branch (is_scripting() is a constant to it): the custom op, whose
+            # autograd recomputes Z for GELU/SiLU. (The Python below reads fx's and the ops' module state, which
+            # TorchScript cannot compile.)
+            return torch.ops.gemmgen.linear(input, self.weight, self.bias, self.activation)
         # Under torch.jit.trace one graph must serve both grad modes, and torch.fx's proxies have no requires_grad
         # to branch on: both record the fused op, whose backward recomputes Z.
         if self.activation in ("gelu", "silu") and torch.is_grad_enabled() and not torch.jit.is_tracing() and \
