@@ -373,3 +373,45 @@ def test_from_results_with_a_replayed_record_writes_beside_the_measured_table(ca
     assert measured_table.read_text() == "the table measured on the GPU\n"
     assert "simulated (replayed timings)" in (gpu_dir(gpu) / "suite-replay.md").read_text()
     assert "suite-replay.md" in out
+
+
+@pytest.mark.parametrize("command", ["tune", "suite"])
+def test_sigterm_stops_a_run_on_several_gpus_as_ctrl_c_does(tmp_path, command):
+    """Regression: SIGTERM (a batch system's time limit) to `tune --gpus 0,1` or `suite --gpus 0,1` killed the
+    command outright, exit status 143 with nothing said, where a one-GPU tune says 'interrupted; results already
+    stored are kept' (exit 130). It now stops the workers and says so."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    from test_cli_tune import replay_file
+
+    replay = replay_file(tmp_path)
+    slow = json.loads(replay.read_text())
+    slow["delay_s"] = 1.0
+    replay.write_text(json.dumps(slow))
+    if command == "tune":
+        argv = ["tune", "256", "256", "256", "--trials", "40"]
+    else:
+        shapes = tmp_path / "shapes.yaml"
+        shapes.write_text("shapes:\n  - {name: t1, M: 256, N: 256, K: 256}\n")
+        argv = ["suite", str(shapes), "--dtypes", "bf16", "--trials", "40", "--patience", "40"]
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "gemmgen", *argv, "--gpu", "h100", "--replay", str(replay),
+                             "--gpus", "0,1", "--jobs", "1", "--top-k", "3",
+                             "--storage", f"sqlite:///{tmp_path / 'studies.db'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        for line in proc.stderr:
+            if "TFLOP/s" in line:  # a trial was measured: every worker is up
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert f"gemmgen {command}: interrupted; results already stored are kept" in err

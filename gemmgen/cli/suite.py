@@ -186,8 +186,11 @@ def run_on_gpus(args, shapes, dtypes, options, source):
     measurer = functools.partial(worker_measurer, str(args.replay) if args.replay else None, args.watchdog)
     progress = SuiteProgress(not args.no_progress)
     try:
-        return run_suite_on_gpus(shapes, dtypes, gpu, options, specs, measurer, source=source, on_event=progress,
-                                 device=device, out=args.out)
+        # SIGTERM (a batch system's time limit) stops the workers as Ctrl-C does: it killed this process
+        # outright (exit 143, nothing said), while a one-GPU suite says 'interrupted'.
+        with sigterm_as_interrupt():
+            return run_suite_on_gpus(shapes, dtypes, gpu, options, specs, measurer, source=source,
+                                     on_event=progress, device=device, out=args.out)
     finally:
         progress.close()
 

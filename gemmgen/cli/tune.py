@@ -395,7 +395,10 @@ def run_on_gpus(args, problem, options) -> int:
     progress = Progress(not args.no_progress)
     measurer = functools.partial(worker_measurer, str(args.replay) if args.replay else None, args.watchdog)
     try:
-        result = run_workers(problem, gpu, options, specs, measurer, on_event=progress, device=device)
+        # SIGTERM (a batch system's time limit) stops the workers as Ctrl-C does: it killed this process outright
+        # (exit 143, nothing said), while a one-GPU tune says 'interrupted' and keeps its record.
+        with sigterm_as_interrupt():
+            result = run_workers(problem, gpu, options, specs, measurer, on_event=progress, device=device)
     finally:
         progress.close()
     print_result(result)
