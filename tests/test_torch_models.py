@@ -125,6 +125,59 @@ def test_bug_a_torch_linear_whose_class_was_swapped_raised_attribute_error():
     assert repr(swapped) == "Linear(in_features=8, out_features=6, bias=True)"
 
 
+@pytest.mark.parametrize("parametrization", ["weight_norm", "orthogonal"])
+def test_bug_from_linear_of_a_parametrized_layer_dropped_its_weight_from_state_dict(parametrization):
+    # from_linear read a parametrized weight once, as a plain tensor: the new layer's state_dict and parameters()
+    # had no weight (a checkpoint saved without it, an optimizer that never trained it), and the second backward
+    # raised "Trying to backward through the graph a second time". It now carries the parametrizations, sharing
+    # their original parameters with the source layer.
+    torch.manual_seed(0)
+    ref = getattr(torch.nn.utils.parametrizations, parametrization)(torch.nn.Linear(6, 6))
+    ours = Linear.from_linear(ref, activation="relu")
+    assert isinstance(ours, Linear)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    assert {id(p) for p in ours.parameters()} == {id(p) for p in ref.parameters()}
+    optimizer = torch.optim.SGD(ours.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(4, 6)
+        torch.testing.assert_close(ours(x), torch.relu(ref(x)))
+        ours(x).pow(2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_from_linear_without_bias_keeps_a_bias_slot_as_torch_linear():
+    ours = Linear.from_linear(torch.nn.Linear(8, 6, bias=False))
+    assert ours._parameters.keys() == torch.nn.Linear(8, 6, bias=False)._parameters.keys()
+    assert ours.bias is None and ours(torch.randn(2, 8)).shape == (2, 6)
+
+
+def test_bug_from_linear_of_a_pruned_layer_dropped_its_weight_from_state_dict():
+    # torch.nn.utils.prune (and the deprecated weight_norm) replace the weight by a plain tensor that a forward
+    # pre-hook recomputes: from_linear took that tensor as a plain attribute, missing from the new layer's
+    # state_dict() (a checkpoint saved without its weight) and never recomputed. It now refuses, naming the remedy.
+    import torch.nn.utils.prune as prune
+
+    pruned = torch.nn.Linear(8, 6)
+    prune.l1_unstructured(pruned, "weight", amount=0.5)
+    with pytest.raises(ValueError, match=r"layer\.weight as a parameter or buffer.*prune\.remove"):
+        Linear.from_linear(pruned)
+    prune.remove(pruned, "weight")
+    ours = Linear.from_linear(pruned)
+    assert ours.state_dict().keys() == pruned.state_dict().keys()
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(ours(x), pruned(x))
+
+
+def test_from_linear_keeps_a_weight_registered_as_a_buffer_in_state_dict():
+    frozen = torch.nn.Linear(8, 6)
+    weight = frozen.weight.detach().clone()
+    del frozen.weight
+    frozen.register_buffer("weight", weight)
+    ours = Linear.from_linear(frozen)
+    assert ours.state_dict().keys() == frozen.state_dict().keys() and "weight" in dict(ours.named_buffers())
+
+
 # --- inputs -----------------------------------------------------------------------------------------------------
 
 def _strided_nested(*shapes, requires_grad=False):
@@ -192,7 +245,7 @@ def test_bug_gradcheck_with_batched_gradients_failed_on_the_ops(activation):
     assert torch.autograd.gradcheck(gemmgen.mm, (X, W.t()), check_batched_grad=True)
 
 
-# --- distributed wrappers -------------------------------------------------------------------------------------
+# --- tensor subclasses: DTensor (tensor parallelism), quantized weights ------------------------------------
 
 @pytest.fixture
 def one_process_group():
@@ -232,59 +285,6 @@ def test_bug_tensor_parallel_layers_raised_no_sharding_strategy(one_process_grou
         torch.testing.assert_close(got, want)
     if not compiled:
         assert any("DTensor" in r for r in gemmgen.stats()["fallbacks_by_reason"])
-
-
-@pytest.mark.parametrize("parametrization", ["weight_norm", "orthogonal"])
-def test_bug_from_linear_of_a_parametrized_layer_dropped_its_weight_from_state_dict(parametrization):
-    # from_linear read a parametrized weight once, as a plain tensor: the new layer's state_dict and parameters()
-    # had no weight (a checkpoint saved without it, an optimizer that never trained it), and the second backward
-    # raised "Trying to backward through the graph a second time". It now carries the parametrizations, sharing
-    # their original parameters with the source layer.
-    torch.manual_seed(0)
-    ref = getattr(torch.nn.utils.parametrizations, parametrization)(torch.nn.Linear(6, 6))
-    ours = Linear.from_linear(ref, activation="relu")
-    assert isinstance(ours, Linear)
-    assert ours.state_dict().keys() == ref.state_dict().keys()
-    assert {id(p) for p in ours.parameters()} == {id(p) for p in ref.parameters()}
-    optimizer = torch.optim.SGD(ours.parameters(), lr=0.1)
-    for _ in range(2):
-        x = torch.randn(4, 6)
-        torch.testing.assert_close(ours(x), torch.relu(ref(x)))
-        ours(x).pow(2).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-def test_from_linear_without_bias_keeps_a_bias_slot_as_torch_linear():
-    ours = Linear.from_linear(torch.nn.Linear(8, 6, bias=False))
-    assert ours._parameters.keys() == torch.nn.Linear(8, 6, bias=False)._parameters.keys()
-    assert ours.bias is None and ours(torch.randn(2, 8)).shape == (2, 6)
-
-
-def test_bug_from_linear_of_a_pruned_layer_dropped_its_weight_from_state_dict():
-    # torch.nn.utils.prune (and the deprecated weight_norm) replace the weight by a plain tensor that a forward
-    # pre-hook recomputes: from_linear took that tensor as a plain attribute, missing from the new layer's
-    # state_dict() (a checkpoint saved without its weight) and never recomputed. It now refuses, naming the remedy.
-    import torch.nn.utils.prune as prune
-
-    pruned = torch.nn.Linear(8, 6)
-    prune.l1_unstructured(pruned, "weight", amount=0.5)
-    with pytest.raises(ValueError, match=r"layer\.weight as a parameter or buffer.*prune\.remove"):
-        Linear.from_linear(pruned)
-    prune.remove(pruned, "weight")
-    ours = Linear.from_linear(pruned)
-    assert ours.state_dict().keys() == pruned.state_dict().keys()
-    x = torch.randn(3, 8)
-    torch.testing.assert_close(ours(x), pruned(x))
-
-
-def test_from_linear_keeps_a_weight_registered_as_a_buffer_in_state_dict():
-    frozen = torch.nn.Linear(8, 6)
-    weight = frozen.weight.detach().clone()
-    del frozen.weight
-    frozen.register_buffer("weight", weight)
-    ours = Linear.from_linear(frozen)
-    assert ours.state_dict().keys() == frozen.state_dict().keys() and "weight" in dict(ours.named_buffers())
 
 
 class Int8Weight(torch.Tensor):
