@@ -7,7 +7,7 @@ On CUDA each op runs a gemmgen kernel when the registry (registry.py) holds one 
 stream, writing an output torch allocated, with no host synchronisation (so a warmed-up call captures in a CUDA
 graph). Anything else runs on torch (aten) and is counted in gemmgen.stats() with a one-time warning per
 reason; CPU tensors always do. activation is 'none', 'relu', 'gelu' (tanh approximation, the kernels' GELU)
-or 'silu' (no kernel fuses it: the bias kernel runs, then SiLU).
+or 'silu' (x·sigmoid(x); fused in the kernels' epilogue as the others are).
 
 Backward (register_autograd): dA = dD·Bᵀ and dB = Aᵀ·dD through gemmgen::mm, so each gradient is its own
 product with its own layouts and finds its own kernel. For linear: dZ from the activation (ReLU from the saved
