@@ -62,7 +62,11 @@ def __getattr__(name):
     # __all__, so `from gemmgen import *` needs no torch.) The first use binds the name in the module, so later
     # calls of gemmgen.mm skip this function (2 us a call, a third of the eager op's own host time).
     if name == "nn":
-        from .torch import nn as value
+        # The facade gemmgen/nn.py, the module `import gemmgen.nn` binds too (import_module: `from . import nn`
+        # would ask this function for the attribute again).
+        import importlib
+
+        value = importlib.import_module(".nn", __name__)
     elif name in ("mm", "linear"):
         from .torch import ops as _ops
 

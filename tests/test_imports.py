@@ -28,3 +28,15 @@ def test_torch_api_loads_on_first_use_and_then_costs_no_module_lookup():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.stdout.split() == ["False", "True", "True", "Linear"], out.stderr[-2000:]
+
+
+def test_the_pytorch_modules_import_as_torch_nn_spelling_leads_users_to_write_them():
+    """`import gemmgen.nn` and `from gemmgen.nn import Linear` (not only the attribute gemmgen.nn.Linear) find the
+    layer, and every spelling gives the same module and class; `import gemmgen` alone still imports no torch."""
+    pytest.importorskip("torch")
+    code = ("import sys, gemmgen; before = 'torch' in sys.modules; import gemmgen.nn as a; "
+            "from gemmgen.nn import Linear; from gemmgen import nn as b; "
+            "print(before, a is b is gemmgen.nn, Linear is gemmgen.nn.Linear, Linear.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.stdout.split() == ["False", "True", "True", "gemmgen.torch.nn"], out.stderr[-2000:]

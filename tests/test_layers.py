@@ -49,14 +49,16 @@ def _imports(path: Path, parts: tuple) -> "list[tuple[int, str]]":
 def test_every_module_lives_in_a_layer():
     stray = [str(path) for path, parts in _modules() if len(parts) > 1 and parts[0] not in LEVEL]
     top = {parts[0] for _, parts in _modules() if len(parts) == 1}
-    assert not stray and top <= {"__init__", "__main__"}, (stray, top)
+    # The package's facades: __init__ (the public API), __main__ (the CLI), nn (the PyTorch modules, so that
+    # `import gemmgen.nn` and `from gemmgen.nn import Linear` work as torch.nn's spelling leads users to write).
+    assert not stray and top <= {"__init__", "__main__", "nn"}, (stray, top)
 
 
 def test_no_module_imports_upward_or_sideways():
     bad = []
     for path, parts in _modules():
         if len(parts) == 1:
-            continue  # the package's facade (gemmgen/__init__, __main__) re-exports the public API
+            continue  # the package's facades (gemmgen/__init__, __main__, nn) re-export the public API
         layer = parts[0]
         for line, target in _imports(path, parts):
             to = target.split(".")[0]
