@@ -415,3 +415,75 @@ def test_sigterm_stops_a_run_on_several_gpus_as_ctrl_c_does(tmp_path, command):
             proc.wait()
     assert proc.returncode == 130, err
     assert f"gemmgen {command}: interrupted; results already stored are kept" in err
+
+
+def test_ctrl_c_of_a_run_on_several_gpus_prints_no_traceback(tmp_path):
+    """Regression: Ctrl-C of `tune --gpus 0,1` (SIGINT to the whole process group) printed a KeyboardInterrupt
+    traceback in 3 of 5 tries: from a process starting just then (a compile process importing gemmgen), or from a
+    worker hit by Ctrl-C and then by its parent's SIGTERM while winding up. The children now start with Ctrl-C
+    held back, and the parent stops them. (Timing-dependent: three tries.)"""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    from test_cli_tune import replay_file
+
+    replay = replay_file(tmp_path)
+    slow = json.loads(replay.read_text())
+    slow["delay_s"] = 1.0
+    replay.write_text(json.dumps(slow))
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    for attempt in range(3):
+        proc = subprocess.Popen([sys.executable, "-m", "gemmgen", "tune", "256", "256", "256", "--trials", "40",
+                                 "--gpu", "h100", "--replay", str(replay), "--gpus", "0,1", "--jobs", "1",
+                                 "--top-k", "3", "--storage", f"sqlite:///{tmp_path / f'studies{attempt}.db'}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        seen = []
+        try:
+            for line in proc.stderr:
+                seen.append(line)
+                if "TFLOP/s" in line:
+                    break
+            os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out = "".join(seen) + err
+        assert proc.returncode == 130, out
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+
+
+def _sigint_blocked(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) & (1 << (2 - 1)))  # SIGINT is signal 2
+    raise AssertionError("no SigBlk line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_the_tunes_child_processes_start_with_ctrl_c_held_back(tmp_path):
+    """Regression (the mechanism of the test above, deterministically): the measuring process and the compile
+    processes start with SIGINT blocked, so a Ctrl-C that reaches the whole process group while they start or
+    work is the tune's alone (it stops them); the tune's own Ctrl-C is not blocked."""
+    from test_cli_tune import replay_file
+
+    from gemmgen.tune.engines import PoolCompiler
+    from gemmgen.tune.worker import WorkerBenchmark, replay_factory
+
+    pool = PoolCompiler(1, task=str)
+    measurer = WorkerBenchmark(replay_factory(str(replay_file(tmp_path))), 10.0)
+    try:
+        assert pool.submit(1).result() == "1"
+        [compile_process] = list(pool._pool._processes.values())
+        measurer.start()
+        assert _sigint_blocked(compile_process.pid) and _sigint_blocked(measurer._proc.pid)
+        import os
+
+        assert not _sigint_blocked(os.getpid())
+    finally:
+        measurer.close()
+        pool.close()

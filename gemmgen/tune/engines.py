@@ -54,7 +54,10 @@ class PoolCompiler:
                                          initializer=_compile_worker_init, initargs=(os.getpid(),))
 
     def submit(self, kernel: Kernel) -> Future:
-        return self._pool.submit(self.task, kernel)
+        from .worker import sigint_held
+
+        with sigint_held():  # the pool starts its processes here, as they are needed
+            return self._pool.submit(self.task, kernel)
 
     def close(self, wait: bool = False) -> None:
         """Stop the pool; without `wait`, its processes are ended here: what they compile is not wanted, and such

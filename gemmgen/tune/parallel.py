@@ -27,6 +27,7 @@ from pathlib import Path
 from ..model.arch import Gpu
 from ..model.errors import InvalidInput, NoGpu, UserError
 from ..model.problem import Problem
+from .worker import sigint_held
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,8 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
         worker_options = replace(options, worker=spec.label, publish_only=True)
         proc = ctx.Process(target=_worker_main, name=f"gemmgen-worker-{spec.label}",
                            args=(problem, gpu, worker_options, spec, measurer_factory, engines_factory, results))
-        proc.start()
+        with sigint_held():  # Ctrl-C is this process's: it stops the workers (stop_workers), each once
+            proc.start()
         procs.append(proc)
     emit("workers", {"workers": [s.label for s in specs], "target": options.trials})
     reports: "dict[int, tuple]" = {}

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..model.arch import Gpu
 from ..model.errors import UserError
 from .parallel import WorkerSpec, WorkersFailed, enter_worker, stop_workers
+from .worker import sigint_held
 from .results import now, problem_key
 from .suite import Shape, SuiteReport, SuiteRow, row_for, same_as, suite_jobs, tune_row
 
@@ -119,7 +120,8 @@ def run_suite_on_gpus(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, opti
         proc = ctx.Process(target=_suite_worker, name=f"gemmgen-suite-{spec.label}",
                            args=(gpu, options, spec, measurer_factory, engines_factory, device, check_shapes,
                                  inboxes[spec.index], outbox))
-        proc.start()
+        with sigint_held():  # Ctrl-C is this process's: it stops the workers (stop_workers), each once
+            proc.start()
         procs.append(proc)
     emit("workers", {"workers": [s.label for s in specs], "jobs": len(jobs), "rows": len(plan)})
     book = _Dispatch(jobs)

@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -96,6 +97,26 @@ def gpu_benchmark():
     from .bench import GpuBenchmark
 
     return GpuBenchmark()
+
+
+@contextmanager
+def sigint_held():
+    """Ctrl-C held back (blocked, not lost: delivered when the block ends) while child processes start. A child
+    inherits the blocked SIGINT and keeps it for life, so the terminal's Ctrl-C, which reaches the whole process
+    group, is the starting process's alone, and it stops its children. A child starting (importing gemmgen) when
+    Ctrl-C came printed a KeyboardInterrupt traceback under the tune's 'interrupted' line, and a --gpus worker
+    hit by Ctrl-C and then by its parent's SIGTERM printed one while winding up. (multiprocessing starts its
+    resource tracker the same way.)"""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _serve(conn, factory: Callable[[], object]) -> None:
@@ -195,7 +216,8 @@ class WorkerBenchmark:
         ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA or DB handles
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(child, self.factory), daemon=True, name="gemmgen-measure")
-        proc.start()
+        with sigint_held():
+            proc.start()
         child.close()
         self._proc, self._conn, self._ready = proc, parent, False
 
