@@ -265,3 +265,29 @@ def test_bench_command_times_the_launches_of_the_device_it_runs_on(capsys, monke
                                 "mma": "64x128x16", "stages": 4, "warp_specialized": True, "persistent": True}))
     assert main(["bench", "4096", "4096", "4096", "--gpu", "h100-pcie", "--config", str(path), "--no-cublas"]) == 1
     assert measured[0]["launches"][0]["grid"] == [114, 1, 1]
+
+
+def test_the_tuners_measurements_launch_a_persistent_kernel_for_the_device_they_run_on():
+    # Regression: the tuner builds each manifest on the host for the catalogue's H100 SXM (132 SMs), and the
+    # measuring worker launched it as built, so on an H100 PCIe (114 SMs) every persistent kernel was timed with 18
+    # CTAs waiting for a second wave; gemmgen.load launched the same kernel with 114. Both now go through
+    # runtime.serve.device_manifest. A non-persistent kernel's launches are the device's anyway: kept as built.
+    from types import SimpleNamespace
+
+    from gemmgen import Problem
+    from gemmgen.model.arch import Arch
+    from gemmgen.model.tiles import Kernel, TileConfig
+    from gemmgen.runtime.manifest import make_manifest
+    from gemmgen.tune.bench.gpu import _on_device
+
+    problem = Problem.create(4096, 4096, 4096, "bf16", "row", "col")
+    base = {"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+            "warp_specialized": True}
+    pcie = SimpleNamespace(props=SimpleNamespace(sm_count=114))
+    persistent = make_manifest(Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict({**base, "persistent": True})),
+                               problem)
+    assert persistent["launches"][-1]["grid"][0] == 132
+    assert _on_device(persistent, problem, pcie, module=None)["launches"][-1]["grid"][0] == 114
+    plain = make_manifest(Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict({**base, "persistent": False})),
+                          problem)
+    assert _on_device(plain, problem, pcie, module=None) is plain

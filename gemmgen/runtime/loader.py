@@ -23,7 +23,7 @@ from ..model.errors import InvalidInput
 from ..model.files import load_json, read_text
 from ..model.problem import Layout, Problem, Scaling
 from .bundle import runs_on, verify
-from .serve import kernel_of, manifest_for, problem_from_shapes
+from .serve import device_manifest, kernel_of, problem_from_shapes
 
 MANIFEST_FORMAT = "gemmgen-manifest/1"
 BOUND_SEQUENCES = 16  # launch sequences kept bound to recently seen arrays (weights stay, activations rotate)
@@ -485,19 +485,8 @@ class LoadedKernel:
         return dev.prepare(manifest, self._module, pointers, workspace)
 
     def _manifest_for(self, problem: Problem, dev) -> dict:
-        """The launches for a problem other than the bundle's: the grid of a persistent cluster kernel follows
-        how many clusters the device holds at once (cuOccupancyMaxActiveClusters)."""
-        built = manifest_for(self.manifest, self.kernel, problem, dev.props.sm_count)
-        # The GEMM launch (pack launches, where a family has them, come before it under other entry names).
-        main = next((l for l in built["launches"] if l["entry"] == self.kernel.name), built["launches"][0])
-        if getattr(self.kernel.config, "persistent", False) and main.get("cluster", [1, 1, 1])[0] > 1:
-            from . import tma
-
-            function = self._module.function(main["entry"])
-            function.set_dynamic_smem(int(main.get("dynamic_smem", 0)))
-            clusters = tma.max_active_clusters(function.handle, main)
-            built = manifest_for(self.manifest, self.kernel, problem, dev.props.sm_count, clusters)
-        return built
+        """The launches for a problem other than the bundle's, or for a persistent kernel on this device."""
+        return device_manifest(self.manifest, self.kernel, problem, dev.props.sm_count, self._module)
 
     def _workspace_for(self, dev, nbytes: int):
         """The kernel's workspace, grown (and every binding to the old one dropped) when a problem needs more."""

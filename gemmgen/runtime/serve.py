@@ -85,6 +85,25 @@ def manifest_for(manifest: dict, kernel: Kernel, problem: Problem, sm_count: "in
                 workspace_zero=built.workspace_zero)
 
 
+def device_manifest(manifest: dict, kernel: Kernel, problem: Problem, sm_count: int, module) -> dict:
+    """`manifest`'s launches for `problem` on a device of `sm_count` SMs, whose loaded `module` holds the kernel: a
+    persistent grid (and a Stream-K workspace) follows the device's SMs, and a persistent cluster kernel's grid the
+    clusters the device holds at once (cuOccupancyMaxActiveClusters). A manifest is built on a host that may have no
+    GPU, for the catalogue's H100 SXM (132 SMs): launched as is on an H100 PCIe (114), 18 CTAs of a persistent grid
+    would wait for a second wave. gemmgen.load and the tuner's measurements launch through this."""
+    built = manifest_for(manifest, kernel, problem, sm_count)
+    # The GEMM launch (pack launches, where a family has them, come before it under other entry names).
+    main = next((l for l in built["launches"] if l["entry"] == kernel.name), built["launches"][0])
+    if getattr(kernel.config, "persistent", False) and main.get("cluster", [1, 1, 1])[0] > 1:
+        from . import tma
+
+        function = module.function(main["entry"])
+        function.set_dynamic_smem(int(main.get("dynamic_smem", 0)))
+        clusters = tma.max_active_clusters(function.handle, main)
+        built = manifest_for(manifest, kernel, problem, sm_count, clusters)
+    return built
+
+
 def keep_exported_params(launches: "list[dict]", exported: "list[dict]") -> "list[dict]":
     """`launches` with each entry's parameters cut to those the exported launch of the same entry lists: a bundle
     from an earlier gemmgen was compiled for the parameter list it shipped with (sm90 kernels exported before
@@ -106,4 +125,4 @@ def keep_exported_params(launches: "list[dict]", exported: "list[dict]") -> "lis
     return out
 
 
-__all__ = ["check_serves", "keep_exported_params", "kernel_of", "manifest_for", "problem_from_shapes"]
+__all__ = ["check_serves", "device_manifest", "keep_exported_params", "kernel_of", "manifest_for", "problem_from_shapes"]

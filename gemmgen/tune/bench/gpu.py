@@ -33,6 +33,18 @@ class _OperandSet:
     pointers: GemmPointers
 
 
+def _on_device(manifest: dict, problem: Problem, dev, module) -> dict:
+    """`manifest` with a persistent kernel's launches for this device, as gemmgen.load launches it
+    (runtime.serve.device_manifest): the tuner builds manifests on the host for the catalogue's H100 SXM, so on an
+    H100 PCIe a persistent grid of 132 CTAs had 18 waiting for a second wave in every measurement."""
+    from ...runtime.serve import device_manifest, kernel_of
+
+    kernel = kernel_of(manifest)
+    if kernel is None or not getattr(kernel.config, "persistent", False):
+        return manifest
+    return device_manifest(manifest, kernel, problem, dev.props.sm_count, module)
+
+
 class GpuBenchmark:
     """Verifies and times kernels on one GPU. Constructing it touches no GPU: the context opens on first use,
     so it can be built in a parent and used in a worker (it pickles as its settings)."""
@@ -138,6 +150,7 @@ class GpuBenchmark:
         dev.make_current()
         module = dev.load(cubin)
         try:
+            manifest = _on_device(manifest, problem, dev, module)
             workspace = self._workspace_for(int(manifest.get("workspace_bytes", 0) or 0))
             # A mixed fp8 pair is held to the looser of its two inputs' floors.
             limit = max(threshold(problem.c_dtype, problem.k, dt) for dt in (problem.a_dtype, problem.b_dtype))
