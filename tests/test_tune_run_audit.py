@@ -487,3 +487,41 @@ def test_the_tunes_child_processes_start_with_ctrl_c_held_back(tmp_path):
     finally:
         measurer.close()
         pool.close()
+
+
+# --- resuming a tune killed in its finalist round ---------------------------------------------------------------
+
+def test_rerun_after_a_kill_in_the_finalist_round_leads_at_once(capsys, tmp_path, monkeypatch):
+    """Regression: `kill -9` of a tune while it re-measured its finalists left its lease in the study, and the rerun
+    of the same command waited out --grace (60 s), saying nothing, before leading the round itself, although the
+    leader was a process of this host that had ended. The rerun now leads at once."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from test_cli_tune import replay_file
+
+    replay = replay_file(tmp_path)
+    slow = json.loads(replay.read_text())
+    slow["delay_s"] = 0.3
+    replay.write_text(json.dumps(slow))
+    argv = ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay), "--trials", "3", "--top-k", "3",
+            "--finalists", "2", "--rounds", "3", "--jobs", "1", "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
+    proc = subprocess.Popen([sys.executable, "-m", "gemmgen", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
+                            start_new_session=True)
+    try:
+        for line in proc.stderr:
+            if "re-measuring the best" in line:
+                break
+        time.sleep(0.5)  # the round is under way, the lease held
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    start = time.monotonic()
+    assert main(argv + ["--no-progress"]) == 0
+    assert time.monotonic() - start < 40  # --grace is 60
+    assert "winner:" in capsys.readouterr().out

@@ -206,6 +206,12 @@ class Progress:
             lead = f"; leading {info['leader']} at {info['leader_s'] * 1e3:.4f} ms" if info.get("leader") else ""
             blas = f", cuBLAS {info['cublas_s'] * 1e3:.4f} ms" if info.get("cublas_s") else ""
             print(f"{self.label}  round {info['round']}/{info['rounds']}{lead}{blas}", file=sys.stderr)
+        elif kind == "awaiting_leader":  # another process leads the finalist round: say why nothing moves
+            print(f"{self.label}waiting for finalist round {info['round'] + 1}, which another worker leads (one that "
+                  "is gone is replaced once its lease is older than --grace)", file=sys.stderr)
+        elif kind == "awaiting_workers":
+            print(f"{self.label}waiting for {info['running']} trials other workers are measuring before the "
+                  "finalist round", file=sys.stderr)
         elif kind == "warning":
             print(f"{self.label}  warning: {info['message']}", file=sys.stderr)
         elif kind == "done":

@@ -63,7 +63,10 @@ class Leadership:
             except optuna.exceptions.DuplicatedStudyError:
                 held = optuna.load_study(study_name=name, storage=self.storage)
                 lease = held.user_attrs.get("lease")
-                if lease is None or time.time() - float(lease) <= self.options.grace_s:
+                # A leader of this host whose process has ended (killed outright) is gone now: the rerun of a tune
+                # killed in its finalist round waited out --grace (60 s), silently, before leading the round.
+                if not _process_ended(held.user_attrs.get("owner")) and \
+                        (lease is None or time.time() - float(lease) <= self.options.grace_s):
                     return None
                 attempt += 1  # its leader went silent: the next attempt's lock is free to take
                 continue
@@ -136,6 +139,24 @@ class Leadership:
 
             self.cublas_time_s = statistics.median(self.cublas_times_s)
         self.adopted_from = round_.get("worker") or round_.get("owner")
+
+
+def _process_ended(owner: "str | None") -> bool:
+    """Whether `owner` ('host:pid', as _owner writes it) was a process of this host that has ended. Another
+    host's process, or a live one, is judged by its lease instead."""
+    import os
+    import socket
+
+    host, _, pid = str(owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
 
 
 def finalist_from_dict(d: dict, flops: int) -> Finalist:
