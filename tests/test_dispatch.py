@@ -451,3 +451,29 @@ def test_a_call_seen_before_costs_one_key_lookup_and_a_new_shape_binds_its_bucke
     assert binds == [(small, 5), (large, 3000), (small, 7), (small, 5)]
     with pytest.raises(InvalidInput, match="N x K must be one the dispatch table covers"):
         gemm(_Tensor(0x60000, (5, 1024)), _Tensor(0x70000, (1024, 4096)), D1)
+    # A stream is a handle or a torch/cupy stream object, as gemmgen.load takes it (the fast path went through
+    # int(): a torch.cuda.Stream was a bare TypeError, and the text '1' ran on stream 1).
+    gemm(A1, B, D1, stream=SimpleNamespace(cuda_stream=11))
+    assert runs[-1] == (small, 11)
+    with pytest.raises(InvalidInput, match="stream must be a CUDA stream"):
+        gemm(A1, B, D1, stream="1")
+
+
+def test_a_dispatch_table_nested_thousands_deep_is_named_not_a_recursion_error(tmp_path):
+    (tmp_path / "dispatch.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(InvalidInput, match="dispatch.json must be readable JSON"):
+        load_dispatch(tmp_path)
+
+
+def test_an_array_with_only_the_cuda_array_interface_is_refused_by_its_own_shape():
+    # Such an object has no .shape: the refusal said 'must be 2-D ... got ((), ())' for a 3-D array.
+    from gemmgen.runtime.dispatch import DispatchKernel
+
+    class Cai:
+        def __init__(self, shape):
+            self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f2", "data": (0x10000, False),
+                                             "version": 3, "strides": None}
+
+    gemm = DispatchKernel({}, {}, {})
+    with pytest.raises(InvalidInput, match=r"2-D arrays.*\(2, 3, 4\)"):
+        gemm(Cai((2, 3, 4)), Cai((4, 5)), Cai((3, 5)))

@@ -22,13 +22,13 @@ looks up the bucket (bisect on M) and binds the kernel (checks, parameters, tens
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.errors import InvalidInput
+from ..model.files import load_json, read_text
 from ..model.problem import Problem
-from .loader import LoadedKernel, _torch_key, _torch_stream, read_bundle
+from .loader import LoadedKernel, _torch_key, _torch_stream, describe_array, read_bundle, stream_handle
 from .serve import check_serves, kernel_of
 
 DISPATCH_FORMAT = "gemmgen-dispatch/1"
@@ -130,10 +130,10 @@ def read_dispatch(folder: "str | Path") -> "tuple[dict, dict[tuple[int, int], Ta
     """(dispatch.json payload, tables, kernel name -> (manifest, cubin, path)), every part checked."""
     folder = Path(folder)
     path = folder / DISPATCH_FILE
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidInput("dispatch.json must be readable JSON", str(path), str(exc).splitlines()[0]) from None
+    try:   # through the files reader, as manifests are: a size limit, and nesting thousands deep is named
+        payload = load_json("dispatch.json", read_text("dispatch.json", path), str(path))
+    except InvalidInput as exc:
+        raise InvalidInput("dispatch.json must be readable JSON", str(path), exc.rule) from None
     tables = parse_tables(payload)
     try:
         base = Problem.from_dict(payload["problem"])
@@ -200,7 +200,7 @@ class DispatchKernel:
             hit = self._bind(key, A, B, D, C, bias)
         run, ordinal, set_current = hit[0], hit[1], hit[2]
         set_current()  # the caller may have made another device's context current
-        run(_torch_stream(ordinal) if stream is None else int(stream))
+        run(_torch_stream(ordinal) if stream is None else stream if type(stream) is int else stream_handle(stream))
         return D
 
     def bind(self, A, B, D, C=None, bias=None):
@@ -233,8 +233,9 @@ class DispatchKernel:
         return entry
 
     def _call_any(self, A, B, D, C, bias, stream):
-        """Arrays of another library (cupy, numba): the bucket's kernel, which keys and checks them itself."""
-        shape_a, shape_b = tuple(getattr(A, "shape", ())), tuple(getattr(B, "shape", ()))
+        """Arrays of another library (cupy, numba): the bucket's kernel, which keys and checks them itself. Their
+        shapes as the loader reads them (an object with only __cuda_array_interface__ has no .shape)."""
+        shape_a, shape_b = (tuple(describe_array(x, name, stream=False).shape) for x, name in ((A, "A"), (B, "B")))
         if len(shape_a) != 2 or len(shape_b) != 2:
             raise InvalidInput("A and B must be 2-D arrays on the GPU (A: M x K, B: K x N)", (shape_a, shape_b))
         return self.kernel_for(shape_a[0], shape_b[1], shape_a[1])(A, B, D, C=C, bias=bias, stream=stream)
