@@ -70,3 +70,23 @@ class PgServer:
             self.pg_ctl("stop", "-m", "immediate")
         except subprocess.CalledProcessError:
             pass
+
+
+def running_server():
+    """A started server in a fresh folder for one test (a pytest fixture's body: `yield from running_server()`);
+    skips the test where initdb and pg_ctl are not installed; stops the server and removes the folder after."""
+    import tempfile
+
+    import pytest
+
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
+    root = Path(tempfile.mkdtemp(prefix="gemmgen-pg-"))  # not under pytest's 0700 tmp: the server may be nobody
+    os.chmod(root, 0o755)
+    server = PgServer(bin_dir, root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)

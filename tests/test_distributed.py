@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import test_search
-from pg_server import PgServer, find_pg_bin
+from pg_server import running_server
 from gemmgen.tune.worker import ReplayBenchmark
 
 # 100 trials: every claim reads every trial of the study, so a run costs ~TRIALS^2 storage reads. Alone on 2 cores
@@ -172,15 +172,7 @@ def results_dir(monkeypatch):
 
 @pytest.fixture
 def postgres():
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
-    root = Path(tempfile.mkdtemp(prefix="gemmgen-pg-"))  # not under pytest's 0700 tmp: the server may be nobody
-    os.chmod(root, 0o755)
-    server = PgServer(bin_dir, root).start()
-    yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    yield from running_server()
 
 
 def test_four_workers_on_postgresql_share_one_study_and_survive_a_killed_worker(postgres, results_dir):

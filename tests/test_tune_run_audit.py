@@ -77,22 +77,10 @@ def test_gpus_with_a_shape_set_is_refused_not_ignored(capsys, tmp_path):
 
 @pytest.fixture
 def postgres():
-    import os
-    import shutil
-    import tempfile
-
-    from pg_server import PgServer, find_pg_bin
-
     pytest.importorskip("psycopg2")
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
-    root = Path(tempfile.mkdtemp(prefix="gemmgen-pg-"))  # not under pytest's 0700 tmp: the server may be nobody
-    os.chmod(root, 0o755)
-    server = PgServer(bin_dir, root).start()
-    yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    from pg_server import running_server
+
+    yield from running_server()
 
 
 @pytest.mark.parametrize("swap, words", [(("/studies?", "/nosuchdb?"), 'database "nosuchdb" does not exist'),
@@ -170,6 +158,78 @@ def test_a_read_only_sqlite_database_is_refused_at_once_saying_so(capsys, tmp_pa
 
 # --- a tune killed outright leaves no process behind -------------------------------------------------------------
 
+def _still_alive_after(pids: "list[int]", seconds: float) -> "list[int]":
+    """Those of `pids` still running after up to `seconds` of waiting for them to end; killed, being the test's own
+    strays (by id)."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _ctrl_c(proc) -> "tuple[str, str]":
+    """Ctrl-C to `proc`'s whole session (SIGINT, as a terminal sends it), then its remaining output (stdout,
+    stderr); killed outright if it has not ended within two minutes."""
+    import os
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _slow_replay(tmp_path, delay_s: float) -> Path:
+    """A replay file (simulated GPU) whose every measurement takes `delay_s`, so a signal lands mid-run."""
+    import json
+
+    from test_cli_tune import replay_file
+
+    replay = replay_file(tmp_path)
+    slow = json.loads(replay.read_text())
+    slow["delay_s"] = delay_s
+    replay.write_text(json.dumps(slow))
+    return replay
+
+
+def _start_on_two_gpus(tmp_path, command: str, replay: Path, storage: str = "studies.db"):
+    """`tune` or `suite` of one 256^3 shape on two simulated GPUs (--gpus 0,1 over `replay`), in a session of its own
+    (a signal to its group reaches every process of the run), stderr piped."""
+    import os
+    import subprocess
+
+    if command == "tune":
+        argv = ["tune", "256", "256", "256", "--trials", "40"]
+    else:
+        shapes = tmp_path / "shapes.yaml"
+        shapes.write_text("shapes:\n  - {name: t1, M: 256, N: 256, K: 256}\n")
+        argv = ["suite", str(shapes), "--dtypes", "bf16", "--trials", "40", "--patience", "40"]
+    return subprocess.Popen([sys.executable, "-m", "gemmgen", *argv, "--gpu", "h100", "--replay", str(replay),
+                             "--gpus", "0,1", "--jobs", "1", "--top-k", "3",
+                             "--storage", f"sqlite:///{tmp_path / storage}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(HERE.parent)), start_new_session=True)
+
+
+def _until_measured(proc, seen: "list[str] | None" = None) -> None:
+    """Read `proc`'s stderr (into `seen`) until a trial was measured: every worker is up."""
+    for line in proc.stderr:
+        if seen is not None:
+            seen.append(line)
+        if "TFLOP/s" in line:
+            break
+
+
 def _children(pid: int) -> "list[int]":
     """The live processes whose parent is `pid` (Linux /proc)."""
     found = []
@@ -200,7 +260,6 @@ def test_the_compile_pool_ends_when_the_tune_is_killed_outright():
     for every killed tune. They now end within seconds of the tune."""
     import signal
     import subprocess
-    import time
 
     script = ("from gemmgen.tune.engines import PoolCompiler\n"
               "pool = PoolCompiler(2, task=str)\n"
@@ -216,14 +275,7 @@ def test_the_compile_pool_ends_when_the_tune_is_killed_outright():
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
-        time.sleep(0.2)
-    left = [pid for pid in children if _alive(pid)]
-    for pid in left:  # the test's own strays, by id
-        import os
-
-        os.kill(pid, signal.SIGKILL)
+    left = _still_alive_after(children, 15)
     assert not left, f"processes left running after the tune was killed: {left}"
 
 
@@ -231,17 +283,10 @@ def test_ctrl_c_mid_measurement_prints_no_traceback_from_the_tunes_processes(tmp
     """Regression: Ctrl-C (SIGINT to the terminal's whole process group) while a trial was measured printed the
     measuring process's KeyboardInterrupt traceback, and one per idle NVRTC compile process, above 'interrupted;
     results already stored are kept'. The tune's own processes now leave Ctrl-C to it."""
-    import json
     import os
-    import signal
     import subprocess
 
-    from test_cli_tune import replay_file
-
-    replay = replay_file(tmp_path)
-    slow = json.loads(replay.read_text())
-    slow["delay_s"] = 2.0  # each measurement: Ctrl-C lands inside one
-    replay.write_text(json.dumps(slow))
+    replay = _slow_replay(tmp_path, 2.0)   # each measurement: Ctrl-C lands inside one
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
     proc = subprocess.Popen([sys.executable, "-m", "gemmgen", "tune", "256", "256", "256", "--gpu", "h100",
                              "--replay", str(replay), "--trials", "6", "--top-k", "3", "--jobs", "2",
@@ -254,12 +299,8 @@ def test_ctrl_c_mid_measurement_prints_no_traceback_from_the_tunes_processes(tmp
             seen.append(line)
             if " trial 1/6 " in line or line.startswith("trial 1/6 "):
                 break  # the second trial is being measured now
-        os.killpg(proc.pid, signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        rest, _ = _ctrl_c(proc)
     out = "".join(seen) + rest
     assert any("trial 1/6" in line for line in seen), out
     assert proc.returncode == 130, out
@@ -282,46 +323,18 @@ def test_workers_of_gpus_stop_when_their_parent_is_killed_outright(tmp_path, com
     """Regression: after `kill -9` of `tune --gpus 0,1` its workers went on tuning (holding their GPUs) until
     --trials were done, with no one left to write the record, and a `suite --gpus` worker waited for its next
     shape for good, with its measuring and compile processes. Every process of the run now ends within seconds."""
-    import json
-    import os
     import signal
-    import subprocess
-    import time
 
-    from test_cli_tune import replay_file
-
-    replay = replay_file(tmp_path)
-    slow = json.loads(replay.read_text())
-    slow["delay_s"] = 1.0
-    replay.write_text(json.dumps(slow))
-    if command == "tune":
-        argv = ["tune", "256", "256", "256", "--trials", "40"]
-    else:
-        shapes = tmp_path / "shapes.yaml"
-        shapes.write_text("shapes:\n  - {name: t1, M: 256, N: 256, K: 256}\n")
-        argv = ["suite", str(shapes), "--dtypes", "bf16", "--trials", "40", "--patience", "40"]
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    proc = subprocess.Popen([sys.executable, "-m", "gemmgen", *argv, "--gpu", "h100", "--replay", str(replay),
-                             "--gpus", "0,1", "--jobs", "1", "--top-k", "3",
-                             "--storage", f"sqlite:///{tmp_path / 'studies.db'}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = _start_on_two_gpus(tmp_path, command, _slow_replay(tmp_path, 1.0))
     try:
-        for line in proc.stderr:
-            if "TFLOP/s" in line:  # a trial was measured: every worker is up
-                break
+        _until_measured(proc)
         family = _descendants(proc.pid)
         assert len(family) >= 4  # two workers, each with a measuring process (and compile pools, trackers)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stderr.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(pid) for pid in family):
-        time.sleep(0.5)
-    left = [pid for pid in family if _alive(pid)]
-    for pid in left:  # the test's own strays, by id
-        os.kill(pid, signal.SIGKILL)
+    left = _still_alive_after(family, 30)
     assert not left, f"{len(left)} of the run's {len(family)} processes still running 30 s after it was killed"
 
 
@@ -380,33 +393,12 @@ def test_sigterm_stops_a_run_on_several_gpus_as_ctrl_c_does(tmp_path, command):
     """Regression: SIGTERM (a batch system's time limit) to `tune --gpus 0,1` or `suite --gpus 0,1` killed the
     command outright, exit status 143 with nothing said, where a one-GPU tune says 'interrupted; results already
     stored are kept' (exit 130). It now stops the workers and says so."""
-    import json
     import os
     import signal
-    import subprocess
 
-    from test_cli_tune import replay_file
-
-    replay = replay_file(tmp_path)
-    slow = json.loads(replay.read_text())
-    slow["delay_s"] = 1.0
-    replay.write_text(json.dumps(slow))
-    if command == "tune":
-        argv = ["tune", "256", "256", "256", "--trials", "40"]
-    else:
-        shapes = tmp_path / "shapes.yaml"
-        shapes.write_text("shapes:\n  - {name: t1, M: 256, N: 256, K: 256}\n")
-        argv = ["suite", str(shapes), "--dtypes", "bf16", "--trials", "40", "--patience", "40"]
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    proc = subprocess.Popen([sys.executable, "-m", "gemmgen", *argv, "--gpu", "h100", "--replay", str(replay),
-                             "--gpus", "0,1", "--jobs", "1", "--top-k", "3",
-                             "--storage", f"sqlite:///{tmp_path / 'studies.db'}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = _start_on_two_gpus(tmp_path, command, _slow_replay(tmp_path, 1.0))
     try:
-        for line in proc.stderr:
-            if "TFLOP/s" in line:  # a trial was measured: every worker is up
-                break
+        _until_measured(proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -422,36 +414,14 @@ def test_ctrl_c_of_a_run_on_several_gpus_prints_no_traceback(tmp_path):
     traceback in 3 of 5 tries: from a process starting just then (a compile process importing gemmgen), or from a
     worker hit by Ctrl-C and then by its parent's SIGTERM while winding up. The children now start with Ctrl-C
     held back, and the parent stops them. (Timing-dependent: three tries.)"""
-    import json
-    import os
-    import signal
-    import subprocess
-
-    from test_cli_tune import replay_file
-
-    replay = replay_file(tmp_path)
-    slow = json.loads(replay.read_text())
-    slow["delay_s"] = 1.0
-    replay.write_text(json.dumps(slow))
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    replay = _slow_replay(tmp_path, 1.0)
     for attempt in range(3):
-        proc = subprocess.Popen([sys.executable, "-m", "gemmgen", "tune", "256", "256", "256", "--trials", "40",
-                                 "--gpu", "h100", "--replay", str(replay), "--gpus", "0,1", "--jobs", "1",
-                                 "--top-k", "3", "--storage", f"sqlite:///{tmp_path / f'studies{attempt}.db'}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+        proc = _start_on_two_gpus(tmp_path, "tune", replay, storage=f"studies{attempt}.db")
         seen = []
         try:
-            for line in proc.stderr:
-                seen.append(line)
-                if "TFLOP/s" in line:
-                    break
-            os.killpg(proc.pid, signal.SIGINT)
-            _, err = proc.communicate(timeout=120)
+            _until_measured(proc, seen)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _, err = _ctrl_c(proc)
         out = "".join(seen) + err
         assert proc.returncode == 130, out
         assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
@@ -495,18 +465,12 @@ def test_rerun_after_a_kill_in_the_finalist_round_leads_at_once(capsys, tmp_path
     """Regression: `kill -9` of a tune while it re-measured its finalists left its lease in the study, and the rerun
     of the same command waited out --grace (60 s), saying nothing, before leading the round itself, although the
     leader was a process of this host that had ended. The rerun now leads at once."""
-    import json
     import os
     import signal
     import subprocess
     import time
 
-    from test_cli_tune import replay_file
-
-    replay = replay_file(tmp_path)
-    slow = json.loads(replay.read_text())
-    slow["delay_s"] = 0.3
-    replay.write_text(json.dumps(slow))
+    replay = _slow_replay(tmp_path, 0.3)
     argv = ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(replay), "--trials", "3", "--top-k", "3",
             "--finalists", "2", "--rounds", "3", "--jobs", "1", "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
     proc = subprocess.Popen([sys.executable, "-m", "gemmgen", *argv], stdout=subprocess.DEVNULL,
