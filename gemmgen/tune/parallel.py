@@ -125,6 +125,12 @@ def enter_worker(options, spec: WorkerSpec) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
 
     def _interrupt(signum, frame):
+        # The stop may land inside SQLAlchemy's fetch of a storage call, which then logs the KeyboardInterrupt
+        # with its traceback ("Error closing cursor") before letting it through: the stop is deliberate, so
+        # the storage's error log is silenced for the rest of this worker (seen in CI under load, 2026-11-28).
+        import logging
+
+        logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL + 1)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _interrupt)
