@@ -245,3 +245,18 @@ def test_the_problem_constructor_refuses_a_name_where_it_takes_a_model_type(fiel
     # ('str' object has no attribute 'bytes'); names are Problem.create's.
     with pytest.raises(InvalidInput, match=rf"Problem's {field} must be a \w+ \(Problem.create takes names"):
         Problem(64, 64, 64, **{field: value})
+
+
+def test_predict_takes_a_catalogue_name_as_roofline_does():
+    # Found 2026-11-28: predict(p, config, "h100") was an AttributeError ('str' object has no attribute 'arch'),
+    # though roofline() and peak_per_sm() in the same README example take names.
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.predict import predict
+    from gemmgen.rank.space import default_config
+
+    p = Problem.create(4096, 4096, 4096, "bf16")
+    h100 = lookup_gpu("h100")
+    config = default_config(p, h100)
+    assert predict(p, config, "h100").time_s == predict(p, config, h100).time_s > 0
+    with pytest.raises(InvalidInput, match="GPU must be one of"):
+        predict(p, config, "h1000")

@@ -16,7 +16,7 @@ from .. import families
 from ..calc.intensity import ACC_BYTES, Level, cta_level, mma_level, smem_level, warp_level
 from ..families.base import ModelTraits
 from ..families.rules import check, ctas_per_sm
-from ..model.arch import DType, Gpu
+from ..model.arch import DType, Gpu, lookup_gpu
 from ..model.errors import InvalidConfig
 from ..model.problem import Problem
 from ..model.tiles import DecompKind, Kernel, RasterOrder, TileConfig, streamk_remainder
@@ -218,7 +218,7 @@ def footprint(wave: int, tiles_m: int, tiles_n: int, order: RasterOrder, group: 
     return panel, min(tiles_n, math.ceil(wave / panel))
 
 
-def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams | None" = None) -> Prediction:
+def predict(problem: Problem, config: TileConfig, gpu: "Gpu | str", params: "ModelParams | None" = None) -> Prediction:
     """Predicted time of `config` on `problem` and `gpu` (with the model's free parameters `params`, by default
     the constants above); raises InvalidConfig if it cannot run.
 
@@ -231,6 +231,7 @@ def predict(problem: Problem, config: TileConfig, gpu: Gpu, params: "ModelParams
     and overheads are the launch(es), the split-K reduction pass and, for non-persistent kernels,
     each wave's pipeline fill and epilogue.
     """
+    gpu = lookup_gpu(gpu)   # a catalogue name ("h100") too, as roofline() and peak_per_sm() take
     violations = check(config, gpu, problem=problem)
     if violations:
         raise InvalidConfig(Kernel(gpu.arch, problem.operands, config).name, violations)
