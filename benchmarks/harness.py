@@ -181,7 +181,7 @@ def compile_plans(plans, arch) -> list:
 def suite_problems(paths, only: "str | None" = None, dtype: str = "bf16") -> "list[tuple[str, object]]":
     """(name, Problem) of every shape of the suite files at `paths` (or of those named in `only`, comma-separated),
     read and checked as `gemmgen suite` reads them (a bad file or name is a SuiteFileError naming the rule)."""
-    from gemmgen.tune.suite import load_suites, select
+    from gemmgen.tune.suite_file import load_suites, select
 
     shapes = select(load_suites(list(paths)), only, ", ".join(map(str, paths)))
     return [(s.name, s.problem(dtype)) for s in shapes]

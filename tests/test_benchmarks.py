@@ -59,7 +59,7 @@ def test_space_check_picks_a_feasible_case_for_every_configuration_of_every_fami
 def test_the_random_suite_is_reproducible_and_a_valid_suite_file(tmp_path):
     """benchmarks/random_suite.py: the same seed gives the same file (the checked-in random-seed11.yaml is that
     file), and what it writes loads as a suite of problems every dimension and layout of which is accepted."""
-    from gemmgen.tune.suite import load_shapes
+    from gemmgen.tune.suite_file import load_shapes
 
     def draw(seed: int, count: int) -> str:
         done = subprocess.run([sys.executable, str(BENCH / "random_suite.py"), "--seed", str(seed), "--count",

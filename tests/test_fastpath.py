@@ -10,7 +10,8 @@ import pytest
 
 from gemmgen.model.errors import InvalidInput
 from gemmgen.runtime.launch import LaunchSequence, PreparedLaunch, pack_params
-from gemmgen.runtime.loader import ArrayInfo, BoundLaunch
+from gemmgen.runtime.arrays import ArrayInfo
+from gemmgen.runtime.loader import BoundLaunch
 
 PARAMS = [{"name": "A", "kind": "tensor"}, {"name": "B", "kind": "tensor"}, {"name": "D", "kind": "tensor"},
           {"name": "M", "kind": "scalar", "ctype": "int", "value": 64}]

@@ -186,13 +186,13 @@ def test_a_served_shape_gets_scale_vectors_of_its_own_lengths():
 
 
 def _info(shape, strides=None, dtype="float32"):
-    from gemmgen.runtime.loader import ArrayInfo
+    from gemmgen.runtime.arrays import ArrayInfo
 
     return ArrayInfo(0x1000, tuple(shape), tuple(strides or (1,) * len(shape)), dtype, 0, 0)
 
 
 def test_the_loader_takes_scale_vectors_flat_or_in_scaled_mm_s_rowwise_shapes():
-    from gemmgen.runtime.loader import check_operand
+    from gemmgen.runtime.arrays import check_operand
 
     problem = rowcol()
     for shape, strides in (((1000,), (1,)), ((1000, 1), (1, 1))):
@@ -210,14 +210,14 @@ def test_the_loader_takes_scale_vectors_flat_or_in_scaled_mm_s_rowwise_shapes():
     ("scale_b", (777, 1), r"scale_b must hold 777 float32 values"),
 ])
 def test_the_loader_refuses_scale_vectors_of_the_wrong_length(name, shape, why):
-    from gemmgen.runtime.loader import check_operand
+    from gemmgen.runtime.arrays import check_operand
 
     with pytest.raises(InvalidInput, match=why):
         check_operand(name, _info(shape), rowcol())
 
 
 def test_the_loader_refuses_a_strided_or_non_float32_scale_vector():
-    from gemmgen.runtime.loader import check_operand
+    from gemmgen.runtime.arrays import check_operand
 
     with pytest.raises(InvalidInput, match="scale_a must be row-major with element strides"):
         check_operand("scale_a", _info((1000,), (2,)), rowcol())
@@ -226,7 +226,7 @@ def test_the_loader_refuses_a_strided_or_non_float32_scale_vector():
 
 
 def test_a_per_tensor_kernel_refuses_a_scale_vector():
-    from gemmgen.runtime.loader import check_operand
+    from gemmgen.runtime.arrays import check_operand
 
     problem = Problem.create(1000, 777, 1104, "e4m3", "row", "col")
     check_operand("scale_a", _info(()), problem)
@@ -350,7 +350,7 @@ def test_block_scaled_sass_runs_qgmma_with_no_local_memory(path):
 
 
 def test_block_manifests_name_both_scale_matrices_and_the_loader_checks_them():
-    from gemmgen.runtime.loader import check_operand
+    from gemmgen.runtime.arrays import check_operand
 
     problem = block()
     manifest = _manifest(problem, sm90(**dict(BLOCK_SQUARE, decomposition={"kind": "splitk", "splits": 3})))

@@ -226,7 +226,7 @@ def test_dtypes_no_family_takes_are_refused_up_front_listing_the_supported_ones(
 
 def test_the_supported_dtypes_come_from_the_family_registry(monkeypatch):
     from gemmgen.rank.space import check_target
-    from gemmgen.tune.suite import parse_dtypes
+    from gemmgen.tune.suite_file import parse_dtypes
 
     h100 = lookup_gpu("h100")
     hopper = families.get("sm90_wgmma")

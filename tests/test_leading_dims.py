@@ -13,7 +13,7 @@ from gemmgen.model.errors import InvalidInput
 from gemmgen.rank.predict import predict
 from gemmgen.rank.ranking import rank_configs
 from gemmgen.rank.space import default_config, enumerate_space, heuristic_time
-from gemmgen.runtime.loader import expected_layout
+from gemmgen.runtime.arrays import expected_layout
 from gemmgen.runtime.manifest import make_manifest
 from gemmgen.runtime.serve import check_serves, manifest_for, problem_from_shapes
 
@@ -176,7 +176,7 @@ def test_the_tuners_benchmark_allocates_views_with_gaps_and_compares_inside_them
 
 def test_tune_takes_leading_dimensions_for_one_shape_and_refuses_them_for_a_shape_set(capsys, tmp_path):
     from gemmgen.cli import main
-    from gemmgen.tune.suite import SuiteFileError, load_shapes
+    from gemmgen.tune.suite_file import SuiteFileError, load_shapes
 
     out = tmp_path / "bundle"
     assert main(["tune", "256", "192", "128", "--lda", "131", "--ldc", "200", "--gpu", "h100", "--dry-run",

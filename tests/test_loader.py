@@ -12,7 +12,8 @@ import pytest
 
 import gemmgen
 from gemmgen.model.errors import InvalidInput
-from gemmgen.runtime.loader import ArrayInfo, check_operand, describe_array, find_manifest, read_bundle
+from gemmgen.runtime.arrays import ArrayInfo, check_operand, describe_array
+from gemmgen.runtime.loader import find_manifest, read_bundle
 from gemmgen.model.problem import Problem
 from gemmgen.tune.naive import naive_manifest
 
@@ -206,7 +207,7 @@ def test_a_stream_is_a_handle_or_a_torch_or_cupy_stream_and_anything_else_is_nam
     # '1' launched on stream 1.
     from types import SimpleNamespace
 
-    from gemmgen.runtime.loader import stream_handle
+    from gemmgen.runtime.arrays import stream_handle
 
     assert stream_handle(SimpleNamespace(cuda_stream=0x1234)) == 0x1234   # torch.cuda.Stream
     assert stream_handle(SimpleNamespace(ptr=0x5678)) == 0x5678           # cupy.cuda.Stream
@@ -232,7 +233,7 @@ def _at(ptr, shape, strides):
     (_at(1 << 20, (64, 64), (128, 1)), _at((1 << 20) + 10 * 256 + 200, (64,), (1,)), True),  # ... running into a row
 ])
 def test_overlap_is_decided_on_the_bytes_each_view_covers(x, y, expected):
-    from gemmgen.runtime.loader import overlap
+    from gemmgen.runtime.arrays import overlap
 
     assert overlap(x, 2, y, 2) is expected and overlap(y, 2, x, 2) is expected
 
@@ -240,7 +241,7 @@ def test_overlap_is_decided_on_the_bytes_each_view_covers(x, y, expected):
 def test_an_output_that_overlaps_an_input_is_refused_and_c_may_be_d():
     # Regression: gemm(A, B, A), writing D over an operand the kernel still reads, was launched and computed garbage;
     # nothing compared the arrays' memory. C may be D itself (D = alpha*A@B + beta*D is element by element).
-    from gemmgen.runtime.loader import check_aliasing
+    from gemmgen.runtime.arrays import check_aliasing
 
     problem = Problem.create(256, 256, 256, beta=1.0)
     a, b = _at(1 << 20, (256, 256), (256, 1)), _at(1 << 24, (256, 256), (256, 1))

@@ -126,7 +126,7 @@ def test_the_sm80_family_refuses_mixed_pairs_even_of_dtypes_it_takes(monkeypatch
 
 
 def test_the_loader_checks_a_s_and_b_s_dtypes_apart():
-    from gemmgen.runtime.loader import ArrayInfo, check_operand
+    from gemmgen.runtime.arrays import ArrayInfo, check_operand
 
     problem = mixed(256, 256, 256)
     a = ArrayInfo(0x1000, (256, 256), (256, 1), "float8_e4m3fn", 0, 0)

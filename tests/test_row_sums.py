@@ -13,7 +13,8 @@ from gemmgen.families import rules
 from gemmgen.model.arch import lookup_gpu
 from gemmgen.model.errors import InvalidInput
 from gemmgen.model.linear import KernelClass
-from gemmgen.runtime.loader import ArrayInfo, LoadedKernel, check_operand, expected_layout
+from gemmgen.runtime.arrays import ArrayInfo, check_operand, expected_layout
+from gemmgen.runtime.loader import LoadedKernel
 from gemmgen.runtime.bundle import check_schema
 from gemmgen.runtime.manifest import make_manifest
 from test_inputs import refused  # the one CLI-refusal check (exit 2, one line, no traceback)

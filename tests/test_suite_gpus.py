@@ -61,7 +61,7 @@ def test_suite_on_two_gpus_tunes_each_shape_once_on_one_worker_and_spreads_the_s
     from gemmgen.tune.parallel import plan_workers
     from gemmgen.tune.results import record_path
     from gemmgen.tune.search import TuneOptions
-    from gemmgen.tune.suite import load_shapes
+    from gemmgen.tune.suite_file import load_shapes
     from gemmgen.tune.suite_gpus import run_suite_on_gpus
 
     tmp = results_dir

@@ -16,7 +16,8 @@ from gemmgen.model.tiles import Kernel, TileConfig
 from gemmgen.runtime.manifest import make_manifest
 from gemmgen.runtime.serve import check_serves
 from gemmgen.tune.serve_check import ShapeCheck, other_shapes, summary, verify_other_shapes
-from gemmgen.tune.suite import SuiteReport, SuiteRow, load_suites
+from gemmgen.tune.suite_file import load_suites
+from gemmgen.tune.suite import SuiteReport, SuiteRow
 
 H100 = lookup_gpu("h100")
 SM80 = TileConfig.from_dict({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
@@ -103,7 +104,8 @@ def test_each_other_shape_is_verified_with_its_own_launches_and_a_failure_is_rep
 
 def test_a_tuned_suite_row_carries_its_winners_check_at_two_other_shapes(tmp_path, monkeypatch):
     from gemmgen.tune.search import Engines
-    from gemmgen.tune.suite import Shape, tune_row
+    from gemmgen.tune.suite_file import Shape
+    from gemmgen.tune.suite import tune_row
 
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
     engines = test_search.engines()
@@ -150,7 +152,7 @@ def test_several_suites_make_one_table_with_a_geomean_per_suite():
 
 
 def test_suite_names_come_from_the_file_and_must_be_unique(tmp_path):
-    from gemmgen.tune.suite import SuiteFileError
+    from gemmgen.tune.suite_file import SuiteFileError
 
     a, b, c = tmp_path / "shapes.yaml", tmp_path / "hard.yaml", tmp_path / "x" / "hard.yaml"
     c.parent.mkdir()
@@ -263,7 +265,8 @@ class RetimeMeasurer:
 
 
 def retimed_report(tmp_path, monkeypatch, measurer, on_row=None):
-    from gemmgen.tune.suite import Shape, report_from_results, verify_stored_winners
+    from gemmgen.tune.suite_file import Shape
+    from gemmgen.tune.suite import report_from_results, verify_stored_winners
 
     monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
     store_two_records()   # stored: 256^3 at 50 TFLOP/s, 255x256x256 at 80, cuBLAS 40 in both (1.25x, 2.00x)

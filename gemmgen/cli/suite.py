@@ -66,7 +66,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..tune.results import gpu_dir
-    from ..tune.suite import dry_run_suite, load_suites, parse_dtypes, report_from_results, run_suite, select
+    from ..tune.suite_file import load_suites, parse_dtypes, select
+    from ..tune.suite import dry_run_suite, report_from_results, run_suite
 
     measuring = tuple(f for f in MEASURING_FLAGS if f != "--timeout") + ("--timeout-per-shape",)
     # --retime times the stored winners again, as --timing says; nothing else of a tune applies.

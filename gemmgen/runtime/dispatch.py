@@ -28,7 +28,8 @@ from pathlib import Path
 from ..model.errors import InvalidInput
 from ..model.files import load_json, read_text
 from ..model.problem import Problem
-from .loader import LoadedKernel, _torch_key, _torch_stream, describe_array, read_bundle, stream_handle
+from .arrays import _torch_key, _torch_stream, describe_array, stream_handle
+from .loader import LoadedKernel, read_bundle
 from .serve import check_serves, kernel_of
 
 DISPATCH_FORMAT = "gemmgen-dispatch/1"

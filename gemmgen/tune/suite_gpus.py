@@ -23,7 +23,8 @@ from ..model.errors import UserError
 from .parallel import WorkerSpec, WorkersFailed, enter_worker, stop_workers
 from .worker import sigint_held
 from .results import now, problem_key
-from .suite import Shape, SuiteReport, SuiteRow, row_for, same_as, suite_jobs, tune_row
+from .suite_file import Shape
+from .suite import SuiteReport, SuiteRow, row_for, same_as, suite_jobs, tune_row
 
 # Events a worker forwards to the parent's progress display (the rest stay in the worker).
 FORWARDED = ("start", "trial", "finalists")
