@@ -489,3 +489,20 @@ def test_rerun_after_a_kill_in_the_finalist_round_leads_at_once(capsys, tmp_path
     assert main(argv + ["--no-progress"]) == 0
     assert time.monotonic() - start < 40  # --grace is 60
     assert "winner:" in capsys.readouterr().out
+
+
+def test_the_finalist_round_of_a_run_on_several_gpus_shows_its_progress(capsys, tmp_path):
+    """Regression: `tune --gpus 0,1` printed nothing while its leading worker re-measured the finalists (the
+    parent's progress came from the study's measured trials, which do not move in that round; a sustained round
+    takes most of a minute). The leader now forwards the round's events, and the parent prints them as a one-GPU
+    tune does: the 're-measuring' line, naming the worker, and one line per round."""
+    argv = ["tune", "256", "256", "256", "--gpu", "h100", "--replay", str(_slow_replay(tmp_path, 0.0)),
+            "--gpus", "0,1", "--trials", "4", "--top-k", "4", "--finalists", "2", "--rounds", "2", "--jobs", "1",
+            "--storage", f"sqlite:///{tmp_path / 'studies.db'}"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "2 workers on one study" in err
+    line = next((x for x in err.splitlines() if "re-measuring the best" in x), None)
+    assert line is not None, err
+    assert " on gpu0" in line or " on gpu1" in line, line
+    assert "round 1/2" in err and "round 2/2" in err, err

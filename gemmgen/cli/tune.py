@@ -200,8 +200,9 @@ class Progress:
         elif kind == "finalists":
             self.close()
             timing = " (sustained timing, after one settling round)" if info.get("timing") == "sustained" else ""
-            print(f"{self.label}re-measuring the best {info['count']} interleaved, {info['rounds']} rounds{timing}",
-                  file=sys.stderr)
+            where = f" on {info['worker'].rpartition('/')[2]}" if info.get("worker") else ""  # a --gpus worker
+            print(f"{self.label}re-measuring the best {info['count']} interleaved{where}, {info['rounds']} rounds"
+                  f"{timing}", file=sys.stderr)
         elif kind == "finalist_round":
             lead = f"; leading {info['leader']} at {info['leader_s'] * 1e3:.4f} ms" if info.get("leader") else ""
             blas = f", cuBLAS {info['cublas_s'] * 1e3:.4f} ms" if info.get("cublas_s") else ""

@@ -29,6 +29,10 @@ from ..model.errors import InvalidInput, NoGpu, UserError
 from ..model.problem import Problem
 from .worker import sigint_held
 
+# Events a worker forwards to the parent's progress display: the finalist round, which only the leading worker sees
+# (the parent's study poll shows the search's trials, and nothing moves in it while the finalists are re-measured).
+FORWARDED = ("awaiting_workers", "finalists", "finalist_round")
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -162,9 +166,14 @@ def _worker_main(problem, gpu, options, spec: WorkerSpec, measurer_factory, engi
 
     enter_worker(options, spec)
     measurer = measurer_factory(spec)
+
+    def forward(kind, info):
+        if kind in FORWARDED:
+            results.put((spec.index, "event", (kind, dict(info)), ""))
+
     try:
         engines = engines_factory() if engines_factory is not None else None
-        result = tune(problem, gpu, measurer, options, engines=engines)
+        result = tune(problem, gpu, measurer, options, engines=engines, on_event=forward)
         results.put((spec.index, "ok", dict(result.counts), result.stop_reason))
     except UserError as exc:
         results.put((spec.index, "error", str(exc), ""))
@@ -207,7 +216,14 @@ def run_workers(problem: Problem, gpu: Gpu, options, specs: "list[WorkerSpec]", 
         while any(p.is_alive() for p in procs) or not results.empty():
             try:
                 index, status, detail, stop = results.get(timeout=poll_s)
-                reports[index] = (status, detail, stop)
+                if status == "event":
+                    kind, info = detail
+                    snapshot = watch() if kind == "finalists" else None
+                    if snapshot is not None:  # the search's last trials, said before the round that follows them
+                        emit("progress", snapshot)
+                    emit(kind, dict(info, worker=specs[index].label))
+                else:
+                    reports[index] = (status, detail, stop)
             except queue_mod.Empty:
                 pass
             snapshot = watch()
