@@ -205,6 +205,22 @@ def test_bench_refuses_what_the_named_gpu_cannot_run_before_looking_for_a_gpu(ca
     assert "no kernel family can run this problem" in refused(capsys, "bench", "2147483648", "1", "1", "--gpu", "h100")
 
 
+@pytest.mark.parametrize("command", ["tune", "compile"])
+def test_a_3xtf32_problem_past_the_k_limit_is_refused_naming_the_k_rule(capsys, tmp_path, command):
+    """Regression: `tune 128 128 800000000 --dtype f32 --math 3xtf32` (3 x K past the int the three K segments
+    share) was refused for '3xTF32 (split3) kernels serve --math 3xtf32 problems, tf32 kernels the others', the rule
+    the family's tf32 kernels break, while --config with a 3xTF32 kernel named the K rule; compile without --config
+    named the same wrong rule. Both now name the K rule and its value."""
+    argv = [command, "128", "128", "800000000", "--dtype", "f32", "--math", "3xtf32", "--gpu", "h100"]
+    argv += ["--dry-run"] if command == "tune" else ["--out", str(tmp_path / "out")]
+    line = refused(capsys, *argv)
+    assert "no kernel family can run this problem" in line
+    wgmma = line.partition("sm90_wgmma: ")[2].partition(";")[0]
+    assert wgmma.startswith("3xTF32 (split3) passes its three K segments"), line
+    assert "got 2400000000, limit 2147483647" in wgmma, line
+    assert "tf32 kernels the others" not in line
+
+
 def registry_dtypes(gpu: str) -> str:
     """What the registry says the families for this GPU's arch take, as the error lists them."""
     arch = lookup_gpu(gpu).arch

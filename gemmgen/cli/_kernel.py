@@ -51,6 +51,10 @@ def kernel_from_args(args) -> "tuple[Kernel, Problem, object]":
     gpu = resolve_gpu(args.gpu)
     arch = arch or gpu.arch
     check_target(gpu, arch, problem.a_dtype, problem.b_dtype)
+    if config is None:
+        from ._common import check_problem
+
+        check_problem(problem, gpu, arch)  # a problem no family runs is refused naming the rule, as tune does
     config = config or default_config(problem, gpu, arch)
     constraints.validate(config, gpu, arch, problem)
     return Kernel(arch, problem.operands, config), problem, gpu
