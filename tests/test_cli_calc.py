@@ -228,3 +228,34 @@ def test_tune_says_when_a_product_would_run_power_limited_in_a_training_loop(cap
     say_power(Problem.create(1024, 1024, 1024, "bf16"), h100, "burst")
     say_power(Problem.create(16, 4096, 4096, "bf16"), h100, "burst")
     assert capsys.readouterr().err == ""
+
+
+def test_roofline_predicts_with_the_gpus_calibration_as_the_dry_run_ranks(capsys, tmp_path, monkeypatch, hopper_big):
+    """roofline priced a configuration with the model's defaults while tune --dry-run, compile and bench price it
+    with the GPU's stored calibration: the dry run's pick read 685 TFLOP/s there and 601 here. Both now agree."""
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.rank.calibration import CALIBRATION_FORMAT, calibrated_predict, user_calibration_path
+    from gemmgen.rank.predict import predict
+
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
+    gpu = lookup_gpu("h100")
+    calibration = user_calibration_path(gpu)
+    calibration.parent.mkdir(parents=True)
+    calibration.write_text(json.dumps({"format": CALIBRATION_FORMAT, "gpu": gpu.key,
+                                       "params": {"efficiency_scale": {"sm90_wgmma": 0.5},
+                                                  "terms": {"tail": 0.3}}}))
+    path = tmp_path / "big.yaml"
+    path.write_text(hopper_big.to_yaml())
+    problem = Problem.create(4096, 4096, 4096, "bf16")
+    calibrated = calibrated_predict(problem, hopper_big, gpu).time_s
+    assert calibrated != pytest.approx(predict(problem, hopper_big, gpu).time_s)
+
+    code, out, _ = run_cli(capsys, "roofline", "4096", "4096", "4096", "--gpu", "h100", "--config", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["predictions"][0]["time_s"] == pytest.approx(calibrated)
+    assert data["calibration"] == str(calibration)
+    code, out, err = run_cli(capsys, "roofline", "4096", "4096", "4096", "--gpu", "h100", "--config", str(path))
+    assert code == 0 and f"calibration in {calibration}" in err
+    assert f"{calibrated * 1e6:.1f}" in out
