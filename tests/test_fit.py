@@ -145,3 +145,27 @@ def test_a_refit_keeps_the_power_ceilings_energies_fitted_from_sustained_samples
     capsys.readouterr()
     params, _ = read_calibration(path)
     assert {name: getattr(params, name) for name in POWER_FIELDS} == energies
+
+
+def test_calibrate_fit_out_elsewhere_says_tuning_does_not_rank_with_it(capsys, tmp_path):
+    """`calibrate --fit --out FILE` said "tuning and --dry-run rank with it" of any FILE, though tuning reads only
+    <data dir>/calibration/<gpu>.json and results/<gpu>/calibration.json (first found): a fit written elsewhere,
+    or behind another calibration, was silently never used. It now says which file tuning ranks with."""
+    tunes = tmp_path / "results" / "h100-sxm" / "tunes"
+    tunes.mkdir(parents=True)
+    for i, record in enumerate(synthetic_records(per_shape=6)):
+        (tunes / f"r{i}.json").write_text(json.dumps(record))
+    elsewhere = tmp_path / "fits" / "h100.json"
+    assert main(["calibrate", "--fit", "--gpu", "h100", "--holdout", "512x4096x4096", "--out", str(elsewhere)]) == 0
+    printed = capsys.readouterr().out
+    assert elsewhere.is_file() and params_for(GPU) == (DEFAULT_PARAMS, None)
+    assert "rank with it" not in printed
+    assert "not used: tuning and --dry-run on h100-sxm rank with the model's defaults" in printed
+    assert str(user_calibration_path(GPU)) in printed
+    # At the path tuning reads first, the claim holds, in --json too.
+    assert main(["calibrate", "--fit", "--gpu", "h100", "--holdout", "512x4096x4096", "--json",
+                 "--out", str(user_calibration_path(GPU))]) == 0
+    assert json.loads(capsys.readouterr().out)["used_by_tuning"] is True
+    shadowed = tmp_path / "results" / "h100-sxm" / "calibration.json"
+    assert main(["calibrate", "--fit", "--gpu", "h100", "--holdout", "512x4096x4096", "--out", str(shadowed)]) == 0
+    assert f"rank with the calibration in {user_calibration_path(GPU)}" in capsys.readouterr().out

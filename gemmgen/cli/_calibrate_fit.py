@@ -80,8 +80,12 @@ def run_fit(args, gpu, records) -> int:
         write_json_atomic(out, payload)
     except OSError as exc:
         raise InvalidInput("--out must be a file gemmgen can write", str(out), exc.strerror) from None
+    # Where tuning looks, first found wins (rank/calibration.calibration_paths): an --out elsewhere, or one behind
+    # another calibration of this GPU, is written but not ranked with.
+    used = params_for(gpu)[1]
+    in_use = used is not None and used.resolve() == out.resolve()
     if args.json:
-        print_json(dict(payload, written=str(out)))
+        print_json(dict(payload, written=str(out), used_by_tuning=in_use))
         return 0
     rows = []
     for part in ("held_out", "train"):
@@ -94,5 +98,10 @@ def run_fit(args, gpu, records) -> int:
                        "within 10%"]))
     print(table([[name, f"{a:.4g}", f"{b:.4g}"] for name, (a, b) in moved.items()], ["parameter", "default", "fitted"])
           if moved else "no parameter moved: the defaults already fit best")
-    print(f"written: {out} (tuning and --dry-run on {gpu.key} rank with it; delete it to go back to the defaults)")
+    if in_use:
+        print(f"written: {out} (tuning and --dry-run on {gpu.key} rank with it; delete it to go back to the defaults)")
+    else:
+        ranked_with = f"the calibration in {used}" if used is not None else "the model's defaults"
+        print(f"written: {out} (not used: tuning and --dry-run on {gpu.key} rank with {ranked_with}; to rank with "
+              f"this fit, write it to {user_calibration_path(gpu)})")
     return 0
