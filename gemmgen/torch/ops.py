@@ -73,6 +73,15 @@ def _transformed() -> bool:
     return _functorch_active() or _forward_ad._current_level >= 0
 
 
+def _onnx_exporting() -> bool:
+    """Whether torch.onnx.export is tracing the call (its TorchScript exporter, or torch.export in the dynamo one).
+    ONNX has no gemmgen::mm or gemmgen::linear (the exporters refused them: "unrecognized namespace gemmgen"), so
+    such calls record torch's mm, or linear and the activation, which the exporters write as standard ops (MatMul,
+    Gemm, Relu, Gelu, Sigmoid and Mul) that any ONNX runtime runs. (dynamo folds this to False: compiled graphs keep
+    the custom ops.)"""
+    return torch.onnx.is_in_onnx_export()
+
+
 def _wrapper_subclass(*tensors) -> "str | None":
     """The reason a call with an operand of a wrapper tensor subclass (DTensor in tensor parallelism, a quantized
     weight) runs on torch's linear and mm, which its dispatch knows, where gemmgen's custom ops are unknown to it
@@ -253,6 +262,11 @@ def linear(X: Tensor, W: Tensor, bias: "Tensor | None" = None, activation: str =
         return plans.linear(X, W, bias, activation)
     if isinstance(X, Tensor) and X.is_nested:
         return _nested_linear(X, W, bias, activation)
+    if _onnx_exporting():   # (no check_linear: the exporter's traced shapes are tensors; torch's linear checks them)
+        torch._check(activation in plans.TORCH_ACTIVATIONS, lambda: f"gemmgen::linear activation must be one of "
+                                                                    f"{', '.join(plans.TORCH_ACTIVATIONS)}, but got "
+                                                                    f"{activation!r}")
+        return plans.TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(X, W, bias))
     if _transformed():
         if not _is_compiling():   # (dynamo cannot trace check_linear's message closures; torch's linear checks)
             check_linear(X, W, bias, activation)
@@ -300,6 +314,8 @@ def mm(A, B):
             if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
                 return _Mm.apply(A, B)
             return plans.mm(A, B)
+        if _onnx_exporting():
+            return torch.mm(A, B)
         if _transformed():
             if not _is_compiling():
                 check_mm(A, B)
