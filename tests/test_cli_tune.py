@@ -66,6 +66,24 @@ def test_without_a_gpu_tune_exits_2_and_says_how_to_dry_run(capsys):
     assert "no GPU available" in line and "--dry-run" in line
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["tune", "64", "64", "64", "--gpu", "h100"], "gemmgen tune M N K --gpu h100 --dry-run --out DIR"),
+    (["suite", str(HERE.parent / "results" / "shapes.yaml"), "--gpu", "h100", "--no-progress"],
+     "gemmgen suite FILE.yaml --gpu h100 --dry-run --out DIR"),
+    (["tune-linear", "64", "128", "--tokens", "1..64", "--gpu", "h100"],
+     "gemmgen tune-linear IN OUT --tokens LO..HI --gpu h100 --dry-run"),
+])
+def test_without_a_gpu_each_measuring_command_names_its_own_dry_run(capsys, monkeypatch, tmp_path, argv, hint):
+    """suite and tune-linear without a GPU pointed at `gemmgen tune M N K ... --dry-run`, another command with
+    other arguments; each now names its own dry run."""
+    from gemmgen.runtime import detect
+
+    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(detect, "detect_gpu", lambda device=0: detect.Detected(None, "no CUDA driver found", {}))
+    line = one_line_error(capsys, argv)
+    assert "no GPU available" in line and line.endswith(f"without a GPU: {hint})")
+
+
 # --- storage ---------------------------------------------------------------------------------
 
 def _storage_error(capsys, tmp_path, url) -> str:

@@ -12,7 +12,19 @@ from ._common import (COUNT_MAX, JOBS_MAX, SECONDS_MAX, SEED_MAX, add_gpu_arg, a
                       text_arg)
 from ._tune_set import add_shape_set_args, is_shape_set, run_shape_set
 
-DRY_RUN_HINT = "to rank by the model and compile without a GPU: gemmgen tune M N K --gpu h100 --dry-run --out DIR"
+# What each measuring command runs as without a GPU: its own dry run, not tune's.
+DRY_RUN_HINTS = {
+    "tune": "gemmgen tune M N K --gpu h100 --dry-run --out DIR",
+    "suite": "gemmgen suite FILE.yaml --gpu h100 --dry-run --out DIR",
+    "tune-linear": "gemmgen tune-linear IN OUT --tokens LO..HI --gpu h100 --dry-run",
+}
+DRY_RUN_HINT = "to rank by the model and compile without a GPU: " + DRY_RUN_HINTS["tune"]
+
+
+def dry_run_hint(args) -> str:
+    """The dry run of the command in `args` (tune's for any other)."""
+    command = getattr(args, "command", None)
+    return "to rank by the model and compile without a GPU: " + DRY_RUN_HINTS.get(command, DRY_RUN_HINTS["tune"])
 
 
 def register(subparsers) -> None:
@@ -123,7 +135,7 @@ def measurer_for(args, gpu_name: "str | None"):
 
     found = detect_gpu()
     if not found.props.get("name"):
-        raise NoGpu(found.reason, DRY_RUN_HINT)
+        raise NoGpu(found.reason, dry_run_hint(args))
     gpu = lookup_gpu(gpu_name) if gpu_name else found.gpu
     if gpu is None:
         raise NoGpu(found.reason, "pass --gpu NAME for the closest catalogue entry")
