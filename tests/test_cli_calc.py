@@ -259,3 +259,15 @@ def test_roofline_predicts_with_the_gpus_calibration_as_the_dry_run_ranks(capsys
     code, out, err = run_cli(capsys, "roofline", "4096", "4096", "4096", "--gpu", "h100", "--config", str(path))
     assert code == 0 and f"calibration in {calibration}" in err
     assert f"{calibrated * 1e6:.1f}" in out
+
+
+def test_intensity_help_lists_every_dtype_it_takes(capsys):
+    """--dtype's help listed f16, bf16, f32 and e4m3 while e5m2 was taken too."""
+    from gemmgen.model.arch import DType
+
+    code, out, _ = run_cli(capsys, "intensity", "--help")
+    dtype_help = " ".join(out.split()).split("--dtype DTYPE", 2)[2].split("--gpu", 1)[0]
+    for dtype in DType:
+        assert f" {dtype.value}" in dtype_help
+        code, out, _ = run_cli(capsys, "intensity", "--warp", "64x64x32", "--dtype", dtype.value, "--gpu", "h100")
+        assert code == 0

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     parser.add_argument("--cta", type=text_arg("--cta"),
                         help="CTA tile MxNxK, e.g. 128x128x32 (adds the global->shared level)")
     parser.add_argument("--dtype", default="f16", type=text_arg("--dtype"),
-                        help="input dtype: f16 (default), bf16, f32, e4m3")
+                        help="input dtype: f16 (default), bf16, f32 (tf32 math), e4m3, e5m2")
     parser.add_argument("--gpu", default=DEFAULT_GPU, type=text_arg("--gpu"),
                         help=f"catalogue GPU for the peak rate (default {DEFAULT_GPU})")
     parser.add_argument("--peak-per-sm", dest="peak_per_sm", metavar="FLOP_PER_CLOCK",
