@@ -25,6 +25,17 @@ def test_every_data_folder_is_listed_for_the_wheel():
     assert folders <= covered, sorted(folders - covered)
 
 
+def test_every_data_file_is_listed_for_the_wheel():
+    """A folder listed with some of its files named leaves the others out of the wheel: results/h100-sxm's
+    calibration.json was, so an installed gemmgen ranked with the model's defaults where a checkout ranked with
+    the shipped H100 calibration (other dry-run picks than the README's)."""
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    shipped = {path.resolve() for globs in listed.values() for pattern in globs for path in ROOT.glob(pattern)}
+    files = {p.resolve() for top in ("templates", "search_spaces", "results") for p in (ROOT / top).rglob("*")
+             if p.is_file() and p.suffix in (".j2", ".yaml", ".json", ".md")}
+    assert not files - shipped, sorted(str(p.relative_to(ROOT)) for p in files - shipped)
+
+
 @pytest.mark.slow
 def test_lookup_and_dry_run_work_after_a_plain_pip_install_from_another_directory(tmp_path):
     source = tmp_path / "src"
@@ -55,5 +66,7 @@ def test_lookup_and_dry_run_work_after_a_plain_pip_install_from_another_director
     tuned = subprocess.run(gemmgen + ["tune", "512", "512", "512", "--gpu", "h100", "--dry-run", "--top-k", "1",
                             "--out", "bundle"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert tuned.returncode == 0, tuned.stderr
+    # It ranks with the shipped H100 calibration, as a checkout does.
+    assert "calibration in " in tuned.stderr and "h100-sxm/calibration.json" in tuned.stderr, tuned.stderr
     assert sorted(p.suffix for p in (elsewhere / "bundle").iterdir()) == [".cu", ".cubin", ".json"]
     assert sorted(p.name for p in elsewhere.iterdir()) == ["bundle"]
