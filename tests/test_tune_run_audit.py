@@ -506,3 +506,63 @@ def test_the_finalist_round_of_a_run_on_several_gpus_shows_its_progress(capsys, 
     assert line is not None, err
     assert " on gpu0" in line or " on gpu1" in line, line
     assert "round 1/2" in err and "round 2/2" in err, err
+
+
+def _stopped_inside_sqlalchemy_cleanup(db: str, answers) -> None:
+    """A --gpus worker (enter_worker: SIGTERM is its stop) whose stop lands while the garbage collector runs
+    SQLAlchemy's cleanup of a pooled connection nobody closed: the pool's reset event sends it, from inside
+    pool._finalize_fairy. Answers ('stopped', seconds after the signal) or ('went on', seconds)."""
+    import gc
+    import os
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    import sqlalchemy
+    from sqlalchemy import event
+
+    from gemmgen.tune.parallel import WorkerSpec, enter_worker
+
+    enter_worker(SimpleNamespace(replay="simulated"), WorkerSpec(0, "0", "test/gpu0", None))
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    sent = []
+
+    @event.listens_for(engine.pool, "reset")
+    def stop_now(dbapi_connection, record, state):
+        if not sent:
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)   # handled at once, inside the collector's finalizer
+
+    connection = engine.raw_connection()
+    try:
+        del connection
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:   # the worker's work, in short steps
+            time.sleep(0.01)
+        answers.put(("went on", time.monotonic() - sent[0] if sent else None))
+    except KeyboardInterrupt:
+        answers.put(("stopped", time.monotonic() - sent[0]))
+
+
+def test_a_worker_stopped_inside_sqlalchemys_garbage_collected_cleanup_still_stops():
+    """Regression (rare under load): a `--gpus` worker whose SIGTERM landed while the garbage collector ran
+    SQLAlchemy's cleanup of an unclosed pooled connection lost the stop: the KeyboardInterrupt its handler raised
+    came out of a weakref callback, where Python only prints 'Exception ignored in' and goes on, and the worker
+    tuned on until its watchdog ended it. The stop is now delivered again once the finalizer is done."""
+    import multiprocessing as mp
+    import tempfile
+
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = ctx.Process(target=_stopped_inside_sqlalchemy_cleanup, args=(f"{tmp}/studies.db", answers))
+        proc.start()
+        try:
+            how, seconds = answers.get(timeout=60)
+        finally:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    assert how == "stopped", f"the worker went on {seconds}s after its stop"
+    assert seconds < 5

@@ -138,8 +138,35 @@ def enter_worker(options, spec: WorkerSpec) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _interrupt)
+    redeliver_swallowed_stops(signal.SIGTERM)
     parent = mp.parent_process()
     stop_when_orphaned(parent.pid if parent is not None else os.getppid())
+
+
+def redeliver_swallowed_stops(signum: int, delay_s: float = 0.05) -> None:
+    """Send `signum` to the main thread again whenever the KeyboardInterrupt its handler raised was swallowed in a
+    finalizer. A signal's handler runs wherever the main thread is, and Python ignores an exception raised in a
+    weakref callback or __del__ ("Exception ignored in: ...", printed with its traceback): a worker stopped while
+    the garbage collector ran SQLAlchemy's cleanup of a pooled connection (pool._finalize_fairy, which logs the
+    KeyboardInterrupt and re-raises it into the collector) went on tuning until its watchdog ended it. The stop
+    comes again `delay_s` later from a thread of its own, when the finalizer is done; nothing is printed. (A worker
+    holds SIGINT blocked (worker.sigint_held), so a KeyboardInterrupt in it is always its stop.)"""
+    import signal
+    import sys
+    import threading
+
+    previous = sys.unraisablehook
+    main = threading.main_thread().ident
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous(unraisable)
+            return
+        again = threading.Timer(delay_s, signal.pthread_kill, (main, signum))
+        again.daemon = True
+        again.start()
+
+    sys.unraisablehook = hook
 
 
 def stop_when_orphaned(parent_pid: int, poll_s: float = 1.0, grace_s: float = 60.0) -> None:
