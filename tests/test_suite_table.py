@@ -325,3 +325,35 @@ def test_retime_without_stored_records_is_refused_in_one_line(capsys, tmp_path, 
     assert main(["suite", str(suite), "--gpu", "h100", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_an_installed_gemmgen_builds_the_table_from_the_shipped_records_as_lookup_reads_them(capsys, tmp_path,
+                                                                                            monkeypatch):
+    """Installed from a wheel (no checkout beside the package), `suite results/shapes.yaml --from-results` read only
+    <data dir>/results and refused ("needs a stored winner ... nothing written") while `lookup` answered from the
+    records shipped with gemmgen. It now reads them in the same order: the user's records, then the shipped ones."""
+    from gemmgen.cli import main
+    from gemmgen.model import paths
+
+    shipped = paths.ROOT / "results"
+    monkeypatch.delenv("GEMMGEN_RESULTS", raising=False)
+    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(paths, "ROOT", tmp_path / "site-packages")      # no checkout's results/ to write into
+    monkeypatch.setattr(paths, "SHIPPED_RESULTS", shipped)               # <prefix>/share/gemmgen/results
+    suite = tmp_path / "shapes.yaml"
+    suite.write_text("shapes:\n  - {name: sq4096, M: 4096, N: 4096, K: 4096}\n  - {name: sq1024, M: 1024, N: 1024, K: 1024}\n")
+    assert main(["lookup", "4096", "4096", "4096", "--gpu", "h100"]) == 0
+    assert "exact match" in capsys.readouterr().out
+    assert main(["suite", str(suite), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
+    out = capsys.readouterr().out
+    assert "sq4096" in out and "sq1024" in out and "not tuned yet" not in out
+    written = tmp_path / "data" / "results" / "h100-sxm" / "suite.json"
+    assert written.is_file() and f"written: {written.with_suffix('.md')}" in out
+    # A record of the user's own shadows the shipped one.
+    own = json.loads((shipped / "h100-sxm" / "tunes" / "1024x1024x1024_bf16_rr_bf16_linear.json").read_text())
+    own["winner"]["tflops"] = own["cublas"]["tflops"] * 2
+    mine = tmp_path / "data" / "results" / "h100-sxm" / "tunes" / "1024x1024x1024_bf16_rr_bf16_linear.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text(json.dumps(own))
+    assert main(["suite", str(suite), "--gpu", "h100", "--dtypes", "bf16", "--from-results"]) == 0
+    assert "2.00x" in capsys.readouterr().out

@@ -65,7 +65,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..tune.results import gpu_dir
+    from ..tune.results import gpu_dirs
     from ..tune.suite_file import load_suites, parse_dtypes, select
     from ..tune.suite import dry_run_suite, report_from_results, run_suite
 
@@ -98,7 +98,8 @@ def run(args) -> int:
             # Nothing to tabulate: writing would replace the table stored before (the shipped one among them)
             # with a page of "not tuned yet", and say so with exit status 0.
             raise InvalidInput(f"--from-results needs a stored winner for at least one shape of the suite on "
-                               f"{report.gpu.key} (in {gpu_dir(report.gpu)}); nothing written", source,
+                               f"{report.gpu.key} (in {', '.join(map(str, gpu_dirs(report.gpu)))}); nothing written",
+                               source,
                                "tune the shapes first, or set GEMMGEN_RESULTS to the records' folder")
         if args.verify_winners or args.retime:
             report = verify_winners(args, report, shapes, dtypes, options)

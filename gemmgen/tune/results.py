@@ -67,6 +67,17 @@ def record_path(gpu: "Gpu | str", problem: Problem, simulated: bool = False) -> 
     return gpu_dir(gpu) / ("tunes-replay" if simulated else "tunes") / f"{problem_key(problem)}.json"
 
 
+def stored_record_path(gpu: "Gpu | str", problem: Problem) -> Path:
+    """The record a table reads for `problem`, as load_records ranks them: a GPU-measured one (the writable
+    folder's before the shipped records), else a replayed one; the writable folder's path when none is held."""
+    for folder in ("tunes", "tunes-replay"):
+        for base in gpu_dirs(gpu):
+            path = base / folder / f"{problem_key(problem)}.json"
+            if path.is_file():
+                return path
+    return record_path(gpu, problem)
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 

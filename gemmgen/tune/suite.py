@@ -19,7 +19,7 @@ from ..model.arch import Gpu
 from ..model.errors import UserError
 from ..model.problem import Problem
 from ..model.atomic import atomic_write
-from .results import gpu_dir, now, positive_number, problem_key, record_path, write_json_atomic
+from .results import gpu_dir, now, positive_number, problem_key, stored_record_path, write_json_atomic
 from .serve_check import ShapeCheck, summary
 from .suite_file import Shape
 
@@ -350,9 +350,9 @@ def report_from_results(shapes: "list[Shape]", dtypes: "list[str]", gpu: Gpu, *,
     first_name: "dict[str, str]" = {}
     for shape in shapes:
         for dtype in dtypes:
-            path = record_path(gpu, shape.problem(dtype))
-            if not path.is_file():  # no GPU measurement: a replayed tune, if any, marked as simulated
-                path = record_path(gpu, shape.problem(dtype), simulated=True)
+            # The user's records, then those shipped with gemmgen (as lookup reads them); with no GPU measurement, a
+            # replayed tune, if any, marked as simulated.
+            path = stored_record_path(gpu, shape.problem(dtype))
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -425,8 +425,7 @@ def verify_stored_winners(report: SuiteReport, shapes: "list[Shape]", dtypes: "l
         key = problem_key(problem)
         if not row.kernel or key in builds:
             continue
-        path = record_path(gpu, problem)
-        path = path if path.is_file() else record_path(gpu, problem, simulated=True)
+        path = stored_record_path(gpu, problem)
         try:
             kernel = Kernel(gpu.arch, problem.operands,
                             TileConfig.from_dict(json.loads(path.read_text())["winner"]["config"]))
