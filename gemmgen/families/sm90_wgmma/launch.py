@@ -330,8 +330,8 @@ def tensormap_specs(kernel: Kernel, problem: Problem, plan: "list[dict] | None" 
     a_name, b_name = ("B", "A") if cfg.swap_ab else ("A", "B")
     elt = ops.a_dtype.bytes
     a_k, b_k = a_is_kmajor(ops), b_is_kmajor(ops)
-    a_split = cfg.cluster.size if cfg.cluster.n > 1 else 1   # 1x2 clusters multicast A
-    b_split = cfg.cluster.size if cfg.cluster.m > 1 else 1   # 2x1 clusters multicast B
+    a_split = cfg.cluster.n   # a cluster row (CTAs along N) multicasts A in one slice each
+    b_split = cfg.cluster.m   # a cluster column (CTAs along M) multicasts B in one slice each
     a_box, a_swizzle = _box(cfg.cta.m, a_k, a_split, elt)
     b_box, b_swizzle = _box(cfg.cta.n, b_k, b_split, elt)
     tm_a = {"name": "tmA", "ctype": "CUtensorMap", "kind": "tensormap", "tensor": a_name, "dtype": ops.a_dtype.value,

@@ -104,8 +104,10 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
              f"{config.warps_m}x{config.warps_n}", "3x1")
     # 16 bytes of mbarriers per stage in a 256-byte region (the template's BARRIER_REGION).
     rule(2 <= config.stages <= 12, "pipeline stages must be 2..12", config.stages, "2..12")
-    rule(config.cluster.m in (1, 2) and config.cluster.n in (1, 2) and config.cluster.size <= 2,
-         "cluster must be 1x1, 2x1 or 1x2", str(config.cluster), "size<=2")
+    # 2x2: A multicast along each cluster row and B along each column, each CTA couples its ring to three
+    # (docs/perf-notes.md, "2x2 clusters"); 4-CTA lines (4x1, 1x4) ran slower than pairs and are not offered.
+    rule(config.cluster.m in (1, 2) and config.cluster.n in (1, 2),
+         "cluster must be 1x1, 2x1, 1x2 or 2x2", str(config.cluster), "1x1, 2x1, 1x2 or 2x2")
     rule(arch.has_wgmma or config.cluster.size == 1, "clusters need sm_90a", arch.value, "sm_90a")
     acc = warp.m * warp.n // 128
     if config.promote:
@@ -187,12 +189,12 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
     if config.cluster.m > 1:
         if b_kmajor:
             # K-major B: each CTA's slice is a box of N rows of 128 bytes, whole 8-row swizzle groups.
-            rule(cta.n % (8 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
-                 "into 8-row slices per CTA (K-major B)", cta.n, 8 * config.cluster.size)
+            rule(cta.n % (8 * config.cluster.m) == 0, "a cluster along M multicasts B: CTA tile N must split "
+                 "into 8-row slices per CTA (K-major B)", cta.n, 8 * config.cluster.m)
         else:
             # MN-major B is stored as 64-wide column blocks, one TMA box each: slices are whole blocks.
-            rule(cta.n % (64 * config.cluster.size) == 0, "a 2x1 cluster multicasts B: CTA tile N must split "
-                 "into 64-wide slices per CTA", cta.n, 64 * config.cluster.size)
+            rule(cta.n % (64 * config.cluster.m) == 0, "a cluster along M multicasts B: CTA tile N must split "
+                 "into 64-wide slices per CTA", cta.n, 64 * config.cluster.m)
         if cta.m == 64 and problem is not None and not config.swap_ab:
             # The pair of 64-row tiles is for M <= 128, where it covers every row and B's tile is read once
             # per N tile: measured 5-23% faster than 1x1 at M 88-128 and up to 15% slower at M 1024-1912,
@@ -203,12 +205,12 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # fp8 and tf32 A reaches shared memory K-major in any layout (packed, launch.transposed).
         if operands is not None and (operands.a_layout.value == "row" or elt != 2):
             # K-major A: each CTA's slice is a box of M rows of 128 bytes, whole 8-row swizzle groups.
-            rule(cta.m % (8 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
-                 "into 8-row slices per CTA (K-major A)", cta.m, 8 * config.cluster.size)
+            rule(cta.m % (8 * config.cluster.n) == 0, "a cluster along N multicasts A: CTA tile M must split "
+                 "into 8-row slices per CTA (K-major A)", cta.m, 8 * config.cluster.n)
         else:
             # MN-major A is stored as 64-wide column blocks, one TMA box each: slices are whole blocks.
-            rule(cta.m % (64 * config.cluster.size) == 0, "a 1x2 cluster multicasts A: CTA tile M must split "
-                 "into 64-wide slices per CTA", cta.m, 64 * config.cluster.size)
+            rule(cta.m % (64 * config.cluster.n) == 0, "a cluster along N multicasts A: CTA tile M must split "
+                 "into 64-wide slices per CTA", cta.m, 64 * config.cluster.n)
     if config.schedule is Schedule.PINGPONG:
         # Two consumer warpgroups own whole alternate tiles of the persistent loop, in the ring's order.
         rule(warp.m == cta.m and warp.n == cta.n, "ping-pong: the warpgroup tile must equal the CTA tile "

@@ -1,0 +1,76 @@
+"""2x2 clusters on sm90: A multicast along each cluster row, B along each cluster column, each CTA's ring freed by
+the three CTAs that write into it (docs/perf-notes.md, "2x2 clusters"). Rules, tensor-map slices and SASS on the
+CPU; on the GPU, results at shapes that are not tile or cluster multiples against an fp32 reference on fresh
+inputs with D poisoned (NaN) first. Tolerance 1e-2 (bf16 output rounding ~2e-3)."""
+from __future__ import annotations
+
+import pytest
+
+from gemmgen.families.rules import check
+from gemmgen.families.sm90_wgmma import launch as sm90_launch
+from gemmgen.model.arch import Arch
+from gemmgen.model.problem import Problem
+from gemmgen.model.tiles import Kernel, TileConfig
+
+from sm90_helpers import H100, compile_sm90, count, ops, sass_counts
+
+TILE = {"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64", "mma": "64x128x16", "stages": 4,
+        "warp_specialized": True, "persistent": True, "cluster": "2x2"}
+
+
+def test_a_2x2_cluster_passes_the_rules_and_4_ctas_in_a_line_do_not():
+    problem = Problem.create(2088, 2800, 1224, "bf16", "row", "col")
+    assert not check(TileConfig.from_dict(TILE), H100, problem=problem)
+    for line in ("4x1", "1x4"):
+        broken = check(TileConfig.from_dict({**TILE, "cluster": line}), H100, problem=problem)
+        assert any("cluster must be" in str(v) for v in broken)
+
+
+def test_a_2x2_cluster_splits_each_operand_in_two_slices_not_four():
+    # A is shared by a cluster row (2 CTAs) and B by a column (2 CTAs): 64-row boxes of each 128-row tile.
+    problem = Problem.create(2088, 2800, 1224, "bf16", "row", "col")
+    kernel = Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict(TILE))
+    tm_a, tm_b = sm90_launch.tensormap_specs(kernel, problem)
+    assert tm_a["box"] == [64, 64] and tm_b["box"] == [64, 64]
+
+
+def test_a_row_major_b_needs_whole_64_column_blocks_per_cluster_column_slice():
+    problem = Problem.create(2088, 2800, 1224, "bf16", "row", "row")
+    assert not check(TileConfig.from_dict(TILE), H100, problem=problem)   # 128 columns: two 64-wide slices
+    narrow = {**TILE, "cta": "128x64x64", "warp": "64x64x64", "mma": "64x64x16"}
+    broken = check(TileConfig.from_dict(narrow), H100, problem=problem)
+    assert any("64-wide slices" in str(v) for v in broken)
+
+
+@pytest.mark.parametrize("a,b", [("row", "col"), ("row", "row"), ("col", "col")])
+def test_a_2x2_cluster_multicasts_both_operands_with_no_spills(a, b):
+    from gemmgen.codegen.sass import dump_sass
+    kernel = Kernel(Arch.SM90A, ops(a=a, b=b), TileConfig.from_dict(TILE))
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0
+    sass = dump_sass(compiled.cubin)
+    assert "HGMMA.64x128x16.F32.BF16" in sass and ".MULTICAST" in sass
+    counts = sass_counts(compiled.cubin)
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and count(counts, "UTMALDG") > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a,b", [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")])
+@pytest.mark.parametrize("shape", [(2088, 2800, 1224), (1000, 333, 2000), (4096, 4096, 4096)])
+def test_a_2x2_cluster_matches_the_fp32_reference_off_cluster_multiples(a, b, shape):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("needs an sm_90 GPU with torch")
+    from test_hopper_paths_gpu import load, operand, rel_error
+
+    m, n, k = shape   # 1000 x 333: 8 x 3 tiles, so the last cluster column holds one tile column past N
+    config = dict(TILE)
+    if b == "row" and n % 8:
+        n += 8 - n % 8   # row-major B rows of 16-byte multiples keep it on the TMA path (no pack)
+    gemm = load(Problem.create(m, n, k, "bf16", a, b, bias=True, activation="relu"), config)
+    A, B = operand(m, k, a), operand(k, n, b)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(A, B, D, bias=bias)
+    torch.cuda.synchronize()
+    assert rel_error(D, torch.relu(A.float() @ B.float() + bias.float())) < 1e-2
