@@ -38,7 +38,37 @@ def store(tmp_path, monkeypatch):
 
 def test_jit_is_off_unless_asked():
     import os
-    assert jit.enabled() == (os.environ.get("GEMMGEN_JIT", "").lower() in ("1", "true", "yes", "on"))
+    assert jit.enabled() == (os.environ.get("GEMMGEN_JIT", "").strip().lower() in ("1", "true", "yes", "on"))
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("YES", True), ("on", True), (" 1 ", True),
+                                       ("0", False), ("false", False), ("no", False), ("Off", False), ("", False)])
+def test_gemmgen_jit_takes_the_documented_and_the_common_true_false_spellings(monkeypatch, value, on):
+    monkeypatch.setenv("GEMMGEN_JIT", value)
+    monkeypatch.setattr(jit, "_enabled", None)
+    assert jit.enabled() is on
+
+
+@pytest.mark.parametrize("value", ["2", "enable", "ture", "-1"])
+def test_a_gemmgen_jit_value_it_does_not_take_is_refused_naming_the_variable_value_and_spellings(monkeypatch, value):
+    # It was read as off without a word: a user who set GEMMGEN_JIT=2 or a typo never learnt the JIT stayed off.
+    # It is read on first use, so `import gemmgen` with a bad value still works.
+    import subprocess
+    import sys
+
+    from gemmgen.model.errors import InvalidInput
+
+    monkeypatch.setenv("GEMMGEN_JIT", value)
+    monkeypatch.setattr(jit, "_enabled", None)
+    with pytest.raises(InvalidInput) as caught:
+        jit.enabled()
+    message = str(caught.value)
+    assert "GEMMGEN_JIT" in message and repr(value) in message and "\n" not in message
+    assert all(word in message for word in ("1", "true", "yes", "on", "0", "false", "no", "off"))
+    jit.enable()   # enable() decides without the environment
+    assert jit.enabled()
+    done = subprocess.run([sys.executable, "-c", "import gemmgen"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_token_counts_are_built_at_the_top_of_their_quarter_octave_bucket():

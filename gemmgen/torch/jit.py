@@ -1,7 +1,8 @@
 """Opt-in just-in-time kernels: a product no stored kernel serves gets the model's pick, compiled on first use.
 
-Off by default (a stored miss runs on torch, counted by gemmgen.stats()). On with GEMMGEN_JIT=1 in the environment
-or `gemmgen.torch.jit.enable()`: the first call of a product the registry cannot serve (CUDA tensors of a GPU in
+Off by default (a stored miss runs on torch, counted by gemmgen.stats()). On with GEMMGEN_JIT=1 (or true, yes,
+on; 0, false, no, off or empty: off; any other value is refused on first use) in the environment or
+`gemmgen.torch.jit.enable()`: the first call of a product the registry cannot serve (CUDA tensors of a GPU in
 gemmgen's catalogue, packed operands) ranks the space by the model, compiles its best-ranked configurations with
 NVRTC and stores the pick in the kernels dir as `gemmgen tune-linear --dry-run` stores a product (one folder per
 shape: <kernels dir>/<gpu key>/<class key>/), so later processes load it without compiling again. The token
@@ -25,7 +26,7 @@ import threading
 from ..model.arch import DType
 from ..model.problem import Activation, Layout
 
-_enabled = os.environ.get("GEMMGEN_JIT", "").strip().lower() in ("1", "true", "yes", "on")
+_enabled: "bool | None" = None   # None: $GEMMGEN_JIT decides, read on first use (_from_environment)
 _lock = threading.Lock()
 _failed: "dict[tuple, str]" = {}   # product -> why its build failed (not retried in this process)
 _builder = None   # fn(problem, kernel_class, gpu, root) -> the stored folder or None (set_builder)
@@ -38,13 +39,35 @@ def set_builder(builder) -> None:
     _builder = builder
 
 
+# GEMMGEN_JIT's spellings: the documented 1 and the common true/false words, any case; empty or unset is off, as
+# for every GEMMGEN_* setting. Anything else ('2', 'enable', a typo) is refused rather than read as off.
+_ENV_SPELLINGS = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
+_ENV_LISTED = "1, true, yes, on (JIT on) or 0, false, no, off, empty (off)"
+
+
+def _from_environment() -> bool:
+    """$GEMMGEN_JIT as on or off. Read on first use, not at import, so a bad value is an InvalidInput naming the
+    variable, the value and the accepted spellings where the JIT is asked about, and `import gemmgen` still works."""
+    from ..model import parse
+
+    value = os.environ.get("GEMMGEN_JIT", "")
+    if not value.strip():
+        return False
+    return parse.name("GEMMGEN_JIT", value.strip(), ("on", "off"), _ENV_SPELLINGS, listed=_ENV_LISTED) == "on"
+
+
 def enabled() -> bool:
-    """Whether a product no stored kernel serves is compiled on first use."""
+    """Whether a product no stored kernel serves is compiled on first use: as enable() last set it, else as
+    $GEMMGEN_JIT says (an InvalidInput for a value it does not take)."""
+    global _enabled
+    if _enabled is None:
+        _enabled = _from_environment()
     return _enabled
 
 
 def enable(on: bool = True) -> None:
-    """Turn just-in-time kernels on (or off); the environment's GEMMGEN_JIT sets the default."""
+    """Turn just-in-time kernels on (or off); the environment's GEMMGEN_JIT sets the default (1, true, yes, on;
+    0, false, no, off or unset: off)."""
     global _enabled
     _enabled = bool(on)
 
