@@ -73,3 +73,44 @@ def test_a_gpu_without_its_own_calibration_ranks_with_its_chips(tmp_path, monkey
     (results / "h200").mkdir()
     (results / "h200" / "calibration.json").write_text(json.dumps({**fitted, "params": {"dram_efficiency": 0.8}}))
     assert calibration.params_for(lookup_gpu("h200"))[0].dram_efficiency == 0.8   # its own comes first
+
+
+def test_the_report_ranks_with_the_calibration_tuning_uses_and_names_it(tmp_path, monkeypatch, capsys):
+    """Without --fit, calibrate priced every trial with the model's defaults while tune and --dry-run rank with the
+    GPU's calibration, so its rho and ratios judged a model nobody ranked with. It now uses params_for(gpu), says
+    which file in the text and in --json, and --defaults gives the defaults' report to compare."""
+    from gemmgen.cli import main
+    from gemmgen.rank.calibration import CALIBRATION_FORMAT, params_from_dict
+    from gemmgen.tune.results import RECORD_FORMAT
+
+    results = tmp_path / "results"
+    (results / "h100-sxm" / "tunes").mkdir(parents=True)
+    monkeypatch.setenv("GEMMGEN_RESULTS", str(results))
+    monkeypatch.setenv("GEMMGEN_DATA", str(tmp_path / "data"))
+    fitted = {"efficiency_scale": {"sm90_wgmma": 0.8}}
+    calibration = results / "h100-sxm" / "calibration.json"
+    calibration.write_text(json.dumps({"format": CALIBRATION_FORMAT, "params": fitted}))
+    params = params_from_dict(fitted)
+    problem = Problem.create(4096, 4096, 4096)
+    configs = enumerate_space("sm90_wgmma", GPU, problem=problem)[:8]
+    # measured = 1.25 x what the calibrated model predicts
+    trials = [{"state": "COMPLETE", "config": c.to_dict(), "time_s": predict(problem, c, GPU, params).time_s * 1.25}
+              for c in configs]
+    record = {"format": RECORD_FORMAT, "problem": problem.to_dict(), "trials": trials, "winner": trials[0]}
+    (results / "h100-sxm" / "tunes" / f"{problem.label}.json").write_text(json.dumps(record))
+
+    assert main(["calibrate", "--gpu", "h100", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["calibration"] == str(calibration) and report["parameters"] == "calibration"
+    assert report["tunes"][0]["median_measured_over_predicted"] == pytest.approx(1.25)
+    [family] = report["families"]
+    assert family["efficiency_now"] == pytest.approx(0.8 * calibrate([record], GPU)[1][0].efficiency_now)
+
+    assert main(["calibrate", "--gpu", "h100"]) == 0
+    assert f"parameters: {calibration}" in capsys.readouterr().out
+
+    assert main(["calibrate", "--gpu", "h100", "--json", "--defaults"]) == 0
+    defaults = json.loads(capsys.readouterr().out)
+    assert defaults["calibration"] is None and defaults["parameters"] == "defaults"
+    assert defaults["tunes"][0]["median_measured_over_predicted"] != pytest.approx(1.25)
+    assert main(["calibrate", "--gpu", "h100", "--defaults", "--fit"]) == 2

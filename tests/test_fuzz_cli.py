@@ -125,8 +125,8 @@ COMMANDS = {
     "intensity": (0, [("--warp", "tile"), ("--mma", "tile"), ("--cta", "tile"), ("--dtype", "dtype"),
                       ("--gpu", "gpu"), ("--peak-per-sm", "float"), ("--json", None)]),
     "roofline": (3, PROBLEM_FLAGS + [("--config", "file"), ("--json", None)]),
-    "calibrate": (0, [("--gpu", "gpu"), ("--json", None), ("--fit", None), ("--holdout", "names"),
-                      ("--prior", "float"), ("--out", "out")]),
+    "calibrate": (0, [("--gpu", "gpu"), ("--json", None), ("--fit", None), ("--defaults", None),
+                      ("--holdout", "names"), ("--prior", "float"), ("--out", "out")]),
     "gpus": (0, [("--json", None)]),
     "tune-linear": (2, [("--tokens", "range"), ("--buckets", "buckets"), ("--dtype", "dtype"), ("--bias", None),
                         ("--activation", "activation"), ("--gpu", "gpu"), ("--dry-run", None)]

@@ -2,7 +2,8 @@
 measured/predicted ratio per kernel family with the efficiency constant it suggests.
 
 Pure: reads tuning records (results/<gpu>/tunes/*.json) and re-predicts each measured trial with the
-current model, so the answer reflects the model as it is now, not as it was when the trial ran.
+current model and the parameters given (the CLI passes what tuning ranks with: the GPU's calibration, else the
+defaults), so the answer reflects the model as it is now, not as it was when the trial ran.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from ..model.arch import Gpu
 from ..model import parse
 from ..model.errors import UserError
-from ..rank.predict import predict, tensor_efficiency
+from ..rank.predict import ModelParams, predict, tensor_efficiency
 from ..model.problem import Problem
 from ..model.tiles import TileConfig
 
@@ -67,8 +68,9 @@ def spearman(x: "list[float]", y: "list[float]") -> "float | None":
     return sxy / math.sqrt(sxx * syy)
 
 
-def measured_pairs(record: dict, gpu: Gpu) -> "list[tuple[str, float, float]]":
-    """(family, predicted s, measured s) for every completed, measured trial the model can still price."""
+def measured_pairs(record: dict, gpu: Gpu, params: "ModelParams | None" = None) -> "list[tuple[str, float, float]]":
+    """(family, predicted s, measured s) for every completed, measured trial the model can still price (with
+    `params`, by default the model's defaults)."""
     problem = Problem.from_dict(record["problem"])
     out = []
     for trial in record.get("trials", []):
@@ -76,7 +78,7 @@ def measured_pairs(record: dict, gpu: Gpu) -> "list[tuple[str, float, float]]":
             continue
         try:
             config = TileConfig.from_dict(trial["config"])
-            predicted = predict(problem, config, gpu).time_s
+            predicted = predict(problem, config, gpu, params).time_s
             measured = parse.real("time_s", trial["time_s"], 0.0, lo_open=True)
         except UserError:
             continue  # a configuration the current space or model no longer accepts, or a damaged time
@@ -84,12 +86,15 @@ def measured_pairs(record: dict, gpu: Gpu) -> "list[tuple[str, float, float]]":
     return out
 
 
-def calibrate(records: "list[dict]", gpu: Gpu) -> "tuple[list[TuneFit], list[FamilyFit]]":
+def calibrate(records: "list[dict]", gpu: Gpu,
+              params: "ModelParams | None" = None) -> "tuple[list[TuneFit], list[FamilyFit]]":
+    """Every measured tune's fit and every family's, predicted with `params` (default: the model's defaults); a
+    family's efficiency now is the one those parameters give it (its constant times their scale on it)."""
     tunes, by_family = [], {}
     for record in records:
         if record.get("simulated"):
             continue  # replayed timings say nothing about the GPU
-        pairs = measured_pairs(record, gpu)
+        pairs = measured_pairs(record, gpu, params)
         if not pairs:
             continue
         label = Problem.from_dict(record["problem"]).label
@@ -100,6 +105,6 @@ def calibrate(records: "list[dict]", gpu: Gpu) -> "tuple[list[TuneFit], list[Fam
     families = []
     for family, ratios in sorted(by_family.items(), key=lambda kv: kv[0]):
         ratio = statistics.median(ratios)
-        now = tensor_efficiency(family, gpu)
+        now = tensor_efficiency(family, gpu) * (params.scale_of(family) if params is not None else 1.0)
         families.append(FamilyFit(family, len(ratios), ratio, now, now / ratio))
     return tunes, families
