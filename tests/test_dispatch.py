@@ -477,3 +477,33 @@ def test_an_array_with_only_the_cuda_array_interface_is_refused_by_its_own_shape
     gemm = DispatchKernel({}, {}, {})
     with pytest.raises(InvalidInput, match=r"2-D arrays.*\(2, 3, 4\)"):
         gemm(Cai((2, 3, 4)), Cai((4, 5)), Cai((3, 5)))
+
+
+def test_docs_dispatch_md_states_the_auto_buckets_the_code_gives_for_its_example(monkeypatch, tmp_path):
+    """docs/dispatch.md said `--buckets auto` tunes 18-19 buckets at 1..8192 x 4096 x 4096 (splits at 48, 80, 96,
+    1536) long after the model and the space had moved; its sentence is checked against plan_buckets as a user in
+    a checkout gets it (the shipped H100 calibration, no user calibration). Ranks the space ~30 times: ~10 s."""
+    import re
+
+    from gemmgen.model import paths
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.model.problem import Problem
+    from gemmgen.tune.dispatch import plan_buckets
+    from gemmgen.tune.engines import default_engines
+
+    text = " ".join((HERE.parent / "docs" / "dispatch.md").read_text(encoding="utf-8").split())
+    said = re.search(r"At 1\.\.8192 × 4096 × 4096 (?:bf16 on the H100 )?this tunes ([\d-]+) buckets instead of "
+                     r"(\d+) \(the splits fall at ([\d, and]+)[;)]", text)
+    assert said, "docs/dispatch.md no longer states the auto example's bucket count in the form this test reads"
+    count, pow2_count = said.group(1), int(said.group(2))
+    splits = [int(x) for x in re.findall(r"\d+", said.group(3))]
+
+    monkeypatch.setattr(paths, "results_dirs", lambda: [paths.SHIPPED_RESULTS])
+    monkeypatch.setattr(paths, "user_data_dir", lambda: tmp_path / "user")
+    gpu = lookup_gpu("h100")
+    buckets = pow2_buckets(1, 8192, 4096, 4096)
+    refined = plan_buckets(Problem.create(1, 4096, 4096), buckets, gpu, gpu.arch, default_engines(1), "auto")
+    got_splits = sorted({b.m_max for b in refined} - {b.m_max for b in buckets})
+    assert (str(len(refined)), len(buckets), got_splits) == (count, pow2_count, splits), \
+        f"docs/dispatch.md says {count} buckets instead of {pow2_count}, splits at {splits}; the code gives " \
+        f"{len(refined)} instead of {len(buckets)}, splits at {got_splits}: update the doc's sentence"
