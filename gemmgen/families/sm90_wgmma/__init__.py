@@ -2,7 +2,7 @@
 
 One producer warpgroup issues TMA into a ring of `stages` 128B-swizzled stages; one to three consumer
 warpgroups (or two alternating ones, ping-pong) run wgmma m64nNk16 on them, with setmaxnreg moving registers
-to the consumers. Knobs (Sm90Config): persistent tile loop, 2-CTA clusters with multicast, ping-pong, a store
+to the consumers. Knobs (Sm90Config): persistent tile loop, 2x1, 1x2 and 2x2 clusters with multicast, ping-pong, a store
 warp for D's TMA stores, the operand swap for skinny M, split-K (reduction launch or fused) and Stream-K.
 Templates: templates/sm90_wgmma/. Search space: search_spaces/sm90_wgmma.yaml.
 """
