@@ -36,6 +36,18 @@ def count(counts, prefix: str) -> int:
     return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
 
 
+def clean_tma_sass(kernel: Kernel) -> str:
+    """The SASS of `kernel` compiled, after checking what every sm90 kernel must show: no spilled bytes, no local
+    memory (LDL/STL) and TMA loads (UTMALDG)."""
+    from gemmgen.codegen.sass import dump_sass, instruction_counts
+    compiled = compile_sm90(kernel)
+    assert compiled.spill_bytes == 0
+    sass = dump_sass(compiled.cubin)
+    counts = instruction_counts(sass)
+    assert count(counts, "LDL") == 0 and count(counts, "STL") == 0 and count(counts, "UTMALDG") > 0
+    return sass
+
+
 def splitk_config(splits: int, cta="128x256x64", warp="64x256x64", stages=4) -> TileConfig:
     from dataclasses import replace
     from gemmgen.model.tiles import DecompKind, Decomposition
