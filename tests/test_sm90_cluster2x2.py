@@ -68,3 +68,36 @@ def test_a_2x2_cluster_matches_the_fp32_reference_off_cluster_multiples(a, b, sh
     gemm(A, B, D, bias=bias)
     torch.cuda.synchronize()
     assert rel_error(D, torch.relu(A.float() @ B.float() + bias.float())) < 1e-2
+
+
+# The knobs a 2x2 cluster can be combined with through --config (the space lists it plain): each must stay correct.
+KNOBS = {"splitk2": {"decomposition": {"kind": "splitk", "splits": 2}},
+         "store_warp": {"store_warp": True},
+         "pingpong": {"warp": "128x128x64", "schedule": "pingpong"},
+         "swap": {"swap_ab": True}}
+
+
+@pytest.mark.parametrize("knob", sorted(KNOBS))
+def test_the_rules_take_a_2x2_cluster_with_each_knob(knob):
+    m = 200 if knob == "swap" else 1000
+    problem = Problem.create(m, 3000, 2000, "bf16", "row", "col")
+    assert not check(TileConfig.from_dict({**TILE, **KNOBS[knob]}), H100, problem=problem)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knob", sorted(KNOBS))
+def test_a_2x2_cluster_with_each_knob_matches_the_fp32_reference(knob):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("needs an sm_90 GPU with torch")
+    from test_hopper_paths_gpu import load, operand, rel_error
+
+    m, n, k = (200 if knob == "swap" else 1000), 3000, 2000
+    gemm = load(Problem.create(m, n, k, "bf16", "row", "col", beta=0.5), {**TILE, **KNOBS[knob]})
+    for mm, nn, kk in ((m, n, k), (m - 37, n - 8, k + 64)):   # a second shape the kernel serves
+        A, B = operand(mm, kk, "row"), operand(kk, nn, "col")
+        C = torch.randn(mm, nn, device="cuda").to(torch.bfloat16)
+        D = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, B, D, C=C)
+        torch.cuda.synchronize()
+        assert rel_error(D, A.float() @ B.float() + 0.5 * C.float()) < 1e-2
