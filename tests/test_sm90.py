@@ -115,17 +115,21 @@ def test_multicast_slices_need_64_wide_pieces():
     assert any("cluster along N multicasts A" in v.rule for v in constraints.check(worse, H100, Arch.SM90A))
 
 
-def test_a_pair_of_64_row_tiles_sharing_b_serves_m_up_to_128_and_says_so():
+def test_a_pair_of_64_row_tiles_sharing_b_serves_m_of_65_to_128_and_says_so():
     """2x1 clusters of 64-row tiles (skinny_clusters) cover every row of M <= 128; at larger M they measured slower
-    than 1x1 tiles, so the rules refuse them there and the manifest states m_max."""
+    than 1x1 tiles, and at M <= 64 (the second CTA without rows) slower than unclustered or swapped tiles, so the
+    rules refuse them there and the manifest states m_max."""
     from gemmgen.runtime.manifest import make_manifest
 
     pair = Sm90Config(Shape3(64, 128, 64), Shape3(64, 128, 64), Shape3(64, 128, 16), 6, cluster=Cluster(2, 1),
                       warp_specialized=True, persistent=True)
-    for m in (1, 100, 128):
+    for m in (65, 100, 128):
         assert constraints.check(pair, H100, Arch.SM90A, Problem.create(m, 4096, 4096, "bf16", "row", "col")) == []
     refused = constraints.check(pair, H100, Arch.SM90A, Problem.create(129, 4096, 4096, "bf16", "row", "col"))
     assert [v.rule for v in refused if "serves M up to 128" in v.rule], refused
+    for m in (1, 7, 64):
+        refused = constraints.check(pair, H100, Arch.SM90A, Problem.create(m, 4096, 4096, "bf16", "row", "col"))
+        assert [v.rule for v in refused if "rows for both CTAs" in v.rule], refused
     problem = Problem.create(100, 4096, 4096, "bf16", "row", "col")
     assert make_manifest(Kernel(Arch.SM90A, problem.operands, pair), problem)["serves"]["m_max"] == 128
     # 128-row tiles in 2x1 clusters (the large-product kernels) keep every M.
