@@ -41,10 +41,8 @@ def cases(gpu_name: str = "h100", family: str = "", limit: int = 0, match: str =
             for j, (m, n, k) in enumerate(SHAPES):
                 for shift in range(len(LAYOUTS)):
                     a, b = LAYOUTS[(i + j + shift) % len(LAYOUTS)]
-                    # a swapped tile serves M up to its N; a skinny one up to its M; a pair of 64-row tiles
-                    # M of 65 to 128 (rows for both CTAs)
-                    for rows in (m, cfg.cta.n, cfg.cta.n - 3, cfg.cta.m, max(1, cfg.cta.m - 3),
-                                 max(1, cfg.cta.m * cfg.cluster.m - 3)):
+                    # a swapped tile serves M up to its N; a skinny one up to its M
+                    for rows in (m, cfg.cta.n, cfg.cta.n - 3, cfg.cta.m, max(1, cfg.cta.m - 3)):
                         problem = Problem.create(rows, n, k, dtype, a, b, **extra)
                         if not check(cfg, gpu, gpu.arch, problem):
                             out.append((f"{name}/{i:03d}", problem, kernel_for(problem, cfg, gpu.arch)))

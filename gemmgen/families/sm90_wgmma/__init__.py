@@ -88,6 +88,19 @@ SM_STREAM_RATE = 48e9
 # 7-47% slower than one 64x64 tile at M 40-64; once a padding CTA loads nothing past the edge, 4% at M 56 and 40
 # (14.9 vs 14.3 us, 14.7 vs 14.1), but the model prices the pair ~14% faster than the tile there, so it stays.
 HALF_EMPTY_PAIR_LOAD_EFFICIENCY = 0.75
+# A 2x1 pair of 64-row tiles over M <= 64: its second CTA has no rows and only loads its half of B for the first.
+# Measured on the H100 1.2-1.7x slower than the unclustered or swapped tile the model ranked next at M = 7-56 with
+# short K (docs/perf-notes.md, "Pairs of 64-row tiles over M <= 64"), where the model, seeing one wave either way and
+# the pair's halved requests, ranked it first. Priced (its main loop and its loads at this fraction), not refused: a
+# pair tuned at M 65-128 still serves smaller M.
+EMPTY_PAIR_EFFICIENCY = 0.6
+
+
+def _empty_pair_efficiency(config: "Sm90Config", problem: Problem) -> float:
+    """EMPTY_PAIR_EFFICIENCY for a 2x1 pair of 64-row tiles over M <= 64 (its main loop and its loads), else 1."""
+    if not config.swap_ab and config.cta.m == 64 and config.cluster.m > 1 and problem.m <= 64:
+        return EMPTY_PAIR_EFFICIENCY
+    return 1.0
 # Bytes per second at which a CTA's TMA boxes cover rows past the tensor's edge (zero fill): measured on the H100
 # and the H200 (docs/perf-notes.md, "Rows past the edge"), the 64 x 128 tiles of 129 x 4096 x 4096 took 10.5 us
 # longer than those of 192 x 4096 x 4096 (same tiles, grid and traffic) for 63 rows x 128 B x 64 k-tiles past M,
@@ -203,7 +216,7 @@ class Sm90Wgmma(KernelFamily):
         # A swapped kernel is priced on the swapped problem, whose N is the caller's M.
         if config.swap_ab and config.cluster.n > 1 and 2 * problem.n <= 3 * config.cta.n:
             return HALF_EMPTY_PAIR_LOAD_EFFICIENCY
-        return 1.0
+        return _empty_pair_efficiency(config, problem)
 
     def edge_fill_s(self, config: Sm90Config, problem: Problem, ctas: int) -> float:
         # Per operand: the rows (MN-major: columns) its last tile row (column) covers past M (N), unless an edge map
@@ -249,6 +262,7 @@ class Sm90Wgmma(KernelFamily):
                 odd_width *= PINGPONG_MN_A_EFFICIENCY   # (fp8 and tf32 A are packed K-major first)
             odd_width *= _pingpong_turns(config, problem)
         odd_width *= _mn_narrow_efficiency(config, problem)
+        odd_width *= _empty_pair_efficiency(config, problem)
         # Promotion drains the wgmma pipeline every `promote` k-tiles: tensor cores idle for the bubble.
         if not config.promote:
             return odd_width

@@ -201,11 +201,6 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
             # where the model cannot tell them apart (docs/perf-notes.md, "Shapes nobody chose").
             rule(problem.m <= cta.m * config.cluster.m, "a 2x1 cluster of 64-row tiles serves M up to 128 (the pair "
                  "covers every row, so B is read once per N tile)", problem.m, cta.m * config.cluster.m)
-            # With M <= 64 the pair's second CTA has no rows: it only loads its half of B for the first, which ran
-            # 1.2-1.5x slower than the unclustered or swapped tiles at M = 7 and 56 (docs/perf-notes.md, "Pairs of
-            # 64-row tiles over M <= 64"), and the model, which sees one wave either way, ranked the pair first.
-            rule(problem.m > cta.m * (config.cluster.m - 1), "a 2x1 cluster of 64-row tiles needs rows for both "
-                 "CTAs: M above 64", problem.m, cta.m * (config.cluster.m - 1) + 1)
     if config.cluster.n > 1:
         # fp8 and tf32 A reaches shared memory K-major in any layout (packed, launch.transposed).
         if operands is not None and (operands.a_layout.value == "row" or elt != 2):
