@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How many 2-CTA clusters the GPU holds at once, per sm90 configuration (cuOccupancyMaxActiveClusters), beside the
-grid the model assumes (SMs / cluster size): where a persistent grid of cluster tiles is larger than what is
+"""How many 2- and 4-CTA clusters the GPU holds at once, per sm90 configuration (cuOccupancyMaxActiveClusters), beside
+what a manifest built without a GPU assumes (launch.resident_clusters: SMs / 2 for pairs, whole clusters per GPC of
+at most 18 SMs for 2x2): where a persistent grid of cluster tiles is larger than what is
 resident, the last clusters wait for others to finish their whole tile loop and the run takes about twice as long.
 
     PYTHONPATH=$PWD python3 benchmarks/cluster_occupancy.py [--out DIR]
@@ -27,6 +28,7 @@ CASES = [  # (M, N, K, A, B, cta, stages, cluster, swapped)
     (300, 8192, 8192, "row", "col", "128x160", 4, "2x1", True), (4096, 4096, 4096, "row", "row", "128x256", 4, "2x1", False),
     (4096, 4096, 4096, "row", "row", "128x256", 3, "2x1", False), (4096, 4096, 4096, "row", "col", "256x128", 4, "1x2", False),
     (128, 8192, 8192, "row", "row", "64x128", 6, "2x1", False), (2048, 4096, 4096, "row", "col", "128x144", 6, "2x1", False),
+    (2520, 616, 12280, "row", "row", "128x128", 6, "2x2", False), (4096, 4096, 4096, "row", "col", "128x128", 4, "2x2", False),
 ]
 
 
@@ -40,7 +42,7 @@ def main(argv=None) -> int:
     from gemmgen.codegen.nvrtc import compile_many
     from gemmgen.families.rules import check
     from gemmgen.families.sm90_wgmma.config import Sm90Config
-    from gemmgen.families.sm90_wgmma.launch import manifest_launches, work_units
+    from gemmgen.families.sm90_wgmma.launch import manifest_launches, resident_clusters, work_units
     from gemmgen.runtime import tma
     from gemmgen.runtime.device import Device
 
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
             resident = tma.max_active_clusters(function, main)
             tiles = work_units(kernel, problem)
             row = {"problem": problem.label, "config": config.tag, "smem_bytes": main["dynamic_smem"],
-                   "clusters_resident": resident, "assumed": dev.props.sm_count // config.cluster.size,
+                   "clusters_resident": resident, "assumed": resident_clusters(dev.props.sm_count, config.cluster.size),
                    "cluster_tiles": tiles, "waves": -(-tiles // resident)}
             rows.append(row)
             print(f"{problem.label:24s} {config.tag[11:80]:70s} smem {main['dynamic_smem']:6d}  resident "

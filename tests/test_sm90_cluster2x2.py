@@ -34,6 +34,19 @@ def test_a_2x2_cluster_splits_each_operand_in_two_slices_not_four():
     assert tm_a["box"] == [64, 64] and tm_b["box"] == [64, 64]
 
 
+def test_a_persistent_2x2_grid_built_without_a_gpu_holds_no_more_clusters_than_the_gpcs_can():
+    # Regression: the fallback (no cuOccupancyMaxActiveClusters) was SMs / cluster size, 33 clusters of 4 on an H100
+    # SXM's 132 SMs; its 8 GPCs of at most 18 SMs hold at most 4 clusters of 4 each, so the 33rd cluster of a
+    # multi-wave product waited for another's whole tile loop in any launch of the exported grid as is.
+    problem = Problem.create(4096, 4096, 4096, "bf16", "row", "col")   # 256 cluster tiles: many waves
+    kernel = Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict(TILE))
+    assert sm90_launch.launch(kernel, problem, sm_count=132)["grid"] == [128, 1, 1]   # 32 clusters
+    assert sm90_launch.launch(kernel, problem, sm_count=114)["grid"] == [112, 1, 1]   # H100 PCIe: 28
+    assert sm90_launch.launch(kernel, problem, sm_count=132, max_clusters=30)["grid"] == [120, 1, 1]   # the driver's
+    pair = Kernel(Arch.SM90A, problem.operands, TileConfig.from_dict({**TILE, "cluster": "2x1"}))
+    assert sm90_launch.launch(pair, problem, sm_count=132)["grid"] == [132, 1, 1]   # a pair fits a TPC: 66
+
+
 def test_a_row_major_b_needs_whole_64_column_blocks_per_cluster_column_slice():
     problem = Problem.create(2088, 2800, 1224, "bf16", "row", "row")
     assert not check(TileConfig.from_dict(TILE), H100, problem=problem)   # 128 columns: two 64-wide slices

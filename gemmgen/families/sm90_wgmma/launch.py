@@ -418,15 +418,32 @@ def work_units(kernel: Kernel, problem: Problem) -> int:
     return cluster_tiles(kernel, problem) * splits(kernel)
 
 
+# A Hopper GPC holds at most 9 TPCs of 2 SMs (GH100: 8 GPCs x 9 TPCs; the H100 SXM and H200 enable 66 of the 72
+# TPCs), and a cluster's CTAs run in one GPC.
+GPC_SMS = 18
+
+
+def resident_clusters(sm_count: int, size: int) -> int:
+    """Clusters of `size` CTAs (one CTA an SM) a GPU of `sm_count` SMs can hold at once where the driver was not
+    asked (cuOccupancyMaxActiveClusters): a pair fits in a TPC, so SMs / 2 (66 on the H100 SXM, as the driver
+    reports: docs/perf-notes.md); a larger cluster leaves each GPC's SMs past a multiple of its size idle, so at
+    most size-multiples of GPCs of 18 SMs: 32 clusters of 4 on 132 SMs (8 GPCs of 16-18 usable), not 132 / 4 = 33.
+    An upper bound: a chip whose GPCs enable fewer TPCs holds fewer, so launchers ask the driver."""
+    if size <= 2:
+        return max(1, sm_count // size)
+    gpcs = -(-sm_count // GPC_SMS)
+    return max(1, min(sm_count // size, gpcs * (GPC_SMS // size)))
+
+
 def grid_size(kernel: Kernel, problem: Problem, sm_count: int, max_clusters: "int | None" = None) -> int:
     """CTAs to launch: one per cluster tile, or for a persistent kernel no more clusters than can be
-    resident at once. `max_clusters` is the driver's cuOccupancyMaxActiveClusters where known: GPCs
-    need not hold a whole number of clusters, and a persistent cluster that cannot start until another
-    finishes its whole tile loop doubles the run time."""
+    resident at once. `max_clusters` is the driver's cuOccupancyMaxActiveClusters where known, else
+    resident_clusters: GPCs need not hold a whole number of clusters, and a persistent cluster that cannot
+    start until another finishes its whole tile loop doubles the run time."""
     cfg = kernel.config
     clusters = work_units(kernel, problem)
     if cfg.persistent:
-        resident = max_clusters or max(1, sm_count // cfg.cluster.size)
+        resident = max_clusters or resident_clusters(sm_count, cfg.cluster.size)
         if is_streamk(kernel):
             # Stream-K cuts the tiles of the last partial wave into K slices (or K ranges) to fill it, so it
             # uses every resident slot even with fewer tiles than SMs (up to SK_MAX_SLICES slices per tile).
@@ -535,6 +552,6 @@ def kernel_for(problem: Problem, config, arch: Arch = Arch.SM90A) -> Kernel:
     return Kernel(arch, problem.operands, config)
 
 
-__all__ = ["SPLIT_FACTOR", "edge_boxes", "edge_tensormaps", "remainder_tensormap", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "cluster_tiles", "work_units", "splits", "launch",
+__all__ = ["SPLIT_FACTOR", "edge_boxes", "edge_tensormaps", "remainder_tensormap", "split3_tensormaps", "TRANSPOSE_TILE_BYTES", "TRANSPOSE_TILE_ROWS", "has_scales", "mainloop_operands", "packed", "tile_pack", "transposed", "pack_plan", "pack_launch", "prepass_bytes", "PACK_THREADS", "PACK_CHUNK", "PACK_ROWS", "manifest_launches", "is_streamk", "is_fused", "fused_counter_words", "streamk_flag_words", "streamk_slices", "tensormap_specs", "grid_size", "resident_clusters", "GPC_SMS", "cluster_tiles", "work_units", "splits", "launch",
            "launches",
            "kernel_for", "a_is_kmajor", "b_is_kmajor", "gemm_problem", "gemm_operands"]
