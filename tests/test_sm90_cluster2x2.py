@@ -47,6 +47,15 @@ def test_a_persistent_2x2_grid_built_without_a_gpu_holds_no_more_clusters_than_t
     assert sm90_launch.launch(pair, problem, sm_count=132)["grid"] == [132, 1, 1]   # a pair fits a TPC: 66
 
 
+def test_the_rule_for_64_row_tiles_over_m_names_the_2x2_cluster_it_refuses():
+    # Regression: the refusal read "a 2x1 cluster of 64-row tiles serves M up to 128" for a 2x2 cluster.
+    narrow = {**TILE, "cta": "64x128x64", "warp": "64x128x64"}
+    broken = check(TileConfig.from_dict(narrow), H100, problem=Problem.create(300, 3000, 2000, "bf16", "row", "col"))
+    rules = [v.rule for v in broken if "64-row tiles" in v.rule]
+    assert rules and all(r.startswith("a 2x2 cluster of 64-row tiles serves M up to 128") for r in rules), broken
+    assert not check(TileConfig.from_dict(narrow), H100, problem=Problem.create(100, 3000, 2000, "bf16", "row", "col"))
+
+
 def test_a_row_major_b_needs_whole_64_column_blocks_per_cluster_column_slice():
     problem = Problem.create(2088, 2800, 1224, "bf16", "row", "row")
     assert not check(TileConfig.from_dict(TILE), H100, problem=problem)   # 128 columns: two 64-wide slices

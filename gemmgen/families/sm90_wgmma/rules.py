@@ -185,7 +185,7 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
          f"most {WIDE_MMA_N} (two boxes)", f"{cta.m}x{cta.n}", f"256x{WIDE_MMA_N}")
     rule(config.warp_specialized, "sm90_wgmma is warp-specialized (a producer warpgroup issues TMA)",
          config.warp_specialized, True)
-    # A 2-CTA cluster splits the shared operand's tile into one TMA slice per CTA.
+    # A cluster splits each operand it shares into one TMA slice per CTA that shares it (its row for A, column for B).
     if config.cluster.m > 1:
         if b_kmajor:
             # K-major B: each CTA's slice is a box of N rows of 128 bytes, whole 8-row swizzle groups.
@@ -199,8 +199,9 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
             # The pair of 64-row tiles is for M <= 128, where it covers every row and B's tile is read once
             # per N tile: measured 5-23% faster than 1x1 at M 88-128 and up to 15% slower at M 1024-1912,
             # where the model cannot tell them apart (docs/perf-notes.md, "Shapes nobody chose").
-            rule(problem.m <= cta.m * config.cluster.m, "a 2x1 cluster of 64-row tiles serves M up to 128 (the pair "
-                 "covers every row, so B is read once per N tile)", problem.m, cta.m * config.cluster.m)
+            rule(problem.m <= cta.m * config.cluster.m, f"a {config.cluster} cluster of 64-row tiles serves M up to "
+                 f"{cta.m * config.cluster.m} (its cluster column covers every row, so B is read once per N tile)",
+                 problem.m, cta.m * config.cluster.m)
     if config.cluster.n > 1:
         # fp8 and tf32 A reaches shared memory K-major in any layout (packed, launch.transposed).
         if operands is not None and (operands.a_layout.value == "row" or elt != 2):
