@@ -123,7 +123,7 @@ def check_problem(problem: Problem, gpu: Gpu, arch=None) -> "list[tuple[str, str
     output dtype none takes, a dimension or leading dimension past every family's indexing), as tune and compile
     refuse it; else the families it rules out, each with why. Commands that only answer (roofline, lookup) ask
     it too, so they never answer for a problem the tuner refuses."""
-    from ..rank.space import check_target, excluded_families, families_for
+    from ..rank.space import binding_rule, check_target, excluded_families, families_for
 
     arch = arch or gpu.arch
     check_target(gpu, arch, problem.a_dtype, problem.b_dtype)
@@ -133,36 +133,6 @@ def check_problem(problem: Problem, gpu: Gpu, arch=None) -> "list[tuple[str, str
                            "; ".join(f"{family}: {binding_rule(family, problem, gpu, arch) or rule}"
                                      for family, rule in excluded))
     return excluded
-
-
-# Dimensions past this are shrunk (keeping their residue mod 128, hence every alignment) to find the configurations
-# that serve a problem's kind: its dtypes, layouts, epilogue and math.
-SMALL_DIM = 4096
-
-
-def binding_rule(family: str, problem: Problem, gpu: Gpu, arch) -> "str | None":
-    """The rule (with its value and limit) that rules out `family`'s configurations serving this kind of problem:
-    the one most often broken by those that run the same problem at small dimensions; None when none do, or when
-    the problem is small already. The rule broken most often over the whole space can instead be one that only
-    sorts kernels by kind: a 3xTF32 problem past the K limit was refused for '3xTF32 (split3) kernels serve --math
-    3xtf32 problems, tf32 kernels the others' (broken by every tf32 kernel) rather than for its K."""
-    import dataclasses
-
-    from ..families import rules as constraints
-    from ..rank.space import all_configs
-
-    small = dataclasses.replace(problem, **{axis: SMALL_DIM + getattr(problem, axis) % 128 for axis in "mnk"
-                                            if getattr(problem, axis) > SMALL_DIM + 128})
-    if small == problem:
-        return None
-    counts: "dict[str, tuple[int, str]]" = {}
-    for config in all_configs(family):
-        if constraints.check(config, gpu, arch, small, small.operands):
-            continue  # not a kernel for this kind of problem at any size
-        for v in constraints.check(config, gpu, arch, problem, problem.operands):
-            n, text = counts.get(v.rule, (0, str(v)))
-            counts[v.rule] = (n + 1, text)
-    return max(counts.values())[1] if counts else None
 
 
 def check_named(problem: Problem, gpu: Gpu, what: str) -> None:

@@ -139,6 +139,13 @@ def enumerate_space(family: "KernelFamily | str", gpu: Gpu, arch: "Arch | None" 
     return [c for c in all_configs(family) if not constraints.check(c, gpu, arch, problem, operands)]
 
 
+def _count_rules(counts: "dict[str, tuple[int, str]]", broken) -> None:
+    """Adds each broken rule of one configuration to `counts` (rule -> (times broken, the first message))."""
+    for v in broken:
+        n, text = counts.get(v.rule, (0, str(v)))
+        counts[v.rule] = (n + 1, text)
+
+
 def excluded_families(problem: "Problem | None", gpu: Gpu, arch: "Arch | None" = None,
                       operands: "Operands | None" = None) -> "list[tuple[str, str]]":
     """Families the target supports that this problem (or, without one, these operands) rules out entirely, each
@@ -154,12 +161,37 @@ def excluded_families(problem: "Problem | None", gpu: Gpu, arch: "Arch | None" =
             if not broken:
                 feasible = True
                 break
-            for v in broken:
-                n, text = counts.get(v.rule, (0, str(v)))
-                counts[v.rule] = (n + 1, text)
+            _count_rules(counts, broken)
         if not feasible and counts:
             out.append((family, max(counts.values())[1]))
     return out
+
+
+# Dimensions past this are shrunk (keeping their residue mod 128, hence every alignment) to find the configurations
+# that serve a problem's kind: its dtypes, layouts, epilogue and math.
+SMALL_DIM = 4096
+
+
+def binding_rule(family: str, problem: Problem, gpu: Gpu, arch: "Arch | None" = None) -> "str | None":
+    """The rule (with its value and limit) that rules out `family`'s configurations serving this kind of problem:
+    the one most often broken by those that run the same problem at small dimensions; None when none do, or when
+    the problem is small already. The rule broken most often over the whole space (excluded_families) can instead
+    be one that only sorts kernels by kind: a 3xTF32 problem past the K limit was refused for '3xTF32 (split3)
+    kernels serve --math 3xtf32 problems, tf32 kernels the others' (broken by every tf32 kernel) rather than for
+    its K."""
+    import dataclasses
+
+    arch = arch or gpu.arch
+    small = dataclasses.replace(problem, **{axis: SMALL_DIM + getattr(problem, axis) % 128 for axis in "mnk"
+                                            if getattr(problem, axis) > SMALL_DIM + 128})
+    if small == problem:
+        return None
+    counts: "dict[str, tuple[int, str]]" = {}
+    for config in all_configs(family):
+        if constraints.check(config, gpu, arch, small, small.operands):
+            continue  # not a kernel for this kind of problem at any size
+        _count_rules(counts, constraints.check(config, gpu, arch, problem, problem.operands))
+    return max(counts.values())[1] if counts else None
 
 
 def families_for(arch: "Arch | str") -> "list[str]":
