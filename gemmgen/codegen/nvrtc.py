@@ -16,12 +16,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from cuda.bindings import nvrtc
-
 from ..model.atomic import atomic_write
 from ..model import paths
 from ..model.arch import Arch, Gpu
-from ..model.errors import CompileError, GemmgenError, NoGpu
+from ..model.errors import CompileError, GemmgenError, UserError
 from .render import render
 from ..model.tiles import Kernel
 
@@ -94,8 +92,47 @@ class NvrtcCallError(GemmgenError):
         return f"{self.call} failed with NVRTC error {self.code}" + (f": {self.detail}" if self.detail else "")
 
 
+NVRTC_INSTALL = "pip install 'cuda-bindings[all]>=12.8' nvidia-cuda-nvrtc, which installing gemmgen brings"
+
+
+class NvrtcUnavailable(UserError):
+    """NVRTC cannot be used from this Python: cuda-bindings or libnvrtc is not installed."""
+
+    def __init__(self, reason: str, hint: str = NVRTC_INSTALL):
+        self.reason, self.hint = reason, hint
+        super().__init__(reason, hint)
+
+    def __str__(self) -> str:
+        return f"NVRTC is not available ({self.reason}); install it: {self.hint}"
+
+
+_loaded = None  # the nvrtc module, once it has loaded libnvrtc
+
+
+def _bindings():
+    """cuda.bindings' nvrtc module with libnvrtc loaded, or NvrtcUnavailable naming what is missing."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()  # loads libnvrtc: cuda.pathfinder raises its own error where it is missing
+    except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the loader raises
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise NvrtcUnavailable(f"{type(exc).__name__}: {first}") from None
+    _loaded = nvrtc
+    return nvrtc
+
+
+def require_nvrtc() -> None:
+    """Refuse up front, before any ranking or process pool, where nothing could be compiled."""
+    _bindings()
+
+
 def _check(result, call: str):
     """Unpack a cuda.bindings return tuple, raising on any status but NVRTC_SUCCESS."""
+    nvrtc = _bindings()
     status, *values = result if isinstance(result, tuple) else (result,)
     if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         _, text = nvrtc.nvrtcGetErrorString(status)
@@ -108,7 +145,7 @@ def _check(result, call: str):
 @lru_cache(maxsize=1)
 def nvrtc_version() -> str:
     """'13.5' style version of the NVRTC library in use (part of every cache key)."""
-    major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    major, minor = _check(_bindings().nvrtcVersion(), "nvrtcVersion")
     return f"{major}.{minor}"
 
 
@@ -210,6 +247,7 @@ def source_path(name: str, source: str) -> Path:
 # --- compilation ----------------------------------------------------------------------------------
 def compile_source(name: str, source: str, options: "tuple[str, ...]") -> "tuple[bytes, str]":
     """NVRTC on one source: the cubin and the log, or CompileError with the log and the source's path."""
+    nvrtc = _bindings()
     program = _check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
                      "nvrtcCreateProgram")
     try:
@@ -236,15 +274,10 @@ def compile_source(name: str, source: str, options: "tuple[str, ...]") -> "tuple
 @lru_cache(maxsize=32)
 def compile_for_device(name: str, source: str, cc: "tuple[int, int]") -> bytes:
     """A SASS cubin of a small helper source (no template, no model) for compute capability `cc`: the measuring
-    process's fill and hold kernels, the reference GEMM. CompileError with the log; NoGpu where NVRTC is missing."""
+    process's fill and hold kernels, the reference GEMM. CompileError with the log; NvrtcUnavailable where NVRTC
+    is missing."""
     options = (f"--gpu-architecture=sm_{cc[0]}{cc[1]}", "--std=c++17")
-    try:
-        cubin, _ = compile_source(name, source, options)
-    except GemmgenError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - cuda.pathfinder raises its own error when libnvrtc is missing
-        raise NoGpu(f"NVRTC is not available ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
-                    "pip install nvidia-cuda-nvrtc") from None
+    cubin, _ = compile_source(name, source, options)
     return cubin
 
 
@@ -282,6 +315,8 @@ def compile_many(kernels: "list[Kernel]", jobs: "int | None" = None,
     """Compile every kernel over a process pool, in order; a failure is returned, not raised.
     `on_done(done, total)` is called as each one finishes, for progress."""
     kernels = list(kernels)
+    if kernels:
+        require_nvrtc()  # once, here, rather than as every kernel's failure
     jobs = max(1, jobs or os.cpu_count() or 1)
     results = []
     if jobs == 1 or len(kernels) <= 1:
@@ -298,5 +333,5 @@ def compile_many(kernels: "list[Kernel]", jobs: "int | None" = None,
     return results
 
 
-__all__ = ["Compiled", "NvrtcCallError", "Resources", "cache_key", "compile_kernel", "compile_many",
+__all__ = ["Compiled", "NvrtcCallError", "NvrtcUnavailable", "require_nvrtc", "Resources", "cache_key", "compile_kernel", "compile_many",
            "compile_source", "nvrtc_version", "options_for", "parse_ptxas_log", "source_path"]

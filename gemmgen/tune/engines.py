@@ -167,6 +167,11 @@ def _identity(kernel):
 
 
 def default_engines(jobs: int) -> Engines:
+    """The real engines: NVRTC is checked here, once, so a Python without it is refused before any ranking (not
+    every candidate reported, or quarantined, as a compile error)."""
+    from ..codegen.nvrtc import require_nvrtc
+
+    require_nvrtc()
     return Engines(_enumerate_families, _predict, PoolCompiler(jobs) if jobs > 0 else InlineCompiler(),
                    _manifest, _nvrtc_version, _tiebreak, _identity)
 

@@ -7,7 +7,7 @@ Device; without NVRTC the fill falls back to NumPy on the host and holding a str
 from __future__ import annotations
 
 from ..model.arch import DType
-from ..model.errors import CompileError, InvalidInput, NoGpu
+from ..model.errors import CompileError, InvalidInput
 from ..runtime.device import Buffer, Device, Module
 from ..runtime.host import host_uniform
 from ..runtime.launch import PreparedLaunch, enqueue, pack_params
@@ -64,10 +64,10 @@ def _module(dev: Device) -> "Module | None":
     """The helper kernels, compiled once per Device; None (remembered) when NVRTC cannot build them."""
     if "utility" not in dev.cache:
         try:
-            from ..codegen.nvrtc import compile_for_device
+            from ..codegen.nvrtc import NvrtcUnavailable, compile_for_device
 
             dev.cache["utility"] = dev.load(compile_for_device("gemmgen_utility", UTILITY_SOURCE, dev.props.cc))
-        except (ImportError, NoGpu, CompileError):
+        except (ImportError, NvrtcUnavailable, CompileError):
             dev.cache["utility"] = None
     return dev.cache["utility"]
 
