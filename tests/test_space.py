@@ -101,6 +101,19 @@ def test_a_leading_dimension_tma_cannot_load_no_longer_rules_out_the_tma_family(
     assert general(excluded_families(Problem.create(4096, 4096, 4096, "bf16"), gpu)) == []
 
 
+def test_a_family_ruled_out_by_its_dtypes_is_named_for_them_not_for_a_rule_that_ties():
+    # Regression: of rules every configuration breaks, the one whose message sorted last was named, so an fp8
+    # tune on the H100 noted 'sm80_mma writes D in the inputs' dtype: got bf16, limit e4m3' (and row sums on the
+    # A100 the skinny family's M rule) where the family takes no fp8 at all.
+    from gemmgen.rank.space import excluded_families
+
+    fp8 = dict(excluded_families(Problem.create(64, 64, 64, "e4m3"), lookup_gpu("h100")))
+    assert {family: rule.split(":")[0] for family, rule in fp8.items()} == {
+        f"sm80_{name}": f"family sm80_{name} supports dtypes" for name in ("mma", "skinny", "gemv")}
+    row_sums = dict(excluded_families(Problem.create(4096, 4096, 4096, "bf16", row_sums=True), lookup_gpu("a100")))
+    assert all("cannot write the row sums of A" in rule for rule in row_sums.values()), row_sums
+
+
 def test_tune_dry_run_picks_a_packing_tma_kernel_for_misaligned_rows(capsys, tmp_path, monkeypatch):
     from gemmgen.cli import main
 

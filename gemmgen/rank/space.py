@@ -146,6 +146,13 @@ def _count_rules(counts: "dict[str, tuple[int, str]]", broken) -> None:
         counts[v.rule] = (n + 1, text)
 
 
+def _most_broken(counts: "dict[str, tuple[int, str]]") -> str:
+    """The message of the rule broken most often; of rules broken equally often, the one the rules check first
+    (a family's dtype rule before the output-dtype rule every fp8 problem also breaks), not the last in sort
+    order of their messages."""
+    return max(counts.values(), key=lambda entry: entry[0])[1]
+
+
 def excluded_families(problem: "Problem | None", gpu: Gpu, arch: "Arch | None" = None,
                       operands: "Operands | None" = None) -> "list[tuple[str, str]]":
     """Families the target supports that this problem (or, without one, these operands) rules out entirely, each
@@ -163,7 +170,7 @@ def excluded_families(problem: "Problem | None", gpu: Gpu, arch: "Arch | None" =
                 break
             _count_rules(counts, broken)
         if not feasible and counts:
-            out.append((family, max(counts.values())[1]))
+            out.append((family, _most_broken(counts)))
     return out
 
 
@@ -191,7 +198,7 @@ def binding_rule(family: str, problem: Problem, gpu: Gpu, arch: "Arch | None" = 
         if constraints.check(config, gpu, arch, small, small.operands):
             continue  # not a kernel for this kind of problem at any size
         _count_rules(counts, constraints.check(config, gpu, arch, problem, problem.operands))
-    return max(counts.values())[1] if counts else None
+    return _most_broken(counts) if counts else None
 
 
 def families_for(arch: "Arch | str") -> "list[str]":
