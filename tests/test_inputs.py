@@ -205,6 +205,21 @@ def test_bench_refuses_what_the_named_gpu_cannot_run_before_looking_for_a_gpu(ca
     assert "no kernel family can run this problem" in refused(capsys, "bench", "2147483648", "1", "1", "--gpu", "h100")
 
 
+def test_bench_refuses_a_config_the_named_gpu_cannot_run_before_looking_for_a_gpu(capsys, tmp_path):
+    # Regression: with --gpu and --config, a configuration breaking that GPU's rules (an sm80_mma kernel for fp8,
+    # an sm90_wgmma kernel on an A100) was reported as "no GPU available" on a machine without one.
+    sm80 = tmp_path / "sm80.json"
+    sm80.write_text(json.dumps({"family": "sm80_mma", "cta": "128x128x32", "warp": "64x64x32", "mma": "16x8x16",
+                                "stages": 3}))
+    sm90 = tmp_path / "sm90.json"
+    sm90.write_text(json.dumps({"family": "sm90_wgmma", "cta": "128x128x64", "warp": "64x128x64",
+                                "mma": "64x128x16", "stages": 4, "warp_specialized": True, "persistent": True}))
+    line = refused(capsys, "bench", "64", "64", "64", "--gpu", "h100", "--dtype", "e4m3", "--config", str(sm80))
+    assert "is infeasible" in line and "family sm80_mma supports dtypes: got e4m3" in line
+    line = refused(capsys, "bench", "64", "64", "64", "--gpu", "a100", "--config", str(sm90))
+    assert "is infeasible" in line and "family sm90_wgmma needs arch: got sm_80" in line
+
+
 @pytest.mark.parametrize("command", ["tune", "compile"])
 def test_a_3xtf32_problem_past_the_k_limit_is_refused_naming_the_k_rule(capsys, tmp_path, command):
     """Regression: `tune 128 128 800000000 --dtype f32 --math 3xtf32` (3 x K past the int the three K segments

@@ -35,14 +35,19 @@ def run(args) -> int:
     from ..tune.bench import GpuBenchmark
     from ..codegen.nvrtc import compile_kernel
 
-    problem, arch, _config = check_inputs(args)  # bad input is reported as such, before the GPU is looked for
+    problem, arch, config = check_inputs(args)  # bad input is reported as such, before the GPU is looked for
     if args.gpu is not None:
-        # A problem the named GPU's families cannot run (fp8 on an A100, a dimension no family indexes) is bad
-        # input on any machine: it was "no GPU available" where there is none.
+        # A problem the named GPU's families cannot run (fp8 on an A100, a dimension no family indexes), or a
+        # --config that breaks a rule there, is bad input on any machine: it was "no GPU available" where there
+        # is none.
+        from ..families import rules as constraints
         from ..model.arch import lookup_gpu
         from ._common import check_problem
 
-        check_problem(problem, lookup_gpu(args.gpu), arch)
+        named = lookup_gpu(args.gpu)
+        check_problem(problem, named, arch)
+        if config is not None:
+            constraints.validate(config, named, arch or named.arch, problem)
     benchmark = GpuBenchmark(reference=args.reference)
     props = benchmark.device.props  # NoGpu here, before compiling anything: exit 2 with one line
     if args.arch is None:
