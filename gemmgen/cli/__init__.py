@@ -53,6 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# gemmgen's own dependencies (pyproject.toml), by the module a missing one leaves unimportable: a Python where gemmgen
+# was not installed (PYTHONPATH to a checkout) lacks them, and that is an environment problem, not a bug.
+DEPENDENCIES = {"jinja2": "jinja2>=3.1", "numpy": "numpy>=1.24", "optuna": "optuna>=3.6", "yaml": "pyyaml>=6",
+                "cuda": "cuda-bindings[all]>=12.8"}
+
+
+def missing_dependency(exc: ModuleNotFoundError) -> "str | None":
+    """The one-line message for a dependency of gemmgen this Python lacks, or None for any other missing module."""
+    top = (exc.name or "").partition(".")[0]
+    if top not in DEPENDENCIES:
+        return None
+    return (f"{top} is not installed in this Python ({sys.executable}), and gemmgen depends on it: "
+            f"pip install '{DEPENDENCIES[top]}' (installing gemmgen, pip install -e ., brings all of its dependencies)")
+
+
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return action.choices[command]
@@ -92,6 +107,12 @@ def main(argv: "list[str] | None" = None) -> int:
     except UserError as exc:
         print(f"gemmgen {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        missing = missing_dependency(exc)
+        if missing is None:
+            raise
+        print(f"gemmgen {args.command}: error: {one_line(missing)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"gemmgen {args.command}: interrupted; results already stored are kept", file=sys.stderr)
         return 130
