@@ -220,6 +220,18 @@ def test_bench_refuses_a_config_the_named_gpu_cannot_run_before_looking_for_a_gp
     assert "is infeasible" in line and "family sm90_wgmma needs arch: got sm_80" in line
 
 
+@pytest.mark.parametrize("command", ["tune", "suite"])
+@pytest.mark.parametrize("value", ["a,b", "-1", "0..3", ",", "0,,1"])
+def test_a_malformed_gpus_list_is_refused_before_looking_for_gpus(capsys, tmp_path, command, value):
+    # Regression: '--gpus a,b' (or -1, 0..3, ',') was 'no GPU available' on a machine without one: the list was read
+    # only once the driver had answered. Its syntax is now checked first, on any machine.
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("shapes:\n  - {M: 64, N: 64, K: 64}\n")
+    argv = ["tune", "64", "64", "64"] if command == "tune" else ["suite", str(suite)]
+    line = refused(capsys, *argv, "--gpu", "h100", f"--gpus={value}")
+    assert "--gpus must be 'all' or comma-separated CUDA ordinals" in line
+
+
 @pytest.mark.parametrize("command", ["tune", "compile"])
 def test_a_3xtf32_problem_past_the_k_limit_is_refused_naming_the_k_rule(capsys, tmp_path, command):
     """Regression: `tune 128 128 800000000 --dtype f32 --math 3xtf32` (3 x K past the int the three K segments

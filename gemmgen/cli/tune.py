@@ -382,6 +382,8 @@ def gpus_plan(args):
 
     if args.watchdog is not None and not args.watchdog > 0:
         raise InvalidInput("--watchdog must be a positive number of seconds", args.watchdog)
+    if str(args.gpus).strip().lower() != "all":
+        parse_gpus(args.gpus, None)  # a malformed list is bad input on any machine, refused before GPUs are looked for
     if getattr(args, "replay", None):
         if not args.gpu:
             raise InvalidInput("--replay needs --gpu NAME (the GPU the timings were recorded on)", None)
