@@ -189,6 +189,27 @@ def test_space_for_an_arch_beyond_the_gpu_is_exit_2_naming_why(capsys):
     assert "arch must not exceed the GPU's (sm_86 on rtx3090)" in line
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--dtype", "fp64"], "dtype must be one of"),
+    (["--b-dtype", "int8"], "dtype must be one of"),
+    (["--a", "diag"], "layout must be one of"),
+    (["--arch", "sm_70"], "arch must be one of"),
+    (["--dtype", "bf16", "--b-dtype", "e4m3"], "A and B must have the same dtype unless both are fp8"),
+])
+def test_space_checks_its_input_before_looking_for_a_gpu(capsys, monkeypatch, argv, words):
+    # Regression: without --gpu, 'gemmgen space --dtype fp64' on a machine without a GPU said 'no GPU available'.
+    import gemmgen.cli.space as space
+    from gemmgen.model.errors import NoGpu
+
+    def no_gpu(name):
+        if name is None:
+            raise NoGpu("no CUDA driver found (test)")
+        return lookup_gpu(name)
+
+    monkeypatch.setattr(space, "resolve_gpu", no_gpu)
+    assert words in refused(capsys, "space", *argv)
+
+
 def test_bench_checks_its_input_before_looking_for_a_gpu(capsys, tmp_path):
     assert "dtype must be one of" in refused(capsys, "bench", "64", "64", "64", "--dtype", "int4")
     assert "M must be a positive integer" in refused(capsys, "bench", "0", "64", "64")

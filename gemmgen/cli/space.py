@@ -36,8 +36,9 @@ def run(args) -> int:
     from ..rank.space import check_target, enumerate_space, families_for
     from ..model.tiles import Kernel
 
-    gpu = resolve_gpu(args.gpu)
-    arch = Arch.parse(args.arch) if args.arch else gpu.arch
+    # Bad input (an arch, a dtype, a layout) is refused before the GPU is looked for: on a machine without one it
+    # was "no GPU available".
+    given_arch = Arch.parse(args.arch) if args.arch else None
     if args.jobs is not None and not args.compile:
         raise InvalidInput("--jobs needs --compile (it is how many processes compile)", args.jobs)
     dtype = DType.parse(args.dtype)
@@ -45,6 +46,8 @@ def run(args) -> int:
     # The operands of a packed problem of this dtype: 16-byte vectors, and (as Problem.create) fp8 writes a 16-bit D.
     # Built first: it refuses a mixed pair that is not fp8 whatever the GPU.
     probe = Problem.create(4096, 4096, 4096, dtype.value, args.a_layout, args.b_layout, b_dtype=b_dtype.value)
+    gpu = resolve_gpu(args.gpu)
+    arch = given_arch or gpu.arch
     check_target(gpu, arch, dtype, b_dtype)
     operands = probe.operands
     kernels = [Kernel(arch, operands, c) for family in families_for(arch)
