@@ -8,8 +8,10 @@ Reads the timing lines of one or more `ncu_kernels.py --time` outputs ("<M>x<N>x
 with the H100's shipped calibration, as a dry run ranks) and prints per problem: the Spearman correlation between
 predicted and measured time over the measured configurations, the measured time of the model's pick among them
 over the best, and the median measured/predicted ratio of ping-pong and of cooperative sm90 configurations
-(docs/perf-notes.md, "Batched inference" and "Ping-pong on an M-major A"), then the geomean of pick/best.
-Configurations the current rules refuse are skipped and counted.
+(docs/perf-notes.md, "Batched inference" and "Ping-pong on an M-major A"), then the geomean of pick/best, over all
+problems and split at --small-us (the best measured time: small products, where fixed costs weigh most, apart from
+the rest). --only-small lists and scores the small ones alone. Configurations the current rules refuse are skipped
+and counted.
 """
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ def spearman(a: "list[float]", b: "list[float]") -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", help="outputs of benchmarks/ncu_kernels.py --time")
+    ap.add_argument("--small-us", type=float, default=20.0,
+                    help="a problem is small when its best measured configuration ran under this many us (default 20)")
+    ap.add_argument("--only-small", action="store_true", help="list and score only the small problems")
     args = ap.parse_args(argv)
     from gemmgen.model.arch import lookup_gpu
     from gemmgen.rank.calibration import params_for
@@ -60,8 +65,10 @@ def main(argv=None) -> int:
             if m and m.group(6) != "cuBLAS":
                 key = f"{m.group(1)},{m.group(2)},{m.group(3)},{m.group(4)}"
                 measured.setdefault(key, {})[m.group(6)] = float(m.group(5))
-    ratios = []
+    ratios, small = [], []
     for key, times in measured.items():
+        if args.only_small and min(times.values()) >= args.small_us:
+            continue
         problem = harness.shape_problem(key)
         predicted = {r.config.tag: r.time_s * 1e6 for r in harness.ranked_space(problem, gpu, params)}
         rows = [(us, predicted[tag], tag) for tag, us in times.items() if tag in predicted]
@@ -70,15 +77,22 @@ def main(argv=None) -> int:
         meas, pred = [r[0] for r in rows], [r[1] for r in rows]
         pick = min(rows, key=lambda r: r[1])[0] / min(meas)
         ratios.append(pick)
+        small.append(min(times.values()) < args.small_us)
         by_schedule = {kind: [us / p for us, p, tag in rows if tag.startswith("sm90") and ("_pp" in tag) == pp]
                        for kind, pp in (("ping-pong", True), ("cooperative", False))}
         schedules = "  ".join(f"{kind} meas/pred {statistics.median(v):.2f} (n={len(v)})"
                               for kind, v in by_schedule.items() if v)
         print(f"{problem.label:28} n={len(rows):3} (skipped {len(times) - len(rows)})  spearman {spearman(meas, pred):+.2f}"
               f"  pick/best {pick:.3f}  {schedules}")
+    def geomean(values):
+        return math.exp(statistics.fmean(math.log(r) for r in values)) if values else float("nan")
+
     if ratios:
-        print(f"geomean pick/best over {len(ratios)} problems: "
-              f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f}")
+        print(f"geomean pick/best over {len(ratios)} problems: {geomean(ratios):.3f}")
+        parts = [(f"under {args.small_us:g} us", [r for r, s in zip(ratios, small) if s])]
+        if not args.only_small:
+            parts.append(("the rest", [r for r, s in zip(ratios, small) if not s]))
+        print("  " + "; ".join(f"{label} (best measured): {geomean(v):.4f} over {len(v)}" for label, v in parts))
     return 0
 
 
