@@ -532,3 +532,30 @@ def test_rows_across_128_byte_lines_cost_a_tile_by_its_requests_per_flop():
     assert slowdown(paired) < slowdown(narrow)
     cfg = default_config(straddling, h100)
     assert cfg.cta.n >= 144, cfg.tag
+
+
+def test_ping_pong_pays_the_epilogue_of_its_last_tile():
+    # Ping-pong hides a tile's epilogue behind the other consumer's main loop, but nothing runs after a CTA's last
+    # tile. Charged nothing for it, the model picked ping-pong tiles for short products with one tile a CTA; measured
+    # on the H100 (2026-11-28, docs/perf-notes.md "Ping-pong's last epilogue"), old pick against new: 88x8808x384 cc
+    # 9.67 -> 5.78 us (64x256 ping-pong -> 128x80 1x2), 1616x1184x768 rc 9.22 -> 7.09 (128x128 ping-pong ->
+    # cooperative), and 8 of 9 other moved picks faster.
+    from dataclasses import replace
+
+    from gemmgen.families.sm90_wgmma.config import Schedule
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.predict import ModelParams, predict
+    from gemmgen.rank.space import default_config
+    from sm90_helpers import H100, hopper_config
+
+    gpu = lookup_gpu("h100")
+    for m, n, k, a, b in ((88, 8808, 384, "col", "col"), (1616, 1184, 768, "row", "col")):
+        assert default_config(Problem.create(m, n, k, "bf16", a, b), H100).schedule is Schedule.COOPERATIVE
+    # The charge is one tile's epilogue (its D at the SM's share of DRAM) whatever the tile count: 4096^3 runs about
+    # four tiles a CTA, 1024x4096x4096 one, and both pay the same one.
+    pp = replace(hopper_config("128x128x64", "128x128x64", stages=6), schedule=Schedule.PINGPONG)
+    p = ModelParams()
+    one_epilogue = 128 * 128 * 2 / (gpu.dram_bandwidth * p.dram_efficiency / gpu.sm_count)
+    for m in (1024, 4096):
+        got = predict(Problem.create(m, 4096, 4096, "bf16", "row", "col"), pp, gpu, p)
+        assert got.overhead_s == pytest.approx(p.launch_overhead_s + p.dram_latency_s + one_epilogue, rel=1e-6)

@@ -385,7 +385,11 @@ def predict(problem: Problem, config: TileConfig, gpu: "Gpu | str", params: "Mod
     if not traits.persistent:
         overhead += math.ceil(max(waves, 1e-9)) * (p.dram_latency_s + epilogue) / max(1, per_sm)
     elif traits.epilogue_hidden:
-        overhead += p.dram_latency_s
+        # Ping-pong hides a tile's epilogue behind the other consumer's main loop, but not the last tile's: nothing
+        # runs after it. Short products pay it in full (88x8808x384 cc, one tile a CTA: the 64x256 ping-pong pick ran
+        # 9.7 us where a cooperative 128x80 pair the model had level ran 5.8; docs/perf-notes.md, "Ping-pong's last
+        # epilogue").
+        overhead += p.dram_latency_s + epilogue
     else:
         overhead += p.dram_latency_s + math.ceil(max(waves, 1e-9)) * epilogue * traits.epilogue_exposed
 
