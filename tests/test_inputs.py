@@ -139,6 +139,18 @@ def test_alpha_and_beta_must_be_finite_from_files_and_the_api():
             Problem.from_dict({"M": 64, "N": 64, "K": 64, "beta": bad})
 
 
+@pytest.mark.parametrize("config", ["sm80_mma_cta128x128x32_w64x64x32_mma16x8x16_s3_swizzle_rrow1_dp_cl1x1",
+                                    {"family": "sm80_mma", "cta": "128x128x32"}])
+def test_predict_given_a_tag_or_dict_names_the_tileconfig_it_wants(config):
+    """Regression: predict(problem, <a kernel tag string>, "h100") raised a bare AttributeError ('str' object has
+    no attribute 'family'); a dict did the same."""
+    from gemmgen.rank.predict import predict
+
+    with pytest.raises(InvalidInput, match="a configuration must be a TileConfig") as info:
+        predict(Problem.create(4096, 4096, 4096), config, "h100")
+    assert "TileConfig.from_dict" in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("text", ["４０９６", "٤٠٩٦", "४०९६", "4_096", " 4096", "4096\n", "0x1000", "4096.0", ""])
 def test_digits_from_other_scripts_and_loose_numbers_are_refused(capsys, text):
     assert "M must be a positive integer" in refused(capsys, "roofline", text, "64", "64", "--gpu", "h100")

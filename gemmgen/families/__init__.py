@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from ..model import parse
 from ..model.arch import Arch
 from ..model.errors import InvalidInput
 from ..model.tiles import TileConfig
@@ -44,6 +45,13 @@ def get(name: str) -> KernelFamily:
 
 def of(config: TileConfig) -> KernelFamily:
     """The family a configuration belongs to."""
+    if not isinstance(config, TileConfig):
+        # Every API that takes a configuration (predict, check, render, ...) asks here first: a kernel's tag or a
+        # dict would otherwise fail as "'str' object has no attribute 'family'".
+        shown = parse._short(config) if isinstance(config, str) else type(config).__name__
+        raise InvalidInput("a configuration must be a TileConfig", shown,
+                           "TileConfig.from_dict(fields) builds one from a dict, TileConfig.from_text(text) from "
+                           "YAML or JSON; a kernel's name or tag is not parsed back")
     return get(config.family)
 
 
