@@ -50,6 +50,18 @@ def rel_error(out, ref) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
+def bias_relu_error(m: int, n: int, k: int, a: str, b: str, config: dict) -> float:
+    """The relative error of `config` exported and loaded for D = relu(A @ B + bias) at m x n x k in layouts a, b, run
+    once on fresh random inputs with D poisoned (NaN) first, against the fp32 reference (NaN where D is not finite)."""
+    gemm = load(Problem.create(m, n, k, "bf16", a, b, bias=True, activation="relu"), config)
+    A, B = operand(m, k, a), operand(k, n, b)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(A, B, D, bias=bias)
+    torch.cuda.synchronize()
+    return rel_error(D, torch.relu(A.float() @ B.float() + bias.float()))
+
+
 SM90 = {"family": "sm90_wgmma", "cta": "128x256x64", "warp": "64x256x64", "mma": "64x256x16", "stages": 4,
         "warp_specialized": True, "persistent": True}
 
