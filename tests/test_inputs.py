@@ -151,6 +151,20 @@ def test_predict_given_a_tag_or_dict_names_the_tileconfig_it_wants(config):
     assert "TileConfig.from_dict" in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("command", [["roofline"], ["render"], ["bench"], ["compile", "--out", "OUT"]])
+def test_a_config_file_that_is_another_gemmgen_file_is_refused_naming_the_file_and_what_it_must_hold(
+        capsys, tmp_path, command):
+    """Regression: '--config results/h100-sxm/suite.json' (a suite table) was refused as 'a configuration must give
+    family, cta, warp, mma and stages, but got 'missing family'', naming neither the file nor what it should hold."""
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"format": "gemmgen-suite/1", "gpu": "h100-sxm", "rows": []}))
+    argv = [str(tmp_path / "o") if a == "OUT" else a for a in command]
+    line = refused(capsys, argv[0], "64", "64", "64", "--gpu", "h100", *argv[1:], "--config", str(suite))
+    assert str(suite) in line and "gemmgen-suite/1" in line
+    assert "must hold a configuration (family, cta, warp, mma, stages, ...), a launch manifest or a tuning record" \
+        in line
+
+
 @pytest.mark.parametrize("text", ["４０９６", "٤٠٩٦", "४०९६", "4_096", " 4096", "4096\n", "0x1000", "4096.0", ""])
 def test_digits_from_other_scripts_and_loose_numbers_are_refused(capsys, text):
     assert "M must be a positive integer" in refused(capsys, "roofline", text, "64", "64", "--gpu", "h100")

@@ -147,6 +147,7 @@ class Cluster:
 
 # Fields every configuration has, in the order of its dict form; each family's type adds its own knobs.
 BASE_FIELDS = ("family", "cta", "warp", "mma", "stages", "smem_layout", "raster", "decomposition", "cluster")
+REQUIRED_FIELDS = BASE_FIELDS[:5]   # the rest have defaults
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ class TileConfig:
         """Parse a configuration of any registered family (the `family` field picks the type)."""
         if not isinstance(d, dict):
             raise InvalidInput("a configuration must be a mapping of fields", type(d).__name__)
-        for required in ("family", "cta", "warp", "mma", "stages"):
+        for required in REQUIRED_FIELDS:
             if required not in d:
                 raise InvalidInput("a configuration must give family, cta, warp, mma and stages", f"missing {required}")
         config_type = TileConfig._types.get(str(d["family"]))
@@ -306,6 +307,14 @@ class TileConfig:
         if not isinstance(data, dict):
             raise InvalidInput("a configuration file must hold a mapping of fields (family, cta, warp, mma, "
                                "stages, ...)", source, f"it holds {type(data).__name__}")
+        missing = [f for f in REQUIRED_FIELDS if f not in data]
+        if missing:
+            # Another of gemmgen's files (a suite table, a calibration) was refused as 'missing family' without
+            # naming the file or what it should hold.
+            kind = (f"it is a {parse._short(data['format'])!r} file" if isinstance(data.get("format"), str)
+                    else "it has no " + ", ".join(missing))
+            raise InvalidInput("a configuration file must hold a configuration (family, cta, warp, mma, stages, "
+                               "...), a launch manifest or a tuning record", source, kind)
         return cls.from_dict(data)
 
 
