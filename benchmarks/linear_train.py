@@ -9,7 +9,7 @@ in bf16, gemmgen.nn.Linear in bf16. bf16 noise is how far torch's own bf16 curve
 should be as close to torch's bf16 curve as that. On a GPU the layers' products run on the model's picks
 (--kernels dry, compiled for this GPU into a temporary store) or on what `gemmgen tune-linear` stored (--kernels
 store); on the CPU everything runs the torch fallback (the curves then agree exactly). Writes linear_train.json
-with the three curves, and linear_train.png when matplotlib is installed (pip install gemmgen[plot]).
+with the three curves, and linear_train.png when matplotlib is installed (pip install 'gemmgen[plot]').
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib not installed: no plot (pip install gemmgen[plot])")
+        print("matplotlib not installed: no plot (pip install 'gemmgen[plot]')")
         return 0
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, curve in curves.items():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +102,19 @@ def test_roofline_plot_writes_a_png(capsys, tmp_path):
 def test_roofline_plot_without_matplotlib_says_how_to_install(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     code, _, err = run_cli(capsys, "roofline", "64", "64", "64", "--gpu", "h100", "--plot", str(tmp_path / "r.png"))
-    assert code == 2 and "pip install gemmgen[plot]" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "pip install 'gemmgen[plot]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_install_command_leaves_an_extra_unquoted():
+    """Regression: messages said 'pip install gemmgen[plot]' (and gemmgen[test]), which zsh expands as a glob and
+    refuses ('no matches found'); an extra is quoted, as the other install hints are."""
+    root = Path(__file__).resolve().parents[1]
+    unquoted = re.compile(r"pip install (-e )?[^'\"\s]*\[")
+    files = [*root.glob("gemmgen/**/*.py"), *root.glob("benchmarks/**/*.py"), root / "README.md",
+             *root.glob("docs/*.md")]
+    found = [f"{f.relative_to(root)}:{n}" for f in files if f.exists()
+             for n, line in enumerate(f.read_text().splitlines(), 1) if unquoted.search(line)]
+    assert not found
 
 
 def test_gpus_lists_the_catalogue_and_a_detection_line(capsys):

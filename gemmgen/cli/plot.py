@@ -6,7 +6,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plot", help="charts of a tune: roofline of every measured configuration, "
                                            "best so far per worker, predicted vs measured time",
                               description="Plot a tuning record (results/<gpu>/tunes/*.json) or a study "
-                                          "(its name, with --storage). Needs matplotlib: pip install gemmgen[plot].")
+                                          "(its name, with --storage). Needs matplotlib: pip install 'gemmgen[plot]'.")
     from ._common import text_arg
 
     p.add_argument("source", metavar="STUDY-OR-RECORD", type=text_arg("STUDY-OR-RECORD"),

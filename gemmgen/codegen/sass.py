@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..model.errors import GemmgenError, UserError
 
-INSTALL_HINT = "pip install gemmgen[test] (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)"
+INSTALL_HINT = "pip install 'gemmgen[test]' (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)"
 
 
 class ToolMissing(UserError):

@@ -19,7 +19,7 @@ class MissingDependency(UserError):
         super().__init__(package, extra)
 
     def __str__(self) -> str:
-        return f"{self.package} is not installed; pip install gemmgen[{self.extra}]"
+        return f"{self.package} is not installed; pip install 'gemmgen[{self.extra}]'"
 
 
 def _pyplot():
