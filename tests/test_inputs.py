@@ -210,6 +210,16 @@ def test_conflicting_flags_are_refused_naming_both(capsys, argv, pair):
     assert f"{pair} cannot be used together" in refused(capsys, *argv)
 
 
+def test_plot_refuses_a_record_file_with_storage_naming_both(capsys, tmp_path):
+    """Regression: 'plot RECORD --storage URL' plotted the record and never opened the storage, without a word."""
+    record = tmp_path / "tune.json"
+    record.write_text(json.dumps({"format": "gemmgen-tune/1", "trials": []}))
+    db = tmp_path / "s.db"
+    line = refused(capsys, "plot", str(record), "--storage", f"sqlite:///{db}", "--out", str(tmp_path))
+    assert "a tuning record file and --storage cannot be used together" in line and str(record) in line
+    assert not db.exists()
+
+
 def test_space_for_an_arch_beyond_the_gpu_is_exit_2_naming_why(capsys):
     line = refused(capsys, "space", "--gpu", "rtx3090", "--arch", "sm_90a")
     assert "arch must not exceed the GPU's (sm_86 on rtx3090)" in line

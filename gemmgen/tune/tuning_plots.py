@@ -17,6 +17,10 @@ def load_tune(source: str, storage: "str | None" = None) -> dict:
     """A tuning record (JSON file), or the record's fields read from a study (name + --storage URL)."""
     path = Path(source)
     if path.suffix == ".json" or path.is_file():
+        if storage:
+            # The record holds its trials: a storage given with it was silently never opened.
+            raise InvalidInput("a tuning record file and --storage cannot be used together (--storage is read for "
+                               "a study name instead of a record)", source)
         from ..model.files import load_json, read_text
 
         record = load_json("a tuning record", read_text("a tuning record", path), source)
