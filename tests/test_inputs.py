@@ -12,6 +12,7 @@ from gemmgen.cli import main
 from gemmgen.model import parse
 from gemmgen.model.arch import Arch, DType, lookup_gpu
 from gemmgen.model.errors import InvalidInput
+from gemmgen.model.linear import LinearLayer
 from gemmgen.model.problem import Problem
 
 
@@ -163,6 +164,21 @@ def test_a_config_file_that_is_another_gemmgen_file_is_refused_naming_the_file_a
     assert str(suite) in line and "gemmgen-suite/1" in line
     assert "must hold a configuration (family, cta, warp, mma, stages, ...), a launch manifest or a tuning record" \
         in line
+
+
+@pytest.mark.parametrize("flag, value, rule", [
+    ("--tokens", " 1..8", "--tokens must be a positive count or a range LO..HI of them"),
+    ("--tokens", "1..8 ", "--tokens must be a positive count or a range LO..HI of them"),
+    ("--tokens", "8 ", "--tokens must be a positive count or a range LO..HI of them"),
+    ("--dtype", "bf16 ", "dtype must be one of"), ("--activation", " relu", "activation must be one of")])
+def test_surrounding_spaces_are_refused_in_tokens_as_in_names(capsys, flag, value, rule):
+    """Regression: '--tokens " 1..8"' was stripped and accepted while '--dtype "bf16 "' (and every name and
+    number) is refused; the token range now follows the one rule of model/parse.py: no surrounding spaces."""
+    line = refused(capsys, "tune-linear", "64", "64", "--gpu", "h100", "--dry-run", flag, value)
+    assert rule in line and repr(value) in line
+    if flag == "--tokens":
+        with pytest.raises(InvalidInput, match="--tokens must be"):
+            LinearLayer.create(64, 64, tokens=value)
 
 
 @pytest.mark.parametrize("text", ["４０９６", "٤٠٩٦", "४०९६", "4_096", " 4096", "4096\n", "0x1000", "4096.0", ""])

@@ -182,7 +182,8 @@ def parse_tokens(text) -> "tuple[int, int]":
     if isinstance(text, int) and not isinstance(text, bool):
         value = parse_dim("tokens", text)
         return value, value
-    raw = str(text).strip()
+    # Not stripped: surrounding spaces are refused here as in every value (model/parse.py), '--dtype "bf16 "' too.
+    raw = str(text)
     lo_text, sep, hi_text = raw.partition("..")
     try:
         lo = parse_dim("tokens", lo_text)
