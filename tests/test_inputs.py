@@ -405,3 +405,12 @@ def test_a_suite_shape_name_must_be_printable_text(capsys, tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("shapes:\n  - {name: [1, 2], M: 64, N: 64, K: 64}\n")
     assert "a shape name must be printable text" in refused(capsys, "suite", str(path), "--gpu", "h100", "--dry-run")
+
+
+@pytest.mark.parametrize("argv,flag", [(["render", "64", "64", "64", "--gpu", "h100", "--out", "x"], "--out x"),
+                                       (["roofline", "64", "64", "64", "--gpu", "h100", "--dtyp", "bf16"], "--dtyp bf16")])
+def test_a_prefix_of_a_flag_is_an_unknown_flag_not_the_flag_it_begins(capsys, argv, flag):
+    # Regression: argparse took prefixes of flags, so 'render ... --out x' (render has no --out) was read as
+    # --out-dtype x and refused as a bad dtype, naming neither the flag typed nor the one it became.
+    line = refused(capsys, *argv)
+    assert f"unrecognized arguments: {flag}" in line

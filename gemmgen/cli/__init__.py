@@ -22,6 +22,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line with exit status 2."""
 
     def __init__(self, *args, **kwargs):
+        # No prefixes of flags: with them 'render ... --out X' read as --out-dtype X and was refused as a bad dtype,
+        # not as the unknown flag it is.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         # argparse (before 3.14) takes '-1e-3', '-1..8' and '-inf' for flags ('--beta -1e-3: expected one
         # argument'); no gemmgen flag starts like a number, so whatever does is a value, for the parsers to judge
