@@ -163,17 +163,17 @@ def test_sm80_mma_unaligned_copies_go_at_the_rate_of_the_ring_ahead_and_a_long_p
     """Element-wise copies of 2-byte rows are latency-bound: on the H100 64x64x32 tiles with 4 stages (24 KB ahead)
     ran 1.35-3.5x their price on unaligned products where 48 KB ahead ran 0.4-1.4x; at 11x3256x8063 cc the model's
     sm80_mma pick (64x64x32 split-K 8) ran 192 us against 63-67 for the swapped sm90 tiles beside it."""
-    from gemmgen.families.sm80_mma import FAMILY, UNALIGNED_LOAD_EFFICIENCY
+    from gemmgen.families.sm80_mma import FAMILY, KMAJOR_UNALIGNED_SLOWDOWN, UNALIGNED_LOAD_EFFICIENCY
     from gemmgen.model.arch import lookup_gpu as gpu_of
     from gemmgen.rank.space import default_config
 
-    odd = Problem.create(11, 3256, 8063, "bf16", "col", "col")
+    odd = Problem.create(11, 3256, 8063, "bf16", "col", "col")   # B K-major with odd K: see the test below
     shallow = TileConfig.from_dict({"family": "sm80_mma", "cta": "64x64x32", "warp": "32x32x32", "mma": "16x8x16",
                                     "stages": 4, "decomposition": {"kind": "splitk", "splits": 8}})
     deep = TileConfig.from_dict({"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16",
                                  "stages": 4, "decomposition": {"kind": "splitk", "splits": 8}})
-    assert FAMILY.load_efficiency(deep, odd) == UNALIGNED_LOAD_EFFICIENCY
-    assert math.isclose(FAMILY.load_efficiency(shallow, odd), UNALIGNED_LOAD_EFFICIENCY / 2)
+    assert math.isclose(FAMILY.load_efficiency(deep, odd), UNALIGNED_LOAD_EFFICIENCY / KMAJOR_UNALIGNED_SLOWDOWN)
+    assert math.isclose(FAMILY.load_efficiency(shallow, odd), UNALIGNED_LOAD_EFFICIENCY / KMAJOR_UNALIGNED_SLOWDOWN / 2)
     assert FAMILY.load_efficiency(shallow, Problem.create(16, 3256, 8064, "bf16", "row", "col")) == 1.0
     # 4-byte rows (B's 6300-byte rows at 40x3150x12032 rr) are copied 4 bytes at a time: that tile ran 49.9 us there,
     # the packed sm90 pick 93.5, so only 2-byte rows pay for a shallow ring
@@ -187,7 +187,8 @@ def test_sm80_mma_on_hopper_pays_for_filling_each_tile_on_short_k_loops():
     """At 6096x7808x288 rc (9 k-tiles of 32) sm80_mma's 128x128 tiles ran 1.7x their price on the H100, the sm90
     kernels beside them 0.9-1.3x; the charge is Hopper's (the family's Ampere rate was fitted there) and on aligned
     rows only."""
-    from gemmgen.families.sm80_mma import FAMILY, HOPPER_TILE_FILL_K, UNALIGNED_COMPUTE_EFFICIENCY
+    from gemmgen.families.sm80_mma import (FAMILY, HOPPER_TILE_FILL_K, KMAJOR_UNALIGNED_SLOWDOWN,
+                                          UNALIGNED_COMPUTE_EFFICIENCY)
     from gemmgen.model.arch import lookup_gpu as gpu_of
     from gemmgen.rank.space import default_config
 
@@ -198,11 +199,34 @@ def test_sm80_mma_on_hopper_pays_for_filling_each_tile_on_short_k_loops():
     assert math.isclose(FAMILY.compute_efficiency(config, short, h100), 1 / (1 + HOPPER_TILE_FILL_K / 288))
     assert FAMILY.compute_efficiency(config, short, a100) == 1.0
     assert FAMILY.compute_efficiency(config, short) == 1.0
-    assert FAMILY.compute_efficiency(config, Problem.create(6096, 7808, 287, "bf16", "row", "col"),
-                                     h100) == UNALIGNED_COMPUTE_EFFICIENCY
+    assert math.isclose(FAMILY.compute_efficiency(config, Problem.create(6096, 7808, 287, "bf16", "row", "col"), h100),
+                        UNALIGNED_COMPUTE_EFFICIENCY / KMAJOR_UNALIGNED_SLOWDOWN)
     assert (FAMILY.compute_efficiency(config, Problem.create(6096, 7808, 8192, "bf16", "row", "col"), h100)
             > FAMILY.compute_efficiency(config, short, h100))
     assert default_config(short, h100).family == "sm90_wgmma"
+
+
+def test_sm80_mma_on_k_major_rows_off_16_bytes_costs_more_and_long_k_products_leave_it():
+    """Long k-loops over K-major rows that are not 16-byte aligned (odd K): on the H100 (2026-11-28,
+    docs/lab-data/h100-sxm/m28-20261128-0340/) the model's sm80_mma picks ran 1.22-1.37x slower than the sm90 kernels
+    it now picks (20x2392x6651 rc 47.5 -> 39.0 us, 48x11639x1021 cc 46.8 -> 34.1, 32x4824x11851 rc 155.6 -> 131.4);
+    an N-major B with odd N is not charged, and sm80_mma stays the pick at 20x4499x6536 rr (68 against 75+ us)."""
+    from gemmgen.families.sm80_mma import FAMILY, KMAJOR_UNALIGNED_SLOWDOWN, UNALIGNED_COMPUTE_EFFICIENCY
+    from gemmgen.model.arch import lookup_gpu as gpu_of
+    from gemmgen.rank.space import default_config
+
+    h100 = gpu_of("h100")
+    config = TileConfig.from_dict({"family": "sm80_mma", "cta": "64x64x64", "warp": "32x32x64", "mma": "16x8x16",
+                                   "stages": 4})
+    n_major = Problem.create(20, 4499, 6536, "bf16", "row", "row")
+    assert KMAJOR_UNALIGNED_SLOWDOWN > 1
+    assert FAMILY.compute_efficiency(config, n_major, h100) == UNALIGNED_COMPUTE_EFFICIENCY
+    assert math.isclose(FAMILY.compute_efficiency(config, Problem.create(20, 2392, 6651, "bf16", "row", "col"), h100),
+                        UNALIGNED_COMPUTE_EFFICIENCY / KMAJOR_UNALIGNED_SLOWDOWN)
+    for m, n, k, a, b in ((20, 2392, 6651, "row", "col"), (48, 11639, 1021, "col", "col"),
+                          (32, 4824, 11851, "row", "col")):
+        assert default_config(Problem.create(m, n, k, "bf16", a, b), h100).family == "sm90_wgmma"
+    assert default_config(n_major, h100).family == "sm80_mma"
 
 
 def test_a_grid_of_few_hopper_ctas_streams_at_its_ctas_rate_and_a_decode_product_takes_the_swapped_tile():

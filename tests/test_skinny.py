@@ -107,6 +107,19 @@ def test_a_tile_taller_than_the_rows_of_d_is_priced_slower():
     assert tall > 1.2 * fitting
 
 
+def test_a_tile_of_two_m16_blocks_pays_for_both_where_d_needs_them():
+    # The per-SM rates were fitted on one-block tiles; a 32-row tile loads A for both blocks whatever the rows D
+    # needs. Priced against the rows D needs (no charge at M 17-32), the 32-row tiles ran 1.7-2.3x their price on
+    # the H100 (20x2392x6651 rc 66 us against 37; 32x4824x11851 rc 267 against 115, 2026-11-28).
+    from gemmgen.families.sm80_skinny import FAMILY
+
+    problem = Problem.create(32, 4824, 11851, "bf16", "row", "col")
+    one, two = skinny("16x64x64", "16x16x64"), skinny("32x64x64", "32x16x64")
+    ni = 2   # n8 groups of a 16-column warp
+    assert FAMILY.sm_load_rate(two, problem, 8.0) == pytest.approx(
+        FAMILY.sm_load_rate(one, problem, 8.0) * (ni + 2) / (ni + 4))
+
+
 @pytest.mark.parametrize("k,dtype,b", [(4096, "bf16", "col"), (4095, "bf16", "col"), (4093, "f16", "col"),
                                        (4096, "bf16", "row"), (4095, "f16", "row")])
 def test_sass_streams_b_into_mma_sync_without_local_memory(k, dtype, b):

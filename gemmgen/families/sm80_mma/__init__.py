@@ -48,6 +48,22 @@ UNALIGNED_BYTES_AHEAD = 48 * 1024
 # 1.27x. Charged as the tensor time of about this much of K lost per tile, on aligned rows (unaligned ones are
 # charged UNALIGNED_COMPUTE_EFFICIENCY, which dwarfs it).
 HOPPER_TILE_FILL_K = 192
+# Rows of a K-major operand (row-major A, column-major B) that are not 16-byte aligned (odd K) cost more than
+# UNALIGNED_*_EFFICIENCY (fitted at 4095^3, where every operand's rows are odd) on long k-loops: on the H100
+# (2026-11-28, docs/lab-data/h100-sxm/m28-20261128-0340/seed67-losers.txt and the r41 sweeps) 64x64 split-K tiles
+# ran 1.27-1.42x their price at 20x2392x6651, 12x1808x15099 and 32x4824x11851 rc and 11x3256x8063 cc (1.16-1.52x
+# against the sm90 kernels timed beside them, which pack such operands first), where an N-major B with odd N
+# (20x4499x6536 rr: 1.11x, as the sm90 kernels beside it; 88x11669x2853 cr: 0.92x) did not. Charged on the copies'
+# compute and load rates alike. (Products of a few us at short K, 1x4064x486 cc and 5x352x380 cc, ran below their
+# price either way: the launch and reduction dominate there.)
+KMAJOR_UNALIGNED_SLOWDOWN = 1.25
+
+
+def _kmajor_unaligned(problem) -> bool:
+    """Whether an operand read along K (row-major A, column-major B) has rows off 16-byte boundaries."""
+    ops = problem.operands
+    a_ok, b_ok = ops.rows_aligned
+    return (problem.a_layout.value == "row" and not a_ok) or (problem.b_layout.value == "col" and not b_ok)
 
 
 class Sm80Mma(KernelFamily):
@@ -85,14 +101,15 @@ class Sm80Mma(KernelFamily):
         if all(problem.operands.rows_aligned):
             return 1.0
         ops, cta = problem.operands, config.cta
+        rate = UNALIGNED_LOAD_EFFICIENCY / (KMAJOR_UNALIGNED_SLOWDOWN if _kmajor_unaligned(problem) else 1.0)
         if min(ops.align_a * ops.a_dtype.bytes, ops.align_b * ops.b_dtype.bytes) > 2:
-            return UNALIGNED_LOAD_EFFICIENCY
+            return rate
         ahead = (cta.m + cta.n) * cta.k * problem.a_dtype.bytes * (config.stages - 1)
-        return UNALIGNED_LOAD_EFFICIENCY * min(1.0, ahead / UNALIGNED_BYTES_AHEAD)
+        return rate * min(1.0, ahead / UNALIGNED_BYTES_AHEAD)
 
     def compute_efficiency(self, config: TileConfig, problem, gpu: "Gpu | None" = None) -> float:
         if not all(problem.operands.rows_aligned):
-            return UNALIGNED_COMPUTE_EFFICIENCY
+            return UNALIGNED_COMPUTE_EFFICIENCY / (KMAJOR_UNALIGNED_SLOWDOWN if _kmajor_unaligned(problem) else 1.0)
         if gpu is None or gpu.arch.cc < 90:
             return 1.0
         k_per_tile = math.ceil(problem.k / config.cta.k / (config.decomposition.splits or 1)) * config.cta.k

@@ -77,12 +77,14 @@ class Sm80Skinny(FewRowsFamily):
     def sm_load_rate(self, config: TileConfig, problem, warps_per_sm: float) -> float:
         rate = warp_scaled_rate(SM_LOAD_RATE[(problem.b_layout.value, all(problem.operands.rows_aligned))],
                                 warps_per_sm)
-        # A tile taller than the rows of D need still loads A for every m16 block (2 vectors per block and K
-        # step, beside B's one per n8 group): the warp's loads that carry B shrink from NI / (NI + 2 need) to
-        # NI / (NI + 2 MI). Fitted on nothing: taller tiles lost to the fitting ones in all 17 stored skinny cases
-        # (by 3-105%), and without it the model picked 64-row tiles at 16 x 65536 x 4096 (321 against 191 us).
-        ni, mi, need = config.warp.n // 8, config.cta.m // 16, -(-problem.m // 16)
-        return rate * (ni + 2 * need) / (ni + 2 * mi)
+        # A tile of MI m16 blocks loads A for every block (2 vectors per block and K step, beside B's one per n8
+        # group): the warp's loads that carry B are NI / (NI + 2 MI) of them, against NI / (NI + 2) on the one-block
+        # tiles SM_LOAD_RATE was fitted on, whatever rows D needs. Without it the model picked 64-row tiles at
+        # 16 x 65536 x 4096 (321 against 191 us); priced relative to the rows D needs (NI + 2 need) instead, the
+        # 32-row tiles at M 17-32 ran 1.7-2.3x their price (20x2392x6651 and 32x4824x11851 rc, H100 2026-11-28:
+        # 66 and 267 us against 37 and 115).
+        ni, mi = config.warp.n // 8, config.cta.m // 16
+        return rate * (ni + 2) / (ni + 2 * mi)
 
     def context(self, kernel: Kernel) -> dict:
         return _context.context(kernel)
