@@ -254,6 +254,17 @@ def test_registry_finds_a_registered_kernel_by_class_and_fixed_dimensions():
         registry.register(forward_class(), "not a kernel")
 
 
+def test_a_store_folder_whose_class_json_nests_thousands_deep_is_skipped_not_a_recursion_error(tmp_path):
+    # Regression: read_class parsed class.json with json.loads, whose RecursionError escaped KernelRegistry.find (so
+    # a model's forward on the GPU) where every other damaged store folder is skipped.
+    folder = tmp_path / "h100-sxm" / forward_class().key
+    folder.mkdir(parents=True)
+    (folder / "class.json").write_text("[" * 100000 + "]" * 100000)
+    assert read_class(folder) is None
+    registry = KernelRegistry(root=tmp_path)
+    assert registry.find(DType.BF16, Layout.ROW, Layout.COL, True, Activation.NONE, 7, 24, 40, "h100-sxm") is None
+
+
 def test_linear_layer_products_have_the_layouts_and_dimensions_of_the_three_gemms():
     layer = LinearLayer.create(4096, 14336, "bf16", True, "silu", "1..4096")
     p = layer.problems()

@@ -11,12 +11,12 @@ the class of the product at hand.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .arch import DType
 from .errors import InvalidInput
+from .files import load_json, read_text
 from .tiles import parse_bool
 from .problem import Activation, Epilogue, Layout, Problem, parse_dim
 
@@ -168,12 +168,15 @@ class LinearLayer:
 def read_class(folder) -> "tuple[KernelClass, dict] | None":
     """A class folder's (KernelClass, class.json), or None when the file is missing, unreadable or another
     format (a reader skips such a folder rather than failing a model's forward)."""
+    path = Path(folder) / CLASS_FILE
     try:
-        raw = json.loads((Path(folder) / CLASS_FILE).read_text())
+        # Through the files reader: json.loads' RecursionError (nesting thousands deep) escaped the registry's
+        # lookup into the model's forward, and /dev/zero was read until memory ran out.
+        raw = load_json("class.json", read_text("class.json", path), str(path))
         if not (isinstance(raw, dict) and raw.get("format") == CLASS_FORMAT):
             return None
         return KernelClass.from_dict(raw.get("class")), raw
-    except (OSError, ValueError, InvalidInput):
+    except InvalidInput:
         return None
 
 
