@@ -479,6 +479,28 @@ def test_an_array_with_only_the_cuda_array_interface_is_refused_by_its_own_shape
         gemm(Cai((2, 3, 4)), Cai((4, 5)), Cai((3, 5)))
 
 
+@pytest.mark.parametrize("method", ["bind", "bind_launch", "__call__"])
+def test_bind_and_bind_launch_name_an_operand_that_is_no_array_or_not_2d(method):
+    # Regression: DispatchKernel.bind read A.shape directly (None: a bare AttributeError; a 1-D A: 'not enough values
+    # to unpack'), and so did bind_launch; they now read the shapes as a call does and name the rule.
+    from gemmgen.runtime.dispatch import DispatchKernel
+
+    class Cai:
+        def __init__(self, shape):
+            self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f2", "data": (0x10000, False),
+                                             "version": 3, "strides": None}
+
+    gemm = DispatchKernel({}, {}, {})
+    call = getattr(gemm, method)
+    with pytest.raises(InvalidInput, match="A must be a torch or cupy array"):
+        call(None, Cai((4, 5)), Cai((3, 5)))
+    with pytest.raises(InvalidInput, match=r"2-D arrays.*\(4,\)"):
+        call(Cai((4,)), Cai((4, 5)), Cai((3, 5)))
+    if method == "__call__":   # with row_sums, the call takes the bucket's kernel by the same shapes
+        with pytest.raises(InvalidInput, match="A must be a torch or cupy array"):
+            call(None, Cai((4, 5)), Cai((3, 5)), row_sums=Cai((3,)))
+
+
 def test_docs_dispatch_md_states_the_auto_buckets_the_code_gives_for_its_example(monkeypatch, tmp_path):
     """docs/dispatch.md said `--buckets auto` tunes 18-19 buckets at 1..8192 x 4096 x 4096 (splits at 48, 80, 96,
     1536) long after the model and the space had moved; its sentence is checked against plan_buckets as a user in

@@ -186,11 +186,7 @@ class DispatchKernel:
         """D = epilogue(A @ B) with the kernel of A's shape, on the stream current for D (or `stream`); kernels
         built with the row sums of A also write them into `row_sums` (see LoadedKernel)."""
         if row_sums is not None:   # the bucket's kernel keys and checks the arrays itself
-            shape_a, shape_b = tuple(getattr(A, "shape", ())), tuple(getattr(B, "shape", ()))
-            if len(shape_a) != 2 or len(shape_b) != 2:
-                raise InvalidInput("A and B must be 2-D arrays on the GPU (A: M x K, B: K x N)", (shape_a, shape_b))
-            return self.kernel_for(shape_a[0], shape_b[1], shape_a[1])(A, B, D, C=C, bias=bias, stream=stream,
-                                                                       row_sums=row_sums)
+            return self.kernel_for(*_product_shape(A, B))(A, B, D, C=C, bias=bias, stream=stream, row_sums=row_sums)
         try:  # torch: the arrays' identity from its fast accessors (nothing else has data_ptr and stride())
             key = _torch_key(A, B, D, C, bias, None, None, None)
         except (AttributeError, TypeError):
@@ -206,15 +202,11 @@ class DispatchKernel:
 
     def bind(self, A, B, D, C=None, bias=None):
         """The launch sequence of the kernel for these arrays' shape, bound to them (see LoadedKernel.bind)."""
-        m, k = tuple(A.shape)
-        return self.kernel_for(m, tuple(B.shape)[1], k).bind(A, B, D, C=C, bias=bias)
+        return self.kernel_for(*_product_shape(A, B)).bind(A, B, D, C=C, bias=bias)
 
     def bind_launch(self, A, B, D, C=None, bias=None, row_sums=None):
         """A BoundLaunch of the kernel for these arrays' shape (see LoadedKernel.bind_launch): D may move."""
-        if len(A.shape) != 2 or len(B.shape) != 2:
-            raise InvalidInput("A and B must be 2-D (A: M x K, B: K x N)", (tuple(A.shape), tuple(B.shape)))
-        (m, k), n = tuple(A.shape), tuple(B.shape)[1]
-        return self.kernel_for(m, n, k).bind_launch(A, B, D, C=C, bias=bias, row_sums=row_sums)
+        return self.kernel_for(*_product_shape(A, B)).bind_launch(A, B, D, C=C, bias=bias, row_sums=row_sums)
 
     def _bind(self, key: tuple, A, B, D, C, bias) -> tuple:
         """A new array set: the bucket's kernel, bound to the arrays (checked there), kept under `key`."""
@@ -234,17 +226,22 @@ class DispatchKernel:
         return entry
 
     def _call_any(self, A, B, D, C, bias, stream):
-        """Arrays of another library (cupy, numba): the bucket's kernel, which keys and checks them itself. Their
-        shapes as the loader reads them (an object with only __cuda_array_interface__ has no .shape)."""
-        shape_a, shape_b = (tuple(describe_array(x, name, stream=False).shape) for x, name in ((A, "A"), (B, "B")))
-        if len(shape_a) != 2 or len(shape_b) != 2:
-            raise InvalidInput("A and B must be 2-D arrays on the GPU (A: M x K, B: K x N)", (shape_a, shape_b))
-        return self.kernel_for(shape_a[0], shape_b[1], shape_a[1])(A, B, D, C=C, bias=bias, stream=stream)
+        """Arrays of another library (cupy, numba): the bucket's kernel, which keys and checks them itself."""
+        return self.kernel_for(*_product_shape(A, B))(A, B, D, C=C, bias=bias, stream=stream)
 
     def close(self) -> None:
         for kernel in self.kernels.values():
             kernel.close()
         self._bound.clear()
+
+
+def _product_shape(A, B) -> "tuple[int, int, int]":
+    """(M, N, K) of A (M x K) and B (K x N), their shapes as the loader reads them (an object with only
+    __cuda_array_interface__ has no .shape); InvalidInput naming an operand that is no array, or not 2-D."""
+    shape_a, shape_b = (tuple(describe_array(x, name, stream=False).shape) for x, name in ((A, "A"), (B, "B")))
+    if len(shape_a) != 2 or len(shape_b) != 2:
+        raise InvalidInput("A and B must be 2-D arrays on the GPU (A: M x K, B: K x N)", (shape_a, shape_b))
+    return shape_a[0], shape_b[1], shape_a[1]
 
 
 def is_dispatch_folder(path: "str | Path") -> bool:
