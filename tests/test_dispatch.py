@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -179,6 +180,25 @@ def test_the_bucket_of_m_is_found_by_its_upper_bound_and_m_outside_is_refused():
     assert [table.kernel_for(m) for m in range(1, 9)] == ["a", "b", "c", "c", "d", "d", "d", "d"]
     with pytest.raises(InvalidInput, match=r"M must be within the dispatch table's range 1..8"):
         table.kernel_for(9)
+
+
+@pytest.mark.parametrize("m, n, k, words", [
+    ("3", None, 512, "N must be an integer, but got None"),
+    (None, 512, 512, "M must be an integer, but got None"),
+    (3.5, 512, 512, "M must be an integer, but got 3.5"),
+    (True, 512, 512, "M must be an integer, but got True"),
+    (0, 512, 512, "M must be within the dispatch table's range 1..8"),
+])
+def test_kernel_for_names_a_dimension_that_is_not_an_integer(m, n, k, words):
+    # Regression: DispatchKernel.kernel_for(None, 512, 512) (or M as text) raised a bare TypeError from bisect, and
+    # M = 3.5 was served by the bucket holding 4.
+    from gemmgen.runtime.dispatch import DispatchKernel
+
+    gemm = DispatchKernel({}, {(512, 512): Table(512, 512, (1, 5), (4, 8), ("a", "b"))}, {})
+    gemm.kernels.update(a="kernel a", b="kernel b")
+    assert gemm.kernel_for(3, 512, 512) == gemm.kernel_for("3", 512, 512) == "kernel a"
+    with pytest.raises(InvalidInput, match=re.escape(words)):
+        gemm.kernel_for(m, n, k)
 
 
 # --- a replayed bucketed tune, end to end -------------------------------------------------------

@@ -25,6 +25,7 @@ import bisect
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..model import parse
 from ..model.errors import InvalidInput
 from ..model.files import load_json, read_text
 from ..model.problem import Problem
@@ -175,6 +176,8 @@ class DispatchKernel:
 
     def kernel_for(self, m: int, n: int, k: int) -> LoadedKernel:
         """The loaded kernel the table gives for an M x N x K product; InvalidInput naming the rule otherwise."""
+        # (Text or None compared with the table's bounds was a bare TypeError, and M = 3.5 found a bucket.)
+        m, n, k = (parse.integer(axis, value, None, None) for axis, value in (("M", m), ("N", n), ("K", k)))
         table = self.tables.get((n, k))
         if table is None:
             covered = sorted(f"{tn}x{tk}" for tn, tk in self.tables)
