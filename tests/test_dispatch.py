@@ -521,6 +521,38 @@ def test_bind_and_bind_launch_name_an_operand_that_is_no_array_or_not_2d(method)
             call(None, Cai((4, 5)), Cai((3, 5)), row_sums=Cai((3,)))
 
 
+@pytest.mark.parametrize("method", ["__call__", "bind", "bind_launch"])
+def test_an_fp8_dispatch_folder_passes_the_scales_to_its_buckets_kernel(method):
+    # Regression: DispatchKernel took no scale_a or scale_b (a TypeError: unexpected keyword argument), so an fp8
+    # dispatch folder (tune --m 1..16 --dtype e4m3 --out DIR) could only run with scales of 1. They now reach the
+    # bucket's kernel, which checks them as gemmgen.load's kernel does: here a per-tensor scale of two values is
+    # refused by name before any GPU is looked for.
+    from types import SimpleNamespace
+
+    from gemmgen import Arch, Kernel, Problem
+    from gemmgen.model.arch import lookup_gpu
+    from gemmgen.rank.space import default_config
+    from gemmgen.runtime.dispatch import DispatchKernel
+    from gemmgen.runtime.manifest import make_manifest
+
+    problem = Problem.create(16, 512, 512, "e4m3")
+    manifest = make_manifest(Kernel(Arch.SM90A, problem.operands, default_config(problem, lookup_gpu("h100"))),
+                             problem)
+    gemm = DispatchKernel({}, {(512, 512): Table(512, 512, (1,), (16,), (manifest["name"],))},
+                          {manifest["name"]: (manifest, b"", "<test>")})
+
+    class Cai:
+        def __init__(self, shape, dtype, ptr):
+            self.dtype = SimpleNamespace(name=dtype)
+            self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                             "strides": None}
+
+    A, B = Cai((8, 512), "float8_e4m3fn", 0x100000), Cai((512, 512), "float8_e4m3fn", 0x200000)
+    D = Cai((8, 512), "bfloat16", 0x300000)
+    with pytest.raises(InvalidInput, match="scale_a must be one float32 value for per-tensor scaling"):
+        getattr(gemm, method)(A, B, D, scale_a=Cai((2,), "float32", 0x400000))
+
+
 def test_docs_dispatch_md_states_the_auto_buckets_the_code_gives_for_its_example(monkeypatch, tmp_path):
     """docs/dispatch.md said `--buckets auto` tunes 18-19 buckets at 1..8192 x 4096 x 4096 (splits at 48, 80, 96,
     1536) long after the model and the space had moved; its sentence is checked against plan_buckets as a user in

@@ -185,11 +185,15 @@ class DispatchKernel:
                                "bucketed", f"{n}x{k}")
         return self.kernels[table.kernel_for(m)]
 
-    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, row_sums=None):
+    def __call__(self, A, B, D, C=None, bias=None, stream: "int | None" = None, row_sums=None, scale_a=None,
+                 scale_b=None):
         """D = epilogue(A @ B) with the kernel of A's shape, on the stream current for D (or `stream`); kernels
-        built with the row sums of A also write them into `row_sums` (see LoadedKernel)."""
-        if row_sums is not None:   # the bucket's kernel keys and checks the arrays itself
-            return self.kernel_for(*_product_shape(A, B))(A, B, D, C=C, bias=bias, stream=stream, row_sums=row_sums)
+        built with the row sums of A also write them into `row_sums`, and fp8 kernels take `scale_a` and `scale_b`
+        (see LoadedKernel)."""
+        if row_sums is not None or scale_a is not None or scale_b is not None:
+            # (the bucket's kernel keys and checks the arrays itself)
+            return self.kernel_for(*_product_shape(A, B))(A, B, D, C=C, bias=bias, stream=stream, scale_a=scale_a,
+                                                          scale_b=scale_b, row_sums=row_sums)
         try:  # torch: the arrays' identity from its fast accessors (nothing else has data_ptr and stride())
             key = _torch_key(A, B, D, C, bias, None, None, None)
         except (AttributeError, TypeError):
@@ -203,13 +207,15 @@ class DispatchKernel:
         run(_torch_stream(ordinal) if stream is None else stream if type(stream) is int else stream_handle(stream))
         return D
 
-    def bind(self, A, B, D, C=None, bias=None):
+    def bind(self, A, B, D, C=None, bias=None, scale_a=None, scale_b=None, row_sums=None):
         """The launch sequence of the kernel for these arrays' shape, bound to them (see LoadedKernel.bind)."""
-        return self.kernel_for(*_product_shape(A, B)).bind(A, B, D, C=C, bias=bias)
+        return self.kernel_for(*_product_shape(A, B)).bind(A, B, D, C=C, bias=bias, scale_a=scale_a, scale_b=scale_b,
+                                                           row_sums=row_sums)
 
-    def bind_launch(self, A, B, D, C=None, bias=None, row_sums=None):
+    def bind_launch(self, A, B, D, C=None, bias=None, row_sums=None, scale_a=None, scale_b=None):
         """A BoundLaunch of the kernel for these arrays' shape (see LoadedKernel.bind_launch): D may move."""
-        return self.kernel_for(*_product_shape(A, B)).bind_launch(A, B, D, C=C, bias=bias, row_sums=row_sums)
+        return self.kernel_for(*_product_shape(A, B)).bind_launch(A, B, D, C=C, bias=bias, scale_a=scale_a,
+                                                                  scale_b=scale_b, row_sums=row_sums)
 
     def _bind(self, key: tuple, A, B, D, C, bias) -> tuple:
         """A new array set: the bucket's kernel, bound to the arrays (checked there), kept under `key`."""
