@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,30 @@ def test_a_json_nested_thousands_deep_in_a_bundle_folder_is_named_not_a_recursio
         gemmgen.load(tmp_path)
     with pytest.raises(InvalidInput, match="a manifest must be readable JSON.*nest so deeply"):
         gemmgen.load(tmp_path / "deep.json")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_in_a_bundle_folder_is_passed_over_not_waited_on(tmp_path):
+    # Regression: find_manifest opened every *.json of the folder, and opening a named pipe with no writer blocks:
+    # gemmgen.load(folder) never returned. Only regular files are read; the pipe is named when no manifest is found.
+    os.mkfifo(tmp_path / "pipe.json")
+    path = write_bundle(tmp_path / "bundle", Problem.create(64, 32, 16))
+    os.mkfifo(path.parent / "pipe.json")
+    outcome = {}
+
+    def load(folder, key):
+        try:
+            outcome[key] = find_manifest(folder)
+        except InvalidInput as exc:
+            outcome[key] = exc
+
+    for folder, key in ((path.parent, "bundle"), (tmp_path, "empty")):
+        worker = threading.Thread(target=load, args=(folder, key), daemon=True)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), f"find_manifest({folder}) blocked on the named pipe"
+    assert outcome["bundle"] == path
+    assert "pipe.json is not a regular file" in str(outcome["empty"])
 
 
 def test_two_manifests_in_a_folder_are_ambiguous(tmp_path):

@@ -42,6 +42,9 @@ def find_manifest(path: "str | Path", name: "str | None" = None) -> Path:
         raise InvalidInput("a kernel bundle must be a folder or a manifest .json file", str(path))
     found, passed_over = [], []
     for candidate in sorted(path.glob("*.json")):
+        if not candidate.is_file():   # a named pipe was opened and waited on forever; a folder or device is no manifest
+            passed_over.append(f"{candidate.name} is not a regular file")
+            continue
         try:   # through the files reader: a size limit, and nesting thousands deep was a bare RecursionError
             payload = load_json("a manifest", read_text("a manifest", candidate), candidate.name)
         except InvalidInput as exc:
