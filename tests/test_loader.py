@@ -108,6 +108,16 @@ def test_missing_cubin_and_missing_path_are_user_errors(tmp_path):
         gemmgen.load(tmp_path / "nope")
 
 
+def test_a_path_the_system_refuses_to_look_up_is_named_not_a_bare_os_error(tmp_path):
+    # Regression: gemmgen.load("x" * 5000) ended in a bare OSError (File name too long) from Path.is_dir, which
+    # ignores only missing paths.
+    with pytest.raises(InvalidInput, match=r"gemmgen.load needs a path it can read, but got 'xxx.*5000 characters.*"
+                                           r"File name too long"):
+        gemmgen.load("x" * 5000)
+    with pytest.raises(InvalidInput, match="folder or a manifest"):   # a path that is not there, as before
+        gemmgen.load(tmp_path / "nope" / "deeper")
+
+
 def _info(shape, strides, dtype="bfloat16", ptr=256):
     return ArrayInfo(ptr, shape, strides, dtype, 0, 0)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from ..model import parse
 from ..model.errors import InvalidInput
 from ..model.files import load_json, read_text
 from ..model.problem import Problem
@@ -354,6 +355,13 @@ def load(path: "str | Path", name: "str | None" = None):
     if not os.fspath(path):
         raise InvalidInput("gemmgen.load needs a non-empty path to a bundle folder, its manifest .json or a dispatch "
                            "folder", path)
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        pass   # not there (or a NUL byte in it): find_manifest refuses it, naming what it must be
+    except OSError as exc:   # a name too long, a folder it may not enter: Path.is_dir raised these bare
+        raise InvalidInput("gemmgen.load needs a path it can read", parse._short(str(os.fspath(path))),
+                           exc.strerror or type(exc).__name__) from None
     if name is None:
         from .dispatch import is_dispatch_folder, load_dispatch  # dispatch builds on this module
 
