@@ -4,6 +4,7 @@ by name."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -70,6 +71,21 @@ def test_an_exported_bundle_passes_and_says_its_architecture(bundle):
 ])
 def test_a_manifest_that_disagrees_with_its_kernel_is_refused_naming_the_field(tmp_path, bundle, edit, field):
     with pytest.raises(InvalidInput, match=f"manifest field {field.replace('[', '.').replace(']', '.')}"):
+        gemmgen.load(tampered(tmp_path, bundle, edit))
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m["operands"].update(align_a=1), "operands.align_a"),
+    (lambda m: m["operands"].update(a_layout="col"), "operands.a_layout"),
+    (lambda m: m["operands"].update(bias=True), "operands.bias"),
+    (lambda m: m["operands"].pop("c_dtype"), "operands.c_dtype"),
+    (lambda m: m.update(operands="bf16"), "operands"),
+])
+def test_an_operands_block_that_is_not_the_kernels_is_refused_naming_the_field(tmp_path, bundle, edit, field):
+    # Regression: the manifest's operands (dtypes, layouts, alignment, epilogue: what a launcher in another language
+    # reads to pass its arrays) were never checked, so any edit of them loaded, e.g. align_a 1 beside a kernel whose
+    # vector loads assume 8.
+    with pytest.raises(InvalidInput, match=f"manifest field {re.escape(field)}"):
         gemmgen.load(tampered(tmp_path, bundle, edit))
 
 

@@ -14,6 +14,7 @@ from ..model.arch import Arch, lookup_gpu
 from ..model.errors import InvalidInput
 from ..model.problem import Problem
 from ..model.tiles import Kernel, TileConfig
+from .manifest import operands_dict
 
 EM_CUDA = 190  # ELF e_machine of CUDA cubins
 PARAM_KINDS = {"tensor", "tensormap", "scalar", "workspace"}
@@ -220,6 +221,16 @@ def check_launches(manifest: dict) -> None:
     if kernel.name != manifest["name"]:
         raise InvalidInput("manifest field name must be the kernel its config and problem name", manifest["name"],
                            f"expected {kernel.name}")
+    # The operands' dtypes, layouts and alignment as a launcher in another language reads them (an edited align_a
+    # of 1 beside a kernel built for 8 let it pass leading dimensions the kernel's vector loads fault on).
+    if "operands" in manifest:
+        expected, given = operands_dict(kernel.operands), manifest["operands"]
+        if not isinstance(given, dict):
+            raise InvalidInput("manifest field operands must be a mapping", given)
+        for key in sorted(set(expected) | set(given)):
+            if given.get(key) != expected.get(key):
+                raise InvalidInput(f"manifest field operands.{key} must be what the kernel was built for",
+                                   given.get(key), f"expected {expected.get(key)}")
     persistent = bool(getattr(config, "persistent", False))
     refusal = None
     for sm_count in _export_sm_counts(manifest) if persistent else [None]:
