@@ -333,5 +333,5 @@ def compile_many(kernels: "list[Kernel]", jobs: "int | None" = None,
     return results
 
 
-__all__ = ["Compiled", "NvrtcCallError", "NvrtcUnavailable", "require_nvrtc", "Resources", "cache_key", "compile_kernel", "compile_many",
-           "compile_source", "nvrtc_version", "options_for", "parse_ptxas_log", "source_path"]
+__all__ = ["Compiled", "NvrtcCallError", "NvrtcUnavailable", "require_nvrtc", "Resources", "cache_key", "compile_kernel",
+           "compile_many", "compile_source", "nvrtc_version", "options_for", "parse_ptxas_log", "source_path"]

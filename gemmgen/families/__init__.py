@@ -48,7 +48,7 @@ def of(config: TileConfig) -> KernelFamily:
     if not isinstance(config, TileConfig):
         # Every API that takes a configuration (predict, check, render, ...) asks here first: a kernel's tag or a
         # dict would otherwise fail as "'str' object has no attribute 'family'".
-        shown = parse._short(config) if isinstance(config, str) else type(config).__name__
+        shown = parse.shown(config) if isinstance(config, str) else type(config).__name__
         raise InvalidInput("a configuration must be a TileConfig", shown,
                            "TileConfig.from_dict(fields) builds one from a dict, TileConfig.from_text(text) from "
                            "YAML or JSON; a kernel's name or tag is not parsed back")

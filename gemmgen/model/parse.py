@@ -56,14 +56,14 @@ def integer(what: str, value, lo: "int | None" = None, hi: "int | None" = INT64_
         number = int(value)
     elif isinstance(value, str) and _INT.match(value):
         if len(value.lstrip("+-").lstrip("0")) > _MAX_DIGITS:
-            raise InvalidInput(rule, _short(value), too_big if not value.startswith("-") else "")
+            raise InvalidInput(rule, shown(value), too_big if not value.startswith("-") else "")
         number = int(value)
     else:
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     if lo is not None and number < lo:
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     if hi is not None and number > hi:
-        raise InvalidInput(rule, _short(value), too_big)
+        raise InvalidInput(rule, shown(value), too_big)
     return number
 
 
@@ -77,15 +77,15 @@ def real(what: str, value, lo: "float | None" = None, hi: "float | None" = None,
         try:
             number = float(value)
         except OverflowError:
-            raise InvalidInput(rule, _short(value)) from None
+            raise InvalidInput(rule, shown(value)) from None
     elif isinstance(value, str) and _REAL.match(value):
         number = float(value)
     else:
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     if not math.isfinite(number):
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     if (lo is not None and (number <= lo if lo_open else number < lo)) or (hi is not None and number > hi):
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     return number
 
 
@@ -96,11 +96,11 @@ def name(what: str, value, choices: Iterable[str], aliases: "Mapping[str, str] |
     choices = list(choices)
     rule = f"{what} must be one of {listed or ', '.join(choices)}"
     if not isinstance(value, str) or not _NAME.match(value):
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     key = value.lower()
     key = (aliases or {}).get(key, key)
     if key not in choices:
-        raise InvalidInput(rule, _short(value))
+        raise InvalidInput(rule, shown(value))
     return key
 
 
@@ -108,15 +108,15 @@ def text(what: str, value) -> str:
     """A non-empty string without control characters (a path, a URL, a list of names): the OS refuses a
     NUL byte with a ValueError, and an empty path silently means the current folder."""
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{what} must be non-empty text", _short(value))
+        raise InvalidInput(f"{what} must be non-empty text", shown(value))
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise InvalidInput(f"{what} must not contain control characters", _short(value))
+        raise InvalidInput(f"{what} must not contain control characters", shown(value))
     if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
-        raise InvalidInput(f"{what} must be valid UTF-8 text", _short(value))
+        raise InvalidInput(f"{what} must be valid UTF-8 text", shown(value))
     return value
 
 
-def _short(value):
+def shown(value):
     """The value as an error message shows it: long text cut, so the error stays one readable line."""
     if isinstance(value, str) and len(value) > 60:
         return value[:40] + f"... ({len(value)} characters)"
@@ -125,4 +125,4 @@ def _short(value):
     return value
 
 
-__all__ = ["COUNT_MAX", "INT64_MAX", "JOBS_MAX", "SECONDS_MAX", "SEED_MAX", "integer", "name", "real", "text"]
+__all__ = ["COUNT_MAX", "INT64_MAX", "JOBS_MAX", "SECONDS_MAX", "SEED_MAX", "integer", "name", "real", "shown", "text"]

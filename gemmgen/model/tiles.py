@@ -311,7 +311,7 @@ class TileConfig:
         if missing:
             # Another of gemmgen's files (a suite table, a calibration) was refused as 'missing family' without
             # naming the file or what it should hold.
-            kind = (f"it is a {parse._short(data['format'])!r} file" if isinstance(data.get("format"), str)
+            kind = (f"it is a {parse.shown(data['format'])!r} file" if isinstance(data.get("format"), str)
                     else "it has no " + ", ".join(missing))
             raise InvalidInput("a configuration file must hold a configuration (family, cta, warp, mma, stages, "
                                "...), a launch manifest or a tuning record", source, kind)

@@ -360,7 +360,7 @@ def load(path: "str | Path", name: "str | None" = None):
     except (FileNotFoundError, NotADirectoryError, ValueError):
         pass   # not there (or a NUL byte in it): find_manifest refuses it, naming what it must be
     except OSError as exc:   # a name too long, a folder it may not enter: Path.is_dir raised these bare
-        raise InvalidInput("gemmgen.load needs a path it can read", parse._short(str(os.fspath(path))),
+        raise InvalidInput("gemmgen.load needs a path it can read", parse.shown(str(os.fspath(path))),
                            exc.strerror or type(exc).__name__) from None
     if name is None:
         from .dispatch import is_dispatch_folder, load_dispatch  # dispatch builds on this module
