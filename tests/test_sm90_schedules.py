@@ -9,6 +9,7 @@ from gemmgen.tune import utility
 from gemmgen.model.arch import Arch
 from gemmgen.model.errors import CompileError, InvalidInput
 from gemmgen.families.sm90_wgmma import context as sm90_context
+from gemmgen.families.sm90_wgmma.config import Schedule
 from gemmgen.families.sm90_wgmma import launch as sm90
 from gemmgen.families.sm90_wgmma import rules as sm90_rules
 from gemmgen.model.problem import Problem
@@ -270,7 +271,7 @@ def test_split_k_and_dp_manifests_say_their_workspace_needs_no_zeroing_but_sm80_
 
 @pytest.mark.parametrize("changes,rule", [
     ({"persistent": False}, "Stream-K needs the persistent tile loop"),
-    ({"cluster": Cluster(2, 1)}, "Stream-K is implemented without clusters"),
+    ({"schedule": Schedule.PINGPONG}, "Stream-K is implemented for the cooperative schedule"),
 ])
 def test_streamk_rejects_what_the_template_does_not_implement(changes, rule):
     config = streamk_config(**changes)
@@ -281,8 +282,9 @@ def test_streamk_rejects_what_the_template_does_not_implement(changes, rule):
 def test_streamk_kernel_compiles_without_local_memory_and_renders_the_fixup():
     kernel = Kernel(Arch.SM90A, ops(b="row"), streamk_config())
     source = render(kernel)
-    assert "struct Walk {\n    int u, rem, slices;" in source and "sk_wait(flags + v + z * walk.rem, leader)" in source
-    assert "sk_wait(flags + c, leader)" in source and "sk_range_begin(blockIdx.x + 1" in source   # range mode
+    assert "struct Walk {\n    int u, rem, slices;" in source and "sk_wait(flags + v + z * stride, leader)" in source
+    assert "sk_wait(flags + c * CL_SIZE + me, leader)" in source   # range mode
+    assert "sk_range_begin(blockIdx.x / CL_SIZE + 1" in source
     assert "ld.acquire.gpu.global.u32" in source and "fence.acq_rel.gpu;" in source
     assert "sk_wait" not in render(Kernel(Arch.SM90A, ops(), hopper_config()))
     compiled = compile_sm90(kernel)

@@ -274,7 +274,10 @@ def predict(problem: Problem, config: TileConfig, gpu: "Gpu | str", params: "Mod
         # S = min(slots // rem, K tiles, 16) K slices, so that wave takes 1/S of a tile's time; where that
         # wave is more than half full (S = 1), its K iterations dealt out to every slot in contiguous ranges
         # (range mode, S = 0 here): the wave takes ceil(rem * K tiles / slots) iterations.
-        sk_rem, sk_slices = streamk_remainder(tiles, slots, k_tiles)
+        # In a cluster the kernel deals cluster tiles to resident clusters: the same split in units of the cluster.
+        size = config.cluster.size
+        sk_rem, sk_slices = streamk_remainder(tiles // size, max(1, slots // size), k_tiles)
+        sk_rem *= size
     if sk_slices > 1:
         units = tiles - sk_rem + sk_rem * sk_slices
         waves = tiles / slots

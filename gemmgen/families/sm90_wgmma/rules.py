@@ -234,7 +234,6 @@ def check(config: Sm90Config, gpu: Gpu, arch: Arch, problem: "Problem | None", o
         # grid must be resident at once, which only the persistent launch guarantees.
         rule(config.persistent, "Stream-K needs the persistent tile loop (all CTAs resident)",
              config.persistent, True)
-        rule(config.cluster.size == 1, "Stream-K is implemented without clusters", str(config.cluster), "1x1")
         rule(config.schedule is Schedule.COOPERATIVE, "Stream-K is implemented for the cooperative schedule",
              config.schedule.value, Schedule.COOPERATIVE.value)
     # TMA needs every global stride to be a multiple of 16 bytes (cuTensorMapEncodeTiled): an operand whose rows
