@@ -61,6 +61,18 @@ EDITS = {
     # tile's D is written by several CTAs: wrong results by design, timed only), so the edit's time minus the
     # kernel's is what the partials, flags and adds cost (docs/perf-notes.md, "Stream-K range mode").
     "sk_nofixup": [(r"if \(w\.t >= walk\.dp_tiles\(num_ctiles\)\) \{", "if (false) {")],
+    # The fix-up taken apart (timed only: wrong results): the owner adds without waiting for the flags (sk_nowait),
+    # or waits and adds nothing (sk_noadd); its time minus the kernel's is the wait, or the partials' reads.
+    "sk_nowait": [(r"for \(int z = 1; z < walk\.slices; \+\+z\) sk_wait\([^;]*;", ";"),
+                  (r"for \(int c = lo; c < g; \+\+c\) sk_wait\([^;]*;", ";")],
+    "sk_noadd": [(r"for \(int z = 1; z < walk\.slices; \+\+z\) sk_add\([^;]*;", ";"),
+                 (r"for \(int c = lo; c < g; \+\+c\) sk_add\([^;]*;", ";")],
+    # K-slice mode with the owner's slice (z = 0) longer by SKEW/2..SKEW K tiles than the others', so a contributor's
+    # partial is stored and flagged while the owner still runs its main loop (verified: the sum is the same).
+    **{f"sk_skew{e}": [(r"w\.kt0 = w\.z \* k_tiles / slices;\s*w\.kcount = \(w\.z \+ 1\) \* k_tiles / slices - w\.kt0;",
+                       f"w.kt0 = w.z == 0 ? 0 : min(k_tiles - (slices - w.z), w.z * k_tiles / slices + {e} * (slices - w.z) / slices);"
+                       f" const int sk_end = w.z + 1 == slices ? k_tiles : min(k_tiles - (slices - w.z - 1), (w.z + 1) * k_tiles / slices"
+                       f" + {e} * (slices - w.z - 1) / slices); w.kcount = sk_end - w.kt0;")] for e in (4, 8)},
     # The fix-up's partial loads in groups of 16 or 32 float4s a thread instead of 8: more bytes in flight per SM
     # when the owner reads a 128 KB partial (ptxas reports no spills at either on the 128x256 and 256x128 tiles).
     "sk_group16": [(r"constexpr int SK_GROUP = 8;", "constexpr int SK_GROUP = 16;")],
@@ -68,7 +80,7 @@ EDITS = {
 }
 CLUSTERED_ONLY = {"unicast"}
 # Edits whose results are wrong by design: timed without the verification every other variant passes.
-UNVERIFIED = {"sk_nofixup"}
+UNVERIFIED = {"sk_nofixup", "sk_nowait", "sk_noadd"}
 
 
 def edited(kernel, problem, built, edit: str):
