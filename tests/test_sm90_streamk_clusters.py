@@ -108,3 +108,88 @@ def test_streamk_in_clusters_matches_the_fp32_reference_in_both_modes(case, a, b
             n += 8 - n % 8
         err = bias_relu_error(m, n, k, a, b, {**tile, "cluster": cluster})
         assert err < 1e-2, (m, n, k, err)
+
+
+# The other inputs and outputs the rules take through cluster Stream-K: fp8 (tensor and per-row/column scales),
+# tf32, an fp32 D with beta and C, and operands whose rows are off 16-byte boundaries (packed first). Each at a
+# K-slice shape and a range-mode shape (2x1 on 66 resident pairs: 16 and 48 cluster tiles).
+FP8_WIDE = {**BASE, "cta": "128x256x128", "warp": "64x256x128", "mma": "64x256x32", "stages": 4, "cluster": "2x1"}
+TF32_WIDE = {**BASE, "cta": "128x256x32", "warp": "64x256x32", "mma": "64x256x8", "stages": 4, "cluster": "2x1"}
+TWO_MODES = [(1000, 1000, 4096), (2900, 1000, 1024)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knobs,dtype,scaling", [(FP8_WIDE, "e4m3", "rowcol"), (TF32_WIDE, "f32", "tensor")])
+def test_fp8_and_tf32_streamk_in_a_pair_compile_without_spills(knobs, dtype, scaling):
+    # No search space offers Stream-K for fp8 or tf32 (they run as --config); with per-tensor scales the fp8 128x256
+    # tile in a pair spills 16-56 bytes (NVRTC 13, 2026-11-28: correct, slower), with per-row/column scales it does not.
+    operands = Problem.create(1000, 1000, 4096, dtype, "row", "col", bias=True, scaling=scaling).operands
+    sass = clean_tma_sass(Kernel(Arch.SM90A, operands, TileConfig.from_dict(knobs)))
+    assert ".MULTICAST" in sass and ("E4M3" in sass if dtype == "e4m3" else "TF32" in sass)
+
+
+def _gpu_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("needs an sm_90 GPU with torch")
+    return torch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", ["tensor", "rowcol"])
+def test_fp8_streamk_in_a_pair_matches_the_fp64_reference(scaling):
+    torch = _gpu_torch()
+    from test_hopper_paths_gpu import TOLERANCE, load, rel_error, rowwise_fp8
+
+    m0, n0, k0 = TWO_MODES[0]
+    gemm = load(Problem.create(m0, n0, k0, "e4m3", "row", "col", bias=True, scaling=scaling), FP8_WIDE)
+    for m, n, k in TWO_MODES:
+        if scaling == "tensor":   # one scale a tensor, as device scalars
+            a, bt = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+            sa, sb = (a.abs().max() / 200).reshape(()), (bt.abs().max() / 200).reshape(())
+            A, Bt = (a / sa).to(torch.float8_e4m3fn), (bt / sb).to(torch.float8_e4m3fn)
+        else:                     # a scale per row of A and per column of B
+            A, sa = rowwise_fp8(m, k)
+            Bt, sb = rowwise_fp8(n, k)
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        D = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, Bt.t(), D, bias=bias, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        if scaling == "tensor":
+            ref = (A.double() @ Bt.t().double()) * float(sa * sb) + bias.double()
+        else:
+            ref = (A.double() @ Bt.t().double()) * sa.double()[:, None] * sb.double()[None, :] + bias.double()
+        assert rel_error(D, ref) < TOLERANCE, (scaling, m, n, k)
+
+
+@pytest.mark.gpu
+def test_tf32_and_fp32_output_streamk_in_a_pair_match_the_fp64_reference():
+    torch = _gpu_torch()
+    from test_hopper_paths_gpu import load, rel_error
+
+    m0, n0, k0 = TWO_MODES[0]
+    tf32 = load(Problem.create(m0, n0, k0, "f32", "row", "col", beta=0.5, bias=True), TF32_WIDE)
+    f32_out = load(Problem.create(m0, n0, k0, "bf16", "row", "col", c_dtype="f32", beta=0.5, bias=True),
+                   {**WIDE, "cluster": "2x1"})
+    for m, n, k in TWO_MODES:
+        for gemm, dtype, tolerance in ((tf32, torch.float32, 5e-3), (f32_out, torch.bfloat16, 1e-5)):
+            A, B = torch.randn(m, k, device="cuda").to(dtype), torch.randn(n, k, device="cuda").to(dtype).t()
+            C, bias = torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda")
+            D = torch.full((m, n), float("nan"), device="cuda")
+            gemm(A, B, D, C=C, bias=bias)
+            torch.cuda.synchronize()
+            ref = A.double() @ B.double() + 0.5 * C.double() + bias.double()
+            assert rel_error(D, ref) < tolerance, (dtype, m, n, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a,b", [("row", "row"), ("col", "col")])
+def test_streamk_in_2x2_clusters_on_packed_operands_matches_the_fp32_reference(a, b):
+    _gpu_torch()
+    from test_hopper_paths_gpu import bias_relu_error
+
+    # Every leading dimension odd: A and B packed into the workspace behind the partial slots, D stored element by
+    # element. On 32 resident 2x2 clusters: 2501 x 1499, 20 x 12 tiles, 60 cluster tiles (a wave, then 28 in range
+    # mode); 2501 x 999, 40 (a wave, then 8 cut into K slices); 1001 x 999, 16 (K slices only).
+    for m, n, k in ((2501, 1499, 1001), (2501, 999, 1001), (1001, 999, 3001)):
+        assert bias_relu_error(m, n, k, a, b, {**SQUARE, "cluster": "2x2"}) < 1e-2, (m, n, k)
