@@ -25,6 +25,16 @@ def gemv(rows=16, cols=256, unroll=4, k_warps=1, splits=1, fused=False) -> TileC
     return TileConfig.from_dict(d)
 
 
+def test_gemv_cuts_k_into_up_to_64_slices_where_other_families_stop_at_16():
+    problem = Problem.create(1, 612, 10469, "bf16", "row", "row")
+    assert broken(gemv(rows=1, k_warps=8, splits=64), problem) == []
+    assert any("split-K factor must be 2..64" in r for r in broken(gemv(rows=1, k_warps=8, splits=128), problem))
+    sm90 = TileConfig.from_dict({"family": "sm90_wgmma", "cta": "64x16x64", "warp": "64x16x64", "mma": "64x16x16",
+                                 "stages": 6, "warp_specialized": True, "persistent": True, "swap_ab": True,
+                                 "decomposition": {"kind": "splitk", "splits": 32}})
+    assert any("split-K factor must be 2..16" in r for r in broken(sm90, problem))
+
+
 def test_gemv_takes_row_major_b_and_either_a_and_names_the_rule_for_others():
     config = gemv(unroll=2)
     assert broken(config, Problem.create(16, 4095, 4095, "bf16", "row", "row")) == []
@@ -92,6 +102,10 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, A layout])
     (1, 4095, 4095, False, "none", 1.0, 0.0, gemv(rows=1, unroll=8, k_warps=2, splits=16, fused=True)),
     (5, 3001, 2999, True, "gelu", 1.0, 0.5, gemv(rows=8, unroll=4, k_warps=4, splits=8, fused=True), "col"),
     (16, 70, 4100, False, "none", 1.0, 0.0, gemv(cols=512, unroll=2, k_warps=2, splits=4, fused=True)),
+    # 32 and 64 K slices (few column blocks over a long K); slices past K's end read nothing and write zeros
+    (1, 612, 10469, False, "none", 1.0, 0.0, gemv(rows=1, unroll=4, k_warps=8, splits=64)),
+    (3, 1001, 5001, True, "gelu", 1.0, 0.5, gemv(rows=4, unroll=8, k_warps=4, splits=32, fused=True), "col"),
+    (11, 280, 1499, False, "none", 1.0, 0.0, gemv(rows=16, unroll=2, k_warps=8, splits=64)),
 ]
 
 

@@ -76,6 +76,8 @@ class KernelFamily:
     # none unless a family says so. dtype_pairs() is every pair: these and each of `dtypes` with itself.
     mixed_dtypes: ClassVar["frozenset[tuple[DType, DType]]"] = frozenset()
     decompositions: ClassVar["frozenset[DecompKind]"] = frozenset({DecompKind.DATA_PARALLEL})
+    # The most K slices a split-K configuration may cut (families/rules.py).
+    max_splits: ClassVar[int] = 16
     # fp8 dequantization scalings the family's kernels apply (model/problem.Scaling); per tensor unless it says more.
     scalings: ClassVar["frozenset[Scaling]"] = frozenset({Scaling.TENSOR})
     # The kernels can also write the row sums of A (Epilogue.row_sums, a Linear layer's bias gradient).

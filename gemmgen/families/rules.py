@@ -99,7 +99,8 @@ def check(config: TileConfig, gpu: Gpu, arch: "Arch | None" = None, problem: "Pr
         rule(getattr(family, "fused_splitk", False), f"family {family.name} has no fused split-K reduction",
              family.name, "a family with one")
     if decomp.kind is DecompKind.SPLIT_K:
-        rule(2 <= decomp.splits <= 16, "split-K factor must be 2..16", decomp.splits, "2..16")
+        most = family.max_splits
+        rule(2 <= decomp.splits <= most, f"split-K factor must be 2..{most}", decomp.splits, f"2..{most}")
         if problem is not None:
             k_tiles = math.ceil(problem.k / cta.k)
             rule(decomp.splits <= k_tiles, "split-K factor must not exceed the K tiles", decomp.splits, k_tiles)

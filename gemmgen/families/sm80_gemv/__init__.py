@@ -41,6 +41,10 @@ class Sm80Gemv(FewRowsFamily):
     dtypes = frozenset({DType.BF16, DType.F16})
     decompositions = frozenset({DecompKind.DATA_PARALLEL, DecompKind.SPLIT_K})
     fused_splitk = True   # the column block's last slice sums the partials: no reduction launch
+    # A few columns of D over a long K: 612 columns are 3 blocks of 256, which 16 slices make 48 CTAs on 132 SMs
+    # (1x612x10469 rr, B's rows off 16-byte boundaries: the swapped sm90 tile, B packed first, ran 27.7 us where
+    # cuBLAS took 10.4). Each slice still reads whole iterations of K (k_warps x cta.k rows).
+    max_splits = 64
     template_root = paths.TEMPLATES
     template = "sm80_gemv/kernel.cu.j2"
     rules = _rules
