@@ -86,7 +86,7 @@ def shape_problem(text: str, dtype: str = "bf16"):
     major = {"r": "row", "c": "col"}
     if len(lay) != 2 or any(x not in major for x in lay):
         raise InvalidInput("a shape must be M,N,K,LAYOUTS with LAYOUTS two of r and c (A's, then B's)", text)
-    return Problem.create(*product_shape(dims, ","), dtype, major[lay[0]], major[lay[1]])
+    return Problem.create(*product_shape(dims, ","), dtype, major[lay[0]], major[lay[1]]).k_major_rows()
 
 
 def layout_operands(torch, problem, dtype):

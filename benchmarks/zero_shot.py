@@ -88,7 +88,7 @@ def plan(shape_files, dtypes, gpu, variants, tuned):
     problems, kernels = [], {}
     for name, m, n, k, a, b, held in shapes(shape_files):
         for dtype in dtypes:
-            problem = Problem.create(m, n, k, dtype, a, b)
+            problem = Problem.create(m, n, k, dtype, a, b).k_major_rows()   # as `gemmgen tune` reads it
             entry = {"name": name, "problem": problem, "held_out": held, "dtype": dtype, "kernels": {}}
             for variant, p in variants.items():
                 entry["kernels"][variant] = [Kernel(gpu.arch, problem.operands, r.config)

@@ -109,23 +109,14 @@ GPU_CASES = [  # (M, N, K, bias, activation, alpha, beta, config[, A layout])
 ]
 
 
-def case_problem(m, n, k, bias, activation, alpha, beta, layout) -> Problem:
-    """A GPU case's problem with a row-major B even at N = 1: Problem.create reads a one-column B as K-major (the
-    same memory), and a gemv bundle serves that shape with its own row-major B (Problem.with_shape keeps layouts)."""
-    from dataclasses import replace
-    from gemmgen.model.problem import Layout
-    problem = Problem.create(m, n, k, "bf16", layout[0] if layout else "row", "row", alpha=alpha, beta=beta,
-                             bias=bias, activation=activation)
-    return replace(problem, b_layout=Layout.ROW)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}_{(c[8:] or ['row'])[0]}" for c in GPU_CASES])
 def test_gemv_matches_the_reference_on_the_gpu(case):
     from gemmgen.tune.bench import GpuBenchmark
 
     m, n, k, bias, activation, alpha, beta, config, *layout = case
-    problem = case_problem(m, n, k, bias, activation, alpha, beta, layout)
+    problem = Problem.create(m, n, k, "bf16", layout[0] if layout else "row", "row", alpha=alpha, beta=beta,
+                             bias=bias, activation=activation)
     assert constraints.check(config, H100, Arch.SM90A, problem) == []
     kernel = Kernel(Arch.SM90A, problem.operands, config)
     bench = GpuBenchmark(seed=m * 7 + n)
@@ -139,7 +130,8 @@ def test_gemv_matches_the_reference_on_the_gpu(case):
 def test_every_gpu_case_is_a_configuration_the_rules_accept():
     """The GPU cases above run only where a driver is found: their configurations are checked here on the CPU."""
     for m, n, k, bias, activation, alpha, beta, config, *layout in GPU_CASES:
-        problem = case_problem(m, n, k, bias, activation, alpha, beta, layout)
+        problem = Problem.create(m, n, k, "bf16", layout[0] if layout else "row", "row", alpha=alpha, beta=beta,
+                                 bias=bias, activation=activation)
         assert constraints.check(config, H100, Arch.SM90A, problem) == [], (m, n, k, config.tag)
 
 

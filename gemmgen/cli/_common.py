@@ -115,7 +115,7 @@ def problem_from_args(args) -> Problem:
                           getattr(args, "b_dtype", None), getattr(args, "scaling", None),
                           getattr(args, "row_sums", False), getattr(args, "fp32_math", None),
                           getattr(args, "fp8_accum", None), getattr(args, "lda", 0), getattr(args, "ldb", 0),
-                          getattr(args, "ldc", 0))
+                          getattr(args, "ldc", 0)).k_major_rows()
 
 
 def check_problem(problem: Problem, gpu: Gpu, arch=None) -> "list[tuple[str, str]]":

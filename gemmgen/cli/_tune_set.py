@@ -73,11 +73,14 @@ def run_shape_set(args) -> int:
     check_outputs(args)
     # Every operand option `tune M N K` takes (problem_from_args), so none is dropped for a shape set: --math and
     # --accumulate once were, and --m ... --dtype f32 --math 3xtf32 exported tf32 kernels.
-    base = Problem.create(buckets[0].m_max, buckets[0].n, buckets[0].k, args.dtype, args.a_layout, args.b_layout,
+    # Built at the largest M and N of the set: every bucket's problem is this one at its own shape, and k_major_rows
+    # reads a single row of A (column of B) as K-major, which is the caller's layout only where every bucket has it.
+    base = Problem.create(max(b.m_max for b in buckets), max(b.n for b in buckets), buckets[0].k, args.dtype,
+                          args.a_layout, args.b_layout,
                           getattr(args, "out_dtype", None), args.alpha, args.beta, args.bias, args.activation,
                           getattr(args, "b_dtype", None), getattr(args, "scaling", None),
                           getattr(args, "row_sums", False), getattr(args, "fp32_math", None),
-                          getattr(args, "fp8_accum", None))
+                          getattr(args, "fp8_accum", None)).k_major_rows()
     options = options_from_args(args)
     if args.dry_run:
         return dry_run_shape_set(args, base, buckets, options)

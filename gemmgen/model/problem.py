@@ -187,18 +187,6 @@ class Operands:
                        b_layout=self.a_layout.flipped, align_a=self.align_b, align_b=self.align_a)
 
 
-def k_contiguous(extent: int, layout: Layout, ld: int, k_major: Layout) -> "tuple[Layout, int]":
-    """An operand's layout with a single row of A (column of B) read as K-major: a 1 x K column-major A packed
-    (leading dimension 1, or none given) is the same K contiguous elements as a row-major one, and a K x 1
-    row-major B those of a column-major one. The K-major layout is what the tensor-core families read without a
-    transposing copy (an M-major A of one row has a 2-byte leading dimension, which TMA cannot take, so it was packed
-    first: 1x5168x576 cr ran 5.7 us where cuBLAS took 3.7). The runtime ignores the stride along an extent of 1, so
-    the same arrays are accepted either way. Returns the layout and the leading dimension (0: packed)."""
-    if extent == 1 and layout is not k_major and ld in (0, 1):
-        return k_major, 0
-    return layout, ld
-
-
 @dataclass(frozen=True)
 class Problem:
     """A GEMM instance: shape, dtypes, layouts and epilogue."""
@@ -274,18 +262,14 @@ class Problem:
         bb = DType.parse(b_dtype) if b_dtype is not None else ab
         # fp8 products write a 16-bit D unless told otherwise (fp8 outputs need a scale the epilogue lacks).
         default_out = DType.BF16 if ab.bytes == 1 else ab
-        m, n, k = parse_dim("M", m), parse_dim("N", n), parse_dim("K", k)
-        lda, ldb, ldc = (parse.integer(name, v, 0, parse.INT64_MAX) for name, v in (("lda", lda), ("ldb", ldb),
-                                                                                    ("ldc", ldc)))
-        (a_layout, lda), (b_layout, ldb) = (k_contiguous(m, Layout.parse(a), lda, Layout.ROW),
-                                            k_contiguous(n, Layout.parse(b), ldb, Layout.COL))
-        return cls(m, n, k, ab, bb,
-                   DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, a_layout,
-                   b_layout, Epilogue(epilogue_scalar("alpha", alpha), epilogue_scalar("beta", beta),
+        return cls(parse_dim("M", m), parse_dim("N", n), parse_dim("K", k), ab, bb,
+                   DType.parse(c_dtype) if c_dtype is not None else default_out, DType.F32, Layout.parse(a),
+                   Layout.parse(b), Epilogue(epilogue_scalar("alpha", alpha), epilogue_scalar("beta", beta),
                                              _flag("bias", bias), Activation.parse(activation),
                                              _flag("row_sums", row_sums)),
                    Scaling.parse(scaling), Fp32Math.parse(fp32_math),
-                   Fp8Accum.parse(fp8_accum)).with_leading(lda, ldb, ldc)
+                   Fp8Accum.parse(fp8_accum)).with_leading(*(parse.integer(name, v, 0, parse.INT64_MAX)
+                                                             for name, v in (("lda", lda), ("ldb", ldb), ("ldc", ldc))))
 
     @property
     def flops(self) -> int:
@@ -319,6 +303,21 @@ class Problem:
         spans two 128-byte lines. A packed operand (`packed_a`, `packed_b`: copied into aligned rows first) does not."""
         return (bool(self.lda * self.a_dtype.bytes % 128) and not packed_a,
                 bool(self.ldb * self.b_dtype.bytes % 128) and not packed_b)
+
+    def k_major_rows(self) -> "Problem":
+        """This problem with a single row of A (column of B) read as K-major: a packed 1 x K column-major A is the same
+        K contiguous elements as a row-major one, and a K x 1 row-major B those of a column-major one. The K-major
+        layout is what the tensor-core families read in place, where a one-row column-major A has a 2-byte leading
+        dimension that TMA cannot take and was packed first (1x5168x576 cr: 6.2 us against cuBLAS's 3.7;
+        docs/perf-notes.md, "One row of A"). The runtime ignores strides along an extent of 1, so a kernel built
+        for the result takes the caller's arrays. For a request (the CLI, the torch JIT, suite rows); stored problems
+        (manifests, records) are read as written, so a bundle keeps the layout it was built for."""
+        out = self
+        if self.m == 1 and self.a_layout is Layout.COL and not self.a_ld:
+            out = replace(out, a_layout=Layout.ROW)
+        if self.n == 1 and self.b_layout is Layout.ROW and not self.b_ld:
+            out = replace(out, b_layout=Layout.COL)
+        return out
 
     def with_leading(self, lda: int = 0, ldb: int = 0, ldc: int = 0) -> "Problem":
         """This problem on views whose leading dimensions are lda, ldb, ldc (0, or the packed value: packed)."""

@@ -37,7 +37,8 @@ class Shape:
     ldc: int = 0
 
     def problem(self, dtype: str) -> Problem:
-        return Problem.create(self.m, self.n, self.k, dtype, self.a, self.b, lda=self.lda, ldb=self.ldb, ldc=self.ldc)
+        return Problem.create(self.m, self.n, self.k, dtype, self.a, self.b, lda=self.lda, ldb=self.ldb,
+                              ldc=self.ldc).k_major_rows()
 
 
 _KEYS = {"name", "M", "N", "K", "a", "b", "lda", "ldb", "ldc"}
