@@ -308,10 +308,10 @@ class Problem:
         """This problem with a single row of A (column of B) read as K-major: a packed 1 x K column-major A is the same
         K contiguous elements as a row-major one, and a K x 1 row-major B those of a column-major one. The K-major
         layout is what the tensor-core families read in place, where a one-row column-major A has a 2-byte leading
-        dimension that TMA cannot take and was packed first (1x5168x576 cr: 6.2 us against cuBLAS's 3.7;
+        dimension that TMA cannot take and was packed first (1x5168x576 cr: 6.2 us against cuBLAS's 4.1;
         docs/perf-notes.md, "One row of A"). The runtime ignores strides along an extent of 1, so a kernel built
-        for the result takes the caller's arrays. For a request (the CLI, the torch JIT, suite rows); stored problems
-        (manifests, records) are read as written, so a bundle keeps the layout it was built for."""
+        for the result takes the caller's arrays. For a request (the CLI's tune, suite rows, shape sets); stored
+        problems (manifests, records) are read as written, so a bundle keeps the layout it was built for."""
         out = self
         if self.m == 1 and self.a_layout is Layout.COL and not self.a_ld:
             out = replace(out, a_layout=Layout.ROW)
