@@ -19,7 +19,7 @@ from typing import Callable
 from ..model.atomic import atomic_write
 from ..model import paths
 from ..model.arch import Arch, Gpu
-from ..model.errors import CompileError, GemmgenError, UserError
+from ..model.errors import CompileError, GemmgenError, MissingTool
 from .render import render
 from ..model.tiles import Kernel
 
@@ -95,15 +95,14 @@ class NvrtcCallError(GemmgenError):
 NVRTC_INSTALL = "pip install 'cuda-bindings[all]>=12.8' nvidia-cuda-nvrtc, which installing gemmgen brings"
 
 
-class NvrtcUnavailable(UserError):
+class NvrtcUnavailable(MissingTool):
     """NVRTC cannot be used from this Python: cuda-bindings or libnvrtc is not installed."""
 
-    def __init__(self, reason: str, hint: str = NVRTC_INSTALL):
-        self.reason, self.hint = reason, hint
-        super().__init__(reason, hint)
+    message = "NVRTC is not available ({what}); install it: {hint}"
 
-    def __str__(self) -> str:
-        return f"NVRTC is not available ({self.reason}); install it: {self.hint}"
+    def __init__(self, reason: str, hint: str = NVRTC_INSTALL):
+        self.reason = reason
+        super().__init__(reason, hint)
 
 
 _loaded = None  # the nvrtc module, once it has loaded libnvrtc

@@ -13,20 +13,17 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from ..model.errors import GemmgenError, UserError
+from ..model.errors import GemmgenError, MissingTool
 
 INSTALL_HINT = "pip install 'gemmgen[test]' (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)"
 
 
-class ToolMissing(UserError):
+class ToolMissing(MissingTool):
     """A CUDA binary utility is not installed."""
 
     def __init__(self, tool: str, hint: str = INSTALL_HINT):
-        self.tool, self.hint = tool, hint
+        self.tool = tool
         super().__init__(tool, hint)
-
-    def __str__(self) -> str:
-        return f"{self.tool} is not installed ({self.hint})"
 
 
 class SassError(GemmgenError):

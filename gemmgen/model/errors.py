@@ -18,6 +18,20 @@ class UserError(GemmgenError):
     exit_code = 2
 
 
+class MissingTool(UserError):
+    """Something gemmgen runs (a library, a binary utility) is not installed: what is missing and how to install it,
+    in the subclass's `message`."""
+
+    message = "{what} is not installed ({hint})"
+
+    def __init__(self, what: str, hint: str):
+        self.what, self.hint = what, hint
+        super().__init__(what, hint)
+
+    def __str__(self) -> str:
+        return self.message.format(what=self.what, hint=self.hint)
+
+
 class InvalidInput(UserError):
     """A value on the command line, in a file or in an API call breaks a rule."""
 

@@ -11,6 +11,7 @@ import math
 
 from ...model import paths
 from ...model.arch import Arch, DType, Gpu
+from ...model.problem import Layout
 from ...model.tiles import DecompKind, Kernel, TileConfig
 from .. import register
 from ..base import KernelFamily, Launches, ModelTraits
@@ -59,11 +60,12 @@ HOPPER_TILE_FILL_K = 192
 KMAJOR_UNALIGNED_SLOWDOWN = 1.25
 
 
-def _kmajor_unaligned(problem) -> bool:
-    """Whether an operand read along K (row-major A, column-major B) has rows off 16-byte boundaries."""
-    ops = problem.operands
-    a_ok, b_ok = ops.rows_aligned
-    return (problem.a_layout.value == "row" and not a_ok) or (problem.b_layout.value == "col" and not b_ok)
+def _kmajor_slowdown(problem) -> float:
+    """KMAJOR_UNALIGNED_SLOWDOWN where an operand read along K (row-major A, column-major B) has rows off 16-byte
+    boundaries, else 1."""
+    a_ok, b_ok = problem.operands.rows_aligned
+    unaligned = (problem.a_layout is Layout.ROW and not a_ok) or (problem.b_layout is Layout.COL and not b_ok)
+    return KMAJOR_UNALIGNED_SLOWDOWN if unaligned else 1.0
 
 
 class Sm80Mma(KernelFamily):
@@ -101,7 +103,7 @@ class Sm80Mma(KernelFamily):
         if all(problem.operands.rows_aligned):
             return 1.0
         ops, cta = problem.operands, config.cta
-        rate = UNALIGNED_LOAD_EFFICIENCY / (KMAJOR_UNALIGNED_SLOWDOWN if _kmajor_unaligned(problem) else 1.0)
+        rate = UNALIGNED_LOAD_EFFICIENCY / _kmajor_slowdown(problem)
         if min(ops.align_a * ops.a_dtype.bytes, ops.align_b * ops.b_dtype.bytes) > 2:
             return rate
         ahead = (cta.m + cta.n) * cta.k * problem.a_dtype.bytes * (config.stages - 1)
@@ -109,7 +111,7 @@ class Sm80Mma(KernelFamily):
 
     def compute_efficiency(self, config: TileConfig, problem, gpu: "Gpu | None" = None) -> float:
         if not all(problem.operands.rows_aligned):
-            return UNALIGNED_COMPUTE_EFFICIENCY / (KMAJOR_UNALIGNED_SLOWDOWN if _kmajor_unaligned(problem) else 1.0)
+            return UNALIGNED_COMPUTE_EFFICIENCY / _kmajor_slowdown(problem)
         if gpu is None or gpu.arch.cc < 90:
             return 1.0
         k_per_tile = math.ceil(problem.k / config.cta.k / (config.decomposition.splits or 1)) * config.cta.k
